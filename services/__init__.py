@@ -1,0 +1,1 @@
+"""radixserve's services, one package each."""

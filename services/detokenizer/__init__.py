@@ -1,0 +1,1 @@
+"""The detokenizer service: incremental detokenization, stop strings, text deltas to gateways."""

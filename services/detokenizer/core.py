@@ -1,0 +1,115 @@
+"""Per-request detokenization state and the message handling of one detokenizer partition."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from msgspec import Struct
+
+from services.detokenizer.incremental import IncrementalDetokenizer
+from services.detokenizer.stops import StopStrings
+from shared.messages.detok import DetokMessage, DetokRegister, RequestFailed, StepOutput, TokenDelta
+from shared.messages.reply import Delta, Failure, Usage
+from shared.messages.tokenize import AbortRequest
+
+# Finished request ids are remembered this long so late tokens of a stopped request are dropped
+# quietly instead of being mistaken for a request that was never registered.
+FINISHED_MEMORY_S = 60.0
+
+
+class RequestState:
+    def __init__(self, reg: DetokRegister, tokenizer: Any) -> None:
+        self.trace = reg.trace
+        self.prompt_tokens = reg.prompt_tokens
+        self.detok = IncrementalDetokenizer(
+            tokenizer,
+            skip_special_tokens=reg.sampling.skip_special_tokens,
+            spaces_between_special_tokens=reg.sampling.spaces_between_special_tokens,
+        )
+        self.stops = StopStrings(reg.sampling.stop)
+        self.completion_tokens = 0
+        self.cached_tokens = 0
+
+    def on_tokens(self, d: TokenDelta) -> tuple[Delta, bool]:
+        """The reply for one step's tokens, and whether a stop string ended the request here."""
+        self.completion_tokens += len(d.token_ids)
+        self.cached_tokens = max(self.cached_tokens, d.cached_tokens)
+        # A matched stop token (EOS or a stop_token_id) ends the output but is not part of it.
+        visible = d.token_ids[:-1] if d.matched_stop_token is not None else d.token_ids
+        text = self.detok.push(list(visible))
+        if d.finish is not None:
+            text += self.detok.flush()
+        out, matched = self.stops.feed(text)
+        finish: str | None
+        stop: str | int | None = None
+        if matched is not None:
+            finish, stop = "stop", matched
+        elif d.finish is not None:
+            out += self.stops.flush()
+            finish, stop = d.finish, d.matched_stop_token
+        else:
+            finish = None
+        usage = Usage(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            cached_tokens=self.cached_tokens,
+        )
+        delta = Delta(
+            rid=d.rid,
+            text=out,
+            token_ids=list(d.token_ids),
+            usage=usage,
+            finish_reason=finish,
+            matched_stop=stop,
+        )
+        return delta, matched is not None and d.finish is None
+
+
+class Detokenizer:
+    """All requests of one partition. `handle` returns the messages to publish, in order."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.states: dict[str, RequestState] = {}
+        self.finished: dict[str, float] = {}  # rid -> when it finished
+
+    def handle(self, msg: DetokMessage, schedule_stream: str) -> list[tuple[str, Struct]]:
+        if isinstance(msg, DetokRegister):
+            rid = msg.trace.rid
+            if rid not in self.states and rid not in self.finished:  # idempotent on redelivery
+                self.states[rid] = RequestState(msg, self.tokenizer)
+            return []
+        if isinstance(msg, RequestFailed):
+            state = self.states.pop(msg.rid, None)
+            if state is None:
+                return []
+            self.finished[msg.rid] = time.monotonic()
+            return [(state.trace.reply_to, Failure(rid=msg.rid, error=msg.error))]
+        return self._on_step(msg, schedule_stream)
+
+    def _on_step(self, step: StepOutput, schedule_stream: str) -> list[tuple[str, Struct]]:
+        out: list[tuple[str, Struct]] = []
+        for d in step.deltas:
+            state = self.states.get(d.rid)
+            if state is None:
+                continue  # finished by a stop string already, or aborted
+            reply, stopped_here = state.on_tokens(d)
+            out.append((state.trace.reply_to, reply))
+            if reply.finish_reason is not None:
+                del self.states[d.rid]
+                self.finished[d.rid] = time.monotonic()
+            if stopped_here:  # the executor is still generating: stop it and free its KV
+                out.append((schedule_stream, AbortRequest(rid=d.rid, reason="stop")))
+        return out
+
+    def expire(self, now_wall: float | None = None) -> None:
+        """Drop requests whose deadline passed (the gateway has given up on them)."""
+        now_wall = time.time() if now_wall is None else now_wall
+        for rid, state in list(self.states.items()):
+            if state.trace.deadline < now_wall:
+                del self.states[rid]
+        cutoff = time.monotonic() - FINISHED_MEMORY_S
+        for rid, t in list(self.finished.items()):
+            if t < cutoff:
+                del self.finished[rid]

@@ -1,0 +1,56 @@
+"""Attention backends: store the new tokens' K/V in the pool, then attend over each context.
+
+The model gets its backend at construction (`get_backend(name)` -> one instance shared by all
+layers) and calls `backend.forward` once per layer. Backends are looked up by name and imported
+only when asked for, so a CPU run never imports a GPU kernel module.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+
+import torch
+
+from services.executor.forward_batch import ForwardBatch
+
+
+class AttentionBackend(ABC):
+    """One attention layer's work for a ForwardBatch, for EXTEND and DECODE alike."""
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:  # noqa: B027 (optional hook)
+        """Called by the model once per forward, before layer 0: build whatever the layers
+        share (gather indices, masks). Backends that need nothing leave it alone."""
+
+    @abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer_id: int,
+        batch: ForwardBatch,
+    ) -> torch.Tensor:
+        """Write k/v to `batch.kv_pool` at `batch.out_cache_loc`, then attend.
+
+        q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim], with
+        num_heads a multiple of num_kv_heads (GQA). Each request attends over its whole context,
+        read through `batch.req_to_token.req_to_token[row, :seq_len]`; new token i of a request
+        with prefix p sees positions 0..p+i. Scale 1/sqrt(head_dim).
+        Returns [num_tokens, num_heads, head_dim] in q's dtype.
+        """
+
+
+# name -> (module, class)
+_BACKENDS: dict[str, tuple[str, str]] = {
+    "torch": ("services.executor.attention.torch_ref", "TorchRefBackend"),
+}
+
+
+def get_backend(name: str) -> AttentionBackend:
+    """A new instance of the backend registered under `name`."""
+    if name not in _BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; known: {', '.join(_BACKENDS)}")
+    module_name, class_name = _BACKENDS[name]
+    backend: AttentionBackend = getattr(importlib.import_module(module_name), class_name)()
+    return backend

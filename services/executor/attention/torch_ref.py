@@ -1,0 +1,113 @@
+"""The torch reference attention backend: plain SDPA, correct for any batch, fast enough on CPU.
+
+EXTEND loops over requests (prefills are few and long). DECODE is one padded SDPA call over
+the whole batch, since a decode step is many short requests and per-request calls would
+dominate a CPU step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from services.executor.attention import AttentionBackend
+from services.executor.forward_batch import ForwardBatch, ForwardMode
+
+
+@dataclass
+class _ExtendRequest:
+    start: int  # first token along the batch's token dimension
+    extend: int
+    slots: torch.Tensor  # [seq_len] KV slots of the whole context
+    mask: torch.Tensor | None  # [extend, seq_len] bool; None: no prefix, plain causal
+
+
+@dataclass
+class _Metadata:
+    """What every layer of one forward shares: built once, before layer 0."""
+
+    batch: ForwardBatch
+    extend: list[_ExtendRequest]  # EXTEND only
+    decode_slots: torch.Tensor | None  # DECODE: [bs, max_len]; padding holds stale slots
+    decode_mask: torch.Tensor | None  # DECODE: [bs, 1, 1, max_len] bool, True = attend
+
+
+class TorchRefBackend(AttentionBackend):
+    def __init__(self) -> None:
+        self._meta: _Metadata | None = None
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        self._meta = _build_metadata(batch)
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer_id: int,
+        batch: ForwardBatch,
+    ) -> torch.Tensor:
+        if self._meta is None or self._meta.batch is not batch:
+            self.init_forward_metadata(batch)  # called without the model: tests, kernels
+        assert self._meta is not None
+        batch.kv_pool.set_kv(layer_id, batch.out_cache_loc, k, v)
+        k_buf = batch.kv_pool.k_buffers[layer_id]
+        v_buf = batch.kv_pool.v_buffers[layer_id]
+        if batch.mode is ForwardMode.DECODE:
+            return _decode(q, k_buf, v_buf, self._meta)
+        return _extend(q, k_buf, v_buf, self._meta)
+
+
+def _build_metadata(batch: ForwardBatch) -> _Metadata:
+    table = batch.req_to_token.req_to_token
+    if batch.mode is ForwardMode.DECODE:
+        max_len = max(batch.seq_lens_cpu)
+        slots = table[batch.req_rows, :max_len]
+        cols = torch.arange(max_len, device=slots.device)
+        mask = (cols[None, :] < batch.seq_lens[:, None])[:, None, None, :]
+        return _Metadata(batch, [], slots, mask)
+    reqs = []
+    start = 0
+    for row, prefix, extend in zip(
+        batch.req_rows.tolist(), batch.prefix_lens_cpu, batch.extend_lens_cpu, strict=True
+    ):
+        seq_len = prefix + extend
+        prefix_mask: torch.Tensor | None = None
+        if prefix:
+            # New token i sits at position prefix + i and sees everything up to it.
+            cols = torch.arange(seq_len, device=table.device)
+            last_visible = torch.arange(prefix, seq_len, device=table.device)
+            prefix_mask = cols[None, :] <= last_visible[:, None]
+        reqs.append(_ExtendRequest(start, extend, table[row, :seq_len], prefix_mask))
+        start += extend
+    return _Metadata(batch, reqs, None, None)
+
+
+def _extend(
+    q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, meta: _Metadata
+) -> torch.Tensor:
+    out = torch.empty_like(q)
+    for r in meta.extend:
+        qi = q[r.start : r.start + r.extend].transpose(0, 1)  # [num_heads, extend, head_dim]
+        ki = k_buf[r.slots].transpose(0, 1).to(q.dtype)  # [num_kv_heads, seq_len, head_dim]
+        vi = v_buf[r.slots].transpose(0, 1).to(q.dtype)
+        oi = F.scaled_dot_product_attention(
+            qi, ki, vi, attn_mask=r.mask, is_causal=r.mask is None, enable_gqa=True
+        )
+        out[r.start : r.start + r.extend] = oi.transpose(0, 1)
+    return out
+
+
+def _decode(
+    q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, meta: _Metadata
+) -> torch.Tensor:
+    assert meta.decode_slots is not None
+    # [bs, num_kv_heads, max_len, head_dim]; padded columns are masked out.
+    keys = k_buf[meta.decode_slots].transpose(1, 2).to(q.dtype)
+    values = v_buf[meta.decode_slots].transpose(1, 2).to(q.dtype)
+    out = F.scaled_dot_product_attention(
+        q.unsqueeze(2), keys, values, attn_mask=meta.decode_mask, enable_gqa=True
+    )  # [bs, num_heads, 1, head_dim]
+    return out.squeeze(2)

@@ -1,0 +1,170 @@
+"""The executor's synchronous core: requests in, one batch step at a time, token deltas out.
+
+Thread-safety: `submit` may be called from the event loop thread while `step` runs in a
+worker thread; submissions go through a queue that `step` drains at its start, so the batch
+state is only ever touched by the stepping thread.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from services.executor.batch_policy import BatchPolicy
+from services.executor.model_runner import ModelRunner
+from services.executor.request import Req
+from shared.messages.common import ErrorInfo
+from shared.messages.detok import RequestFailed, StepOutput, TokenDelta
+from shared.messages.heartbeat import ExecutorLoad
+from shared.messages.schedule import ExecutorMessage, FlushCache, TokenizedRequest
+from shared.messages.tokenize import AbortRequest
+
+
+@dataclass
+class StepResult:
+    outputs: list[tuple[str, StepOutput | RequestFailed]] = field(default_factory=list)
+    forward_tokens: int = 0
+
+
+class Engine:
+    def __init__(
+        self,
+        name: str,
+        stream: str,
+        model_name: str,
+        context_length: int,
+        policy: BatchPolicy,
+        runner: ModelRunner,
+        check_integrity: bool = False,
+    ) -> None:
+        self.name, self.stream, self.model_name = name, stream, model_name
+        self.context_length = context_length
+        self.policy = policy
+        self.runner = runner
+        self.inbox: queue.SimpleQueue[ExecutorMessage] = queue.SimpleQueue()
+        self.reqs: dict[str, Req] = {}
+        self.step_no = 0
+        self._seq = 0
+        self.check_integrity = check_integrity
+
+    # -- called from any thread --------------------------------------------------------------
+    def submit(self, msg: ExecutorMessage) -> None:
+        self.inbox.put(msg)
+
+    def load(self) -> ExecutorLoad:
+        p = self.policy
+        return ExecutorLoad(
+            stream=self.stream,
+            model=self.model_name,
+            context_length=self.context_length,
+            waiting=len(p.waiting) + self.inbox.qsize(),
+            running=len(p.prefilling) + len(p.running),
+            free_kv_tokens=p.kv.num_free(),
+            total_kv_tokens=p.kv.num_slots,
+            max_running=p.max_running,
+        )
+
+    # -- the stepping thread -----------------------------------------------------------------
+    def has_work(self) -> bool:
+        return self.policy.has_work() or not self.inbox.empty()
+
+    def step(self) -> StepResult:
+        result = StepResult()
+        finished: list[Req] = []
+        self._drain_inbox(result, finished)
+        self._expire(finished)
+        plan = self.policy.plan()
+        if plan is not None:
+            tokens = self.runner.run(plan)
+            result.forward_tokens = sum(plan.extend_lens)
+            for req, tok in zip(plan.reqs, tokens, strict=True):
+                if tok is not None:
+                    req.append_token(tok, self.context_length)
+            self.policy.after_step(plan)
+            finished += [r for r in plan.reqs if r.finish is not None]
+            self.step_no += 1
+        result.outputs += self._collect(plan.reqs if plan else [], finished)
+        for req in finished:
+            self.reqs.pop(req.rid, None)
+        if self.check_integrity:
+            self.policy.check_integrity()
+        return result
+
+    def _drain_inbox(self, result: StepResult, finished: list[Req]) -> None:
+        while True:
+            try:
+                msg = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(msg, TokenizedRequest):
+                failed = self._add(msg)
+                if failed is not None:
+                    result.outputs.append((msg.detok_stream, failed))
+            elif isinstance(msg, AbortRequest):
+                req = self.reqs.get(msg.rid)
+                if req is not None and req.finish is None:
+                    req.finish = "abort"
+                    self.policy.remove(req)
+                    finished.append(req)
+            elif isinstance(msg, FlushCache):
+                pass  # nothing is cached beyond running requests without the radix cache
+
+    def _add(self, msg: TokenizedRequest) -> RequestFailed | None:
+        rid = msg.trace.rid
+        if rid in self.reqs:
+            return None  # redelivered
+        need = len(msg.input_ids) + msg.max_new_tokens
+        if need > self.policy.kv.num_slots:
+            err = ErrorInfo(
+                status=400,
+                message=(
+                    f"the prompt ({len(msg.input_ids)} tokens) plus max_tokens "
+                    f"({msg.max_new_tokens}) needs {need} KV slots; this executor has "
+                    f"{self.policy.kv.num_slots}"
+                ),
+                param="max_tokens",
+            )
+            return RequestFailed(rid=rid, error=err)
+        self._seq += 1
+        req = Req.from_message(msg, self._seq)
+        self.reqs[rid] = req
+        self.policy.add(req)
+        return None
+
+    def _expire(self, finished: list[Req]) -> None:
+        now = time.time()
+        for req in self.policy.all_reqs():
+            if req.deadline < now:
+                req.finish = "abort"
+                self.policy.remove(req)
+                finished.append(req)
+
+    def _collect(
+        self, stepped: list[Req], finished: list[Req]
+    ) -> list[tuple[str, StepOutput | RequestFailed]]:
+        """One StepOutput per detokenizer stream with every request's new tokens."""
+        by_stream: dict[str, list[TokenDelta]] = defaultdict(list)
+        seen: set[str] = set()
+        for req in (*stepped, *finished):
+            if req.rid in seen:
+                continue
+            seen.add(req.rid)
+            new = req.output_ids[req.sent :]
+            if not new and req.finish is None:
+                continue
+            req.sent = len(req.output_ids)
+            by_stream[req.detok_stream].append(
+                TokenDelta(
+                    rid=req.rid,
+                    token_ids=new,
+                    finish=req.finish,
+                    cached_tokens=req.cached_tokens,
+                    matched_stop_token=req.matched_stop_token,
+                )
+            )
+        return [
+            (stream, StepOutput(executor=self.name, step=self.step_no, deltas=deltas))
+            for stream, deltas in by_stream.items()
+        ]

@@ -1,0 +1,47 @@
+"""What one forward pass needs: the new tokens, where their K/V go, and each request's context."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+from services.executor.kv_pool import KVPool, ReqToTokenPool
+
+
+class ForwardMode(enum.Enum):
+    EXTEND = "extend"  # prefill: several new tokens per request, after an optional cached prefix
+    DECODE = "decode"  # one new token per request
+
+
+@dataclass
+class ForwardBatch:
+    """Requests are laid out one after another along the token dimension.
+
+    Tensors live on the model's device; the `_cpu` lists mirror them for loops on the host.
+    """
+
+    mode: ForwardMode
+    input_ids: torch.Tensor  # [num_tokens] int64
+    positions: torch.Tensor  # [num_tokens] int64, position of each new token in its request
+    out_cache_loc: torch.Tensor  # [num_tokens] int64, KV slot each new token writes
+    req_rows: torch.Tensor  # [bs] int64, each request's row in req_to_token
+    seq_lens: torch.Tensor  # [bs] int64, prefix + new tokens after this step
+    prefix_lens_cpu: list[int]  # [bs] tokens already in the KV pool before this step
+    extend_lens_cpu: list[int]  # [bs] new tokens this step (1 each for decode)
+    kv_pool: KVPool
+    req_to_token: ReqToTokenPool
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.extend_lens_cpu)
+
+    @property
+    def seq_lens_cpu(self) -> list[int]:
+        return [p + e for p, e in zip(self.prefix_lens_cpu, self.extend_lens_cpu, strict=True)]
+
+    def last_token_indices(self) -> torch.Tensor:
+        """Index along the token dimension of each request's last new token: [bs]."""
+        ends = torch.tensor(self.extend_lens_cpu, dtype=torch.int64).cumsum(0) - 1
+        return ends.to(self.input_ids.device)

@@ -1,0 +1,95 @@
+"""The token-slot KV pool and the request-to-slot table.
+
+Every cached token of every request owns one slot: K and V of all layers live at that slot's
+row in the per-layer buffers. Requests see their tokens through `req_to_token`, a row per
+running request listing its slots in order, so attention reads any request's context with one
+gather and a request's slots need not be contiguous.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVPool:
+    """Per-layer K/V buffers of `num_slots` rows and a free list of slot indices.
+
+    k_buffers[layer]: [num_slots, num_kv_heads, head_dim] (v_buffers alike).
+    Slot `num_slots` (one past the end) is a padding slot that is never handed out: padded
+    batches write their junk there.
+    """
+
+    def __init__(
+        self,
+        num_slots: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        if num_slots <= 0:
+            raise ValueError(f"KV pool needs at least one slot, got {num_slots}")
+        self.num_slots = num_slots
+        self.device = torch.device(device)
+        shape = (num_slots + 1, num_kv_heads, head_dim)
+        self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # Popped from the end; kept on the CPU because allocation is bookkeeping, not math.
+        self._free: list[int] = list(range(num_slots - 1, -1, -1))
+
+    @property
+    def pad_slot(self) -> int:
+        return self.num_slots
+
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def can_allocate(self, n: int) -> bool:
+        return n <= len(self._free)
+
+    def allocate(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise MemoryError(f"KV pool has {len(self._free)} free slots, {n} requested")
+        if n == 0:
+            return []
+        out = self._free[-n:]
+        del self._free[-n:]
+        out.reverse()
+        return out
+
+    def free(self, slots: list[int]) -> None:
+        self._free.extend(slots)
+
+    def set_kv(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store new tokens' K/V. slots: [n] int64; k, v: [n, num_kv_heads, head_dim]."""
+        self.k_buffers[layer][slots] = k.to(self.k_buffers[layer].dtype)
+        self.v_buffers[layer][slots] = v.to(self.v_buffers[layer].dtype)
+
+
+class ReqToTokenPool:
+    """`req_to_token[row, i]` is the KV slot of token i of the request holding `row`."""
+
+    def __init__(self, max_reqs: int, max_context: int, device: torch.device | str) -> None:
+        self.req_to_token = torch.zeros((max_reqs, max_context), dtype=torch.int64, device=device)
+        self.max_context = max_context
+        self._free_rows: list[int] = list(range(max_reqs - 1, -1, -1))
+
+    def num_free(self) -> int:
+        return len(self._free_rows)
+
+    def allocate(self) -> int:
+        if not self._free_rows:
+            raise MemoryError("no free request rows")
+        return self._free_rows.pop()
+
+    def free(self, row: int) -> None:
+        self._free_rows.append(row)
+
+    def write(self, row: int, start: int, slots: list[int]) -> None:
+        if start + len(slots) > self.max_context:
+            raise ValueError(f"request row overflow: {start}+{len(slots)} > {self.max_context}")
+        if slots:
+            self.req_to_token[row, start : start + len(slots)] = torch.tensor(
+                slots, dtype=torch.int64
+            ).to(self.req_to_token.device, non_blocking=True)

@@ -1,0 +1,169 @@
+"""Executor service: the one reader of rs:exec:{id}; steps the engine; publishes token batches.
+
+Three tasks: the reader hands messages to the engine's inbox, the stepper runs `engine.step`
+in a worker thread back to back while there is work, and the sender publishes each step's
+output in order. No step waits on Redis: publishing step N overlaps computing step N+1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+from services.executor.builder import EngineSettings, build_engine
+from services.executor.engine import Engine
+from shared import constants
+from shared.bus import StreamReader, publish_many
+from shared.config import EnvArgumentParser, add_common_flags, positive
+from shared.logs import setup_logging
+from shared.messages.schedule import ExecutorMessage
+from shared.model_files import resolve_model
+from shared.service import Service, default_instance_id, run_async
+
+log = logging.getLogger(__name__)
+
+
+def add_flags(p: EnvArgumentParser) -> None:
+    """The executor's own flags (`radixserve serve` takes them too)."""
+    p.add_flag("--device", default="auto", help="cpu, cuda, cuda:N, or auto (cuda if present)")
+    p.add_flag(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="weights and KV dtype (auto: float32 on CPU, bfloat16 on CUDA)",
+    )
+    p.add_flag(
+        "--load-format",
+        default="auto",
+        choices=["auto", "dummy"],
+        help="dummy: random weights at the model's shapes (benchmarks)",
+    )
+    p.add_flag(
+        "--max-total-tokens",
+        type=int,
+        default=0,
+        help="KV pool size in tokens (0: 32768 on CPU, from --mem-fraction-static on CUDA)",
+    )
+    p.add_flag(
+        "--mem-fraction-static",
+        type=float,
+        default=0.85,
+        check=lambda v: None if 0 < v < 1 else "must be in (0, 1)",
+        help="share of GPU memory for weights and the KV pool",
+    )
+    p.add_flag(
+        "--max-running-requests",
+        type=int,
+        default=256,
+        check=positive,
+        help="requests decoding at once",
+    )
+    p.add_flag(
+        "--max-prefill-tokens",
+        type=int,
+        default=8192,
+        check=positive,
+        help="prompt tokens computed per step (longer prompts are chunked)",
+    )
+    p.add_flag("--attention-backend", default="torch", choices=["torch"], help="attention")
+    p.add_flag("--seed", type=int, default=0, help="sampling seed of this executor")
+    p.add_bool(
+        "--check-integrity",
+        help="verify the KV pool accounting after every step and stop loudly if it breaks "
+        "(tests and debugging)",
+    )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = EnvArgumentParser(prog="radixserve executor", description=__doc__)
+    add_common_flags(p)
+    add_flags(p)
+    return p.parse_args(argv)
+
+
+async def run_engine(svc: Service, engine: Engine, reader: StreamReader[ExecutorMessage]) -> None:
+    loop = asyncio.get_running_loop()
+    wake = asyncio.Event()
+    outbox: asyncio.Queue[list] = asyncio.Queue()
+    stepper_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="step")
+
+    async def read() -> None:
+        while not svc.stopping.is_set():
+            for e in await reader.read(count=256, block_ms=200):
+                engine.submit(e.message)
+            wake.set()
+
+    async def step() -> None:
+        # After a stop signal, keep stepping what is already admitted until it finishes or
+        # the service's drain timeout cancels this task.
+        while not svc.stopping.is_set() or engine.policy.has_work():
+            if not engine.has_work():
+                wake.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(wake.wait(), 0.2)
+                continue
+            result = await loop.run_in_executor(stepper_pool, engine.step)
+            if result.outputs:
+                outbox.put_nowait(result.outputs)
+        await outbox.join()
+
+    async def send() -> None:
+        while True:
+            outputs = await outbox.get()
+            try:
+                await publish_many(svc.r, outputs)
+            finally:
+                outbox.task_done()
+
+    sender = asyncio.create_task(send(), name="sender")
+    try:
+        await asyncio.gather(read(), step())
+    finally:
+        sender.cancel()
+        stepper_pool.shutdown(wait=False)
+
+
+async def serve(a: argparse.Namespace) -> None:
+    source = resolve_model(a.model, a.served_model_name)
+    instance = a.instance_id or default_instance_id()
+    stream = constants.executor_stream(instance)
+    engine = build_engine(
+        EngineSettings(
+            model=source,
+            name=instance,
+            stream=stream,
+            device=a.device,
+            dtype=a.dtype,
+            load_format=a.load_format,
+            max_total_tokens=a.max_total_tokens,
+            mem_fraction_static=a.mem_fraction_static,
+            max_running_requests=a.max_running_requests,
+            max_prefill_tokens=a.max_prefill_tokens,
+            attention_backend=a.attention_backend,
+            seed=a.seed,
+            check_integrity=a.check_integrity,
+        )
+    )
+    svc = Service("executor", instance, a.redis_url, load=engine.load, drain_timeout_s=30.0)
+    reader: StreamReader[ExecutorMessage] = StreamReader(svc.r, stream, ExecutorMessage)
+    await reader.start_from_now()  # before the first heartbeat makes the scheduler route here
+    log.info(
+        "executor ready: %s on %s, %d KV slots",
+        source.name,
+        engine.runner.device,
+        engine.policy.kv.num_slots,
+    )
+    await svc.run(run_engine(svc, engine, reader))
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse_args(argv)
+    setup_logging("executor", a.instance_id or default_instance_id(), a.log_level)
+    run_async(lambda: serve(a))
+
+
+if __name__ == "__main__":
+    main()

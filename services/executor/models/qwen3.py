@@ -1,0 +1,25 @@
+"""Qwen3: Llama plus a per-head RMSNorm on q and k before RoPE, no q/k/v biases."""
+
+from __future__ import annotations
+
+import torch
+
+from services.executor.attention import AttentionBackend
+from services.executor.model_config import ModelConfig
+from services.executor.models.layers import RMSNorm
+from services.executor.models.llama import LlamaAttention, LlamaForCausalLM
+
+
+class Qwen3Attention(LlamaAttention):
+    def __init__(self, config: ModelConfig, layer_id: int, backend: AttentionBackend) -> None:
+        super().__init__(config, layer_id, backend)
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+
+    def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # RMSNorm over the last dim of [num_tokens, heads, head_dim] normalises each head.
+        return self.q_norm(q), self.k_norm(k)
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    attention_cls = Qwen3Attention

@@ -1,0 +1,72 @@
+"""A request inside the executor, and the rule for when it is finished."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared.messages.common import SamplingParams
+from shared.messages.schedule import TokenizedRequest
+
+
+@dataclass
+class Req:
+    rid: str
+    input_ids: list[int]  # the prompt
+    sampling: SamplingParams
+    max_new_tokens: int
+    stop_ids: frozenset[int]  # EOS (unless ignore_eos) and stop_token_ids
+    detok_stream: str
+    deadline: float
+    seq: int  # arrival order; retraction picks the youngest
+    output_ids: list[int] = field(default_factory=list)
+    row: int = -1  # row in req_to_token while resident, else -1
+    slots: list[int] = field(default_factory=list)  # KV slots of all_ids[: len(slots)]
+    finish: str | None = None  # "stop" | "length" | "abort"
+    matched_stop_token: int | None = None
+    sent: int = 0  # output tokens already published
+    cached_tokens: int = 0  # prompt tokens whose KV came from the cache
+
+    @classmethod
+    def from_message(cls, m: TokenizedRequest, seq: int) -> Req:
+        stop = set(m.sampling.stop_token_ids)
+        if not m.sampling.ignore_eos:
+            stop.update(m.eos_token_ids)
+        return cls(
+            rid=m.trace.rid,
+            input_ids=list(m.input_ids),
+            sampling=m.sampling,
+            max_new_tokens=m.max_new_tokens,
+            stop_ids=frozenset(stop),
+            detok_stream=m.detok_stream,
+            deadline=m.trace.deadline,
+            seq=seq,
+        )
+
+    @property
+    def all_len(self) -> int:
+        return len(self.input_ids) + len(self.output_ids)
+
+    @property
+    def kv_len(self) -> int:
+        return len(self.slots)
+
+    @property
+    def pending_len(self) -> int:
+        """Tokens without KV yet: the unprefilled prompt, or the last sampled token."""
+        return self.all_len - self.kv_len
+
+    def token_range(self, start: int, end: int) -> list[int]:
+        n = len(self.input_ids)
+        if end <= n:
+            return self.input_ids[start:end]
+        return (self.input_ids + self.output_ids)[start:end]
+
+    def append_token(self, token: int, context_length: int) -> None:
+        """Record a sampled token and decide whether the request is done."""
+        assert self.finish is None, f"{self.rid} sampled after finishing"
+        self.output_ids.append(token)
+        n = len(self.output_ids)
+        if token in self.stop_ids and n >= self.sampling.min_new_tokens:
+            self.finish, self.matched_stop_token = "stop", token
+        elif n >= self.max_new_tokens or self.all_len >= context_length:
+            self.finish = "length"

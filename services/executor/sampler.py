@@ -1,0 +1,77 @@
+"""Sampling over the batch: greedy, temperature, top-k, top-p and min-p, each per request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from shared.messages.common import SamplingParams
+
+
+@dataclass
+class SamplingTensors:
+    """Per-request parameters as [bs] tensors on the logits' device."""
+
+    temperature: torch.Tensor  # float32; 0 means greedy
+    top_p: torch.Tensor  # float32 in (0, 1]
+    top_k: torch.Tensor  # int64; vocab size where disabled
+    min_p: torch.Tensor  # float32 in [0, 1]
+    all_greedy: bool
+    need_filter: bool
+
+    @classmethod
+    def build(
+        cls, params: list[SamplingParams], vocab: int, device: torch.device
+    ) -> SamplingTensors:
+        temps = [p.temperature for p in params]
+        top_k = [p.top_k if p.top_k > 0 else vocab for p in params]
+        top_p = [p.top_p for p in params]
+        min_p = [p.min_p for p in params]
+        all_greedy = all(t == 0 or k == 1 for t, k in zip(temps, top_k, strict=True))
+        need_filter = (
+            any(k < vocab for k in top_k) or any(p < 1 for p in top_p) or any(m > 0 for m in min_p)
+        )
+        return cls(
+            temperature=torch.tensor(temps, dtype=torch.float32, device=device),
+            top_p=torch.tensor(top_p, dtype=torch.float32, device=device),
+            top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
+            min_p=torch.tensor(min_p, dtype=torch.float32, device=device),
+            all_greedy=all_greedy,
+            need_filter=need_filter,
+        )
+
+
+def sample(
+    logits: torch.Tensor, st: SamplingTensors, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """logits: [bs, vocab] float32 -> next tokens [bs] int64."""
+    greedy = logits.argmax(dim=-1)
+    if st.all_greedy:
+        return greedy
+    is_greedy = (st.temperature == 0) | (st.top_k == 1)
+    temps = torch.where(is_greedy, torch.ones_like(st.temperature), st.temperature)
+    probs = torch.softmax(logits / temps[:, None], dim=-1)
+    if st.need_filter:
+        probs = filter_probs(probs, st.top_k, st.top_p, st.min_p)
+    sampled = torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
+    return torch.where(is_greedy, greedy, sampled)
+
+
+def filter_probs(
+    probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
+) -> torch.Tensor:
+    """Zero what top-k, then top-p (on the top-k survivors, renormalised), then min-p remove.
+
+    The most likely token always survives (k >= 1, nothing precedes it, and min_p <= 1).
+    Returns unnormalised probabilities in vocab order.
+    """
+    sorted_p, idx = probs.sort(dim=-1, descending=True)
+    ranks = torch.arange(probs.shape[-1], device=probs.device)[None, :]
+    sorted_p = sorted_p.masked_fill(ranks >= top_k[:, None], 0.0)
+    kept = sorted_p / sorted_p.sum(dim=-1, keepdim=True)
+    # Drop a token when the tokens before it already reach top_p.
+    before = kept.cumsum(dim=-1) - kept
+    sorted_p = sorted_p.masked_fill(before >= top_p[:, None], 0.0)
+    sorted_p = sorted_p.masked_fill(sorted_p < (min_p * sorted_p[:, 0])[:, None], 0.0)
+    return torch.zeros_like(probs).scatter_(-1, idx, sorted_p)

@@ -1,0 +1,100 @@
+"""The aiohttp application: routes, the error middleware, and the reply listener's lifetime."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import redis.asyncio as aioredis
+from aiohttp import web
+
+from services.gateway import native_api, openai_api
+from services.gateway.dispatch import Dispatcher
+from services.gateway.errors import ApiError, default_type, error_body
+from services.gateway.replies import ReplyRouter
+from services.gateway.responses import json_response
+from services.gateway.state import STATE, GatewaySettings, GatewayState
+from shared import constants
+from shared.bus import TRANSIENT, connect
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error leaves as an OpenAI-style JSON body, never an HTML page."""
+    if request.app[STATE].draining and request.method == "POST":
+        body = error_body("the gateway is shutting down", "server_error", None, 503)
+        return json_response(body, 503)
+    try:
+        return await handler(request)
+    except ApiError as e:
+        return json_response(e.body(), e.status)
+    except web.HTTPException as e:  # aiohttp's own: unknown route, wrong method, body too large
+        if e.status < 400:
+            raise
+        if e.status == 404:
+            message = f"no route for {request.method} {request.path}"
+        elif e.status == 405:
+            message = f"method {request.method} is not allowed on {request.path}"
+        else:
+            message = e.text or e.reason
+        headers = {k: v for k, v in e.headers.items() if k.lower() == "allow"}
+        body = error_body(message, default_type(e.status), None, e.status)
+        return json_response(body, e.status, headers)
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return json_response(error_body("internal server error", "server_error", None, 500), 500)
+
+
+async def build_app(settings: GatewaySettings, r: aioredis.Redis | None = None) -> web.Application:
+    """The gateway application. `r` is borrowed if given; otherwise the app connects to
+    `settings.redis_url` and closes the client at cleanup. The reply listener starts with the
+    app (on startup) and stops after in-flight handlers are done (on cleanup)."""
+    owns_client = r is None
+    client = connect(settings.redis_url) if r is None else r
+    router = ReplyRouter(client, constants.reply_stream(settings.instance_id))
+    dispatcher = Dispatcher(
+        client, router, router.stream, settings.request_timeout_s, settings.max_inflight
+    )
+    state = GatewayState(settings=settings, r=client, router=router, dispatcher=dispatcher)
+    app = web.Application(middlewares=[errors_as_json], client_max_size=settings.max_body_bytes)
+    app[STATE] = state
+
+    async def reply_listener(app: web.Application) -> AsyncIterator[None]:
+        await router.start()
+        state.listener = asyncio.create_task(router.run(), name="reply-listener")
+        yield
+        state.listener.cancel()
+        await asyncio.gather(state.listener, return_exceptions=True)
+        await dispatcher.close()
+        try:
+            await client.delete(router.stream)  # its one reader is gone
+        except TRANSIENT as e:
+            log.warning("could not delete %s: %s", router.stream, e)
+        if owns_client:
+            await client.aclose()
+
+    app.cleanup_ctx.append(reply_listener)
+    openai_api.add_routes(app)
+    native_api.add_routes(app)
+    return app
+
+
+async def start_site(
+    app: web.Application, host: str, port: int, shutdown_timeout: float = 30.0
+) -> web.AppRunner:
+    """Serve `app` on host:port (0 picks a free port: see `bound_port`). Handlers are cancelled
+    when their client disconnects, which aborts the request downstream. `runner.cleanup()`
+    stops accepting, then waits up to `shutdown_timeout` for in-flight requests."""
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=shutdown_timeout)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
+
+
+def bound_port(runner: web.AppRunner) -> int:
+    return int(runner.addresses[0][1])

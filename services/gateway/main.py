@@ -1,0 +1,117 @@
+"""`radixserve` gateway process: flags, then the aiohttp site inside the Service skeleton."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+from services.gateway.app import STATE, bound_port, build_app, start_site
+from services.gateway.state import GatewaySettings
+from shared.config import EnvArgumentParser, add_common_flags, non_negative, positive
+from shared.logs import setup_logging
+from shared.model_files import ModelNotFoundError, resolve_model
+from shared.service import Service, default_instance_id, run_async
+
+log = logging.getLogger(__name__)
+
+
+def port_number(value: int) -> str | None:
+    return None if 0 <= value <= 65535 else "must be a TCP port (0 to 65535)"
+
+
+def build_parser() -> EnvArgumentParser:
+    p = EnvArgumentParser(prog="radixserve gateway", description="radixserve HTTP gateway")
+    add_common_flags(p)
+    add_flags(p)
+    return p
+
+
+def add_flags(p: EnvArgumentParser) -> None:
+    """The gateway's own flags (`radixserve serve` takes them too)."""
+    p.add_flag("--host", default="127.0.0.1", help="address to listen on")
+    p.add_flag("--port", type=int, default=8000, check=port_number, help="port to listen on")
+    p.add_flag(
+        "--request-timeout",
+        type=float,
+        default=600.0,
+        check=positive,
+        help="seconds a request may take end to end before it is aborted (504)",
+    )
+    p.add_flag(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        check=non_negative,
+        help="seconds in-flight requests may take to finish after SIGTERM",
+    )
+    p.add_flag(
+        "--max-inflight",
+        type=int,
+        default=4096,
+        check=positive,
+        help="requests in flight at once; more get 503",
+    )
+
+
+class Gateway:
+    """One gateway instance: the HTTP site plus its liveness key, drained on SIGTERM."""
+
+    def __init__(self, args: argparse.Namespace, model_name: str) -> None:
+        self.args = args
+        # The Service's own drain outlasts the HTTP drain, so the site always shuts down itself.
+        self.service = Service(
+            "gateway", args.instance_id, args.redis_url, drain_timeout_s=args.drain_timeout + 5
+        )
+        self.settings = GatewaySettings(
+            redis_url=args.redis_url,
+            instance_id=self.service.instance,
+            model_name=model_name,
+            request_timeout_s=args.request_timeout,
+            max_inflight=args.max_inflight,
+        )
+        self.port: int | None = None  # the bound port, once serving
+        self.serving = asyncio.Event()
+
+    async def serve_http(self) -> None:
+        app = await build_app(self.settings, self.service.r)
+        runner = await start_site(app, self.args.host, self.args.port, self.args.drain_timeout)
+        state = app[STATE]
+        assert state.listener is not None
+        self.port = bound_port(runner)
+        log.info("serving %s on http://%s:%d", self.settings.model_name, self.args.host, self.port)
+        self.serving.set()
+        stopping = asyncio.create_task(self.service.stopping.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {stopping, state.listener}, return_when=asyncio.FIRST_COMPLETED
+            )
+            if state.listener in done:  # it only ends by failing: stop the service loudly
+                error = None if state.listener.cancelled() else state.listener.exception()
+                raise RuntimeError("the reply listener stopped") from error
+        finally:
+            stopping.cancel()
+            state.draining = True
+            await runner.cleanup()  # stop accepting; in-flight requests finish or time out
+
+    async def run(self) -> None:
+        await self.service.run(self.serve_http())
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        model = resolve_model(args.model, args.served_model_name)
+    except ModelNotFoundError as e:
+        parser.error(str(e))
+    setup_logging("gateway", args.instance_id or default_instance_id(), args.log_level)
+
+    async def run() -> None:
+        await Gateway(args, model.name).run()
+
+    run_async(run)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""Request bodies of each endpoint, decoded with `msgspec.json.decode(body, type=...)`.
+
+Unknown fields are refused (`forbid_unknown_fields`): a parameter the engine would silently
+ignore misleads the client. Parameters that are known but not supported yet are declared here
+so validation.py can refuse them by name ("presence_penalty is not supported yet").
+Ranges are checked in validation.py, not here, so the messages can say what is allowed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class StreamOptions(msgspec.Struct, kw_only=True):
+    """Unknown options are ignored on purpose: none of them changes the generated text."""
+
+    include_usage: bool = False
+
+
+class _OpenAIParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Parameters common to /v1/completions and /v1/chat/completions."""
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    user: str | None = None
+    # known, refused unless neutral
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    # extensions that vLLM and SGLang accept too (the openai client sends them via extra_body)
+    top_k: int | None = None
+    min_p: float | None = None
+    min_tokens: int | None = None
+    repetition_penalty: float | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+
+
+class CompletionBody(_OpenAIParams, kw_only=True):
+    """POST /v1/completions. `prompt`: a string or a list of token ids (a list holding one
+    string or one token list is accepted too; batches of prompts are refused)."""
+
+    prompt: str | list[str | int | list[int]]
+    max_tokens: int | None = 16  # OpenAI's default for completions
+    echo: bool = False
+    logprobs: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+class ChatMessageBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    role: str
+    # a string, or parts like {"type": "text", "text": "..."}; checked in validation.py
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[Any] | None = None
+    tool_call_id: str | None = None
+
+
+class ChatBody(_OpenAIParams, kw_only=True):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessageBody]
+    max_completion_tokens: int | None = None  # the newer name of max_tokens; wins over it
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+
+
+class NativeSamplingBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`sampling_params` of POST /generate (SGLang's names and defaults)."""
+
+    max_new_tokens: int | None = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    seed: int | None = None
+    n: int = 1
+    # known, refused unless neutral
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+
+
+class GenerateBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """POST /generate: exactly one of `text` and `input_ids`."""
+
+    text: str | None = None
+    input_ids: list[int] | None = None
+    sampling_params: NativeSamplingBody = msgspec.field(default_factory=NativeSamplingBody)
+    stream: bool = False
+    rid: str | None = None
+    return_logprob: bool = False

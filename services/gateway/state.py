@@ -1,0 +1,37 @@
+"""What every handler reaches through `request.app[STATE]`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import redis.asyncio as aioredis
+from aiohttp import web
+
+from services.gateway.dispatch import Dispatcher
+from services.gateway.replies import ReplyRouter
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    redis_url: str
+    instance_id: str  # names this gateway's reply stream: keep it unique among live gateways
+    model_name: str  # the served model's name in the API
+    request_timeout_s: float = 600.0
+    max_inflight: int = 4096
+    max_body_bytes: int = 32 * 1024 * 1024
+
+
+@dataclass
+class GatewayState:
+    settings: GatewaySettings
+    r: aioredis.Redis
+    router: ReplyRouter
+    dispatcher: Dispatcher
+    started: float = field(default_factory=time.time)
+    listener: asyncio.Task[None] | None = None  # the reply router's task, while the app runs
+    draining: bool = False  # set at shutdown: new requests get 503
+
+
+STATE = web.AppKey("state", GatewayState)

@@ -1,0 +1,1 @@
+"""The scheduler: admission, a bounded queue, routing to live executors, aborts, failover."""

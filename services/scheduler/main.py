@@ -1,0 +1,118 @@
+"""Scheduler service: one active leader reads rs:schedule and routes to executors.
+
+A second instance waits as a standby: leadership is a Redis key with a TTL that the leader
+refreshes, so a standby takes over within LEADER_TTL_S of the leader dying, and resumes the
+consumer group where the leader left it (unacked entries are claimed again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import time
+
+from services.scheduler.router import Router
+from shared import constants
+from shared.bus import GroupConsumer, publish_many
+from shared.config import EnvArgumentParser, add_common_flags, positive
+from shared.logs import setup_logging
+from shared.messages.schedule import ScheduleMessage, TokenizedRequest
+from shared.service import Service, default_instance_id, live_instances, run_async
+
+log = logging.getLogger(__name__)
+
+LEADER_KEY = f"{constants.PREFIX}:leader:scheduler"
+LEADER_TTL_S = 3.0
+
+
+def add_flags(p: EnvArgumentParser) -> None:
+    """The scheduler's own flags (`radixserve serve` takes them too)."""
+    p.add_flag(
+        "--max-queued-requests",
+        type=int,
+        default=4096,
+        check=positive,
+        help="requests waiting in executor queues before new ones get 503",
+    )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = EnvArgumentParser(prog="radixserve scheduler", description=__doc__)
+    add_common_flags(p)
+    add_flags(p)
+    return p.parse_args(argv)
+
+
+async def serve(a: argparse.Namespace) -> None:
+    svc = Service("scheduler", a.instance_id or default_instance_id(), a.redis_url)
+    router = Router(max_queued=a.max_queued_requests)
+    # Claim quickly: entries pending at a dead leader should not wait the default 30 s.
+    consumer: GroupConsumer[ScheduleMessage] = GroupConsumer(
+        svc.r,
+        constants.SCHEDULE_STREAM,
+        constants.SCHEDULE_GROUP,
+        svc.instance,
+        ScheduleMessage,
+        claim_idle_ms=2000,
+    )
+
+    async def lead() -> bool:
+        """Take or keep leadership; True while this instance leads."""
+        ttl = int(LEADER_TTL_S * 1000)
+        if await svc.r.set(LEADER_KEY, svc.instance, nx=True, px=ttl):
+            log.info("became the leader")
+            return True
+        owner = await svc.r.get(LEADER_KEY)
+        if owner is not None and owner.decode() == svc.instance:
+            await svc.r.pexpire(LEADER_KEY, ttl)
+            return True
+        return False
+
+    async def refresh_executors() -> None:
+        out = router.update_executors(await live_instances(svc.r, "executor"))
+        if out:
+            log.warning("executor(s) lost; failing %d request(s)", len(out))
+            await publish_many(svc.r, out)
+
+    async def work() -> None:
+        await consumer.ensure_group()
+        last_refresh = last_lead = 0.0
+        leading = False
+        while not svc.stopping.is_set():
+            now = time.monotonic()
+            if now - last_lead > LEADER_TTL_S / 3:
+                last_lead = now
+                leading = await lead()
+            if not leading:
+                await asyncio.sleep(0.5)
+                continue
+            if now - last_refresh > 0.2:
+                last_refresh = now
+                await refresh_executors()
+                router.expire()
+            entries = await consumer.read(count=256, block_ms=100)
+            out = []
+            for e in entries:
+                msg = e.message
+                out += router.route(msg) if isinstance(msg, TokenizedRequest) else router.abort(msg)
+            if out:
+                await publish_many(svc.r, out)
+            await consumer.ack([e.id for e in entries])
+        if leading:  # hand over at once rather than after the TTL
+            owner = await svc.r.get(LEADER_KEY)
+            if owner is not None and owner.decode() == svc.instance:
+                await svc.r.delete(LEADER_KEY)
+
+    log.info("scheduler ready")
+    await svc.run(work())
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse_args(argv)
+    setup_logging("scheduler", a.instance_id or default_instance_id(), a.log_level)
+    run_async(lambda: serve(a))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The tokenizer service: chat templates, tokenization, prompt-length checks."""

@@ -1,0 +1,1 @@
+"""Code several radixserve services import: messages, the bus, configuration, model files."""

@@ -1,0 +1,234 @@
+"""One typed layer over Redis streams.
+
+Each entry holds one msgpack-encoded message in field `m`. Two readers:
+
+- `GroupConsumer`: a work queue read through a consumer group. Entries are acked by the
+  caller after its side effect; entries another consumer left pending longer than
+  `claim_idle_ms` are taken over with XAUTOCLAIM, so a crashed replica loses nothing.
+- `StreamReader`: a per-instance stream with exactly one reader (XREAD from the last id seen).
+
+Both survive a Redis restart or a dropped connection: reads retry with exponential backoff and
+a lost consumer group is re-created.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any, Generic, NamedTuple, TypeVar
+
+import msgspec
+import redis.asyncio as aioredis
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+from shared import constants
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+FIELD = b"m"
+TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionResetError, OSError)
+
+
+def connect(url: str) -> aioredis.Redis:
+    """A client whose commands retry transient failures with backoff."""
+    return aioredis.from_url(
+        url,
+        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=8),
+        retry_on_error=[RedisConnectionError, RedisTimeoutError],
+        health_check_interval=15,
+    )
+
+
+class Backoff:
+    """Sleeps 50 ms, 100 ms, ... up to `cap` seconds between failed attempts; reset on success."""
+
+    def __init__(self, base: float = 0.05, cap: float = 2.0) -> None:
+        self.base, self.cap, self.attempt = base, cap, 0
+
+    async def wait(self) -> None:
+        await asyncio.sleep(min(self.cap, self.base * 2**self.attempt))
+        self.attempt += 1
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+class Entry(NamedTuple, Generic[T]):
+    id: bytes
+    message: T
+
+
+class Codec(Generic[T]):
+    """msgpack encoding of one message type (usually a tagged union)."""
+
+    def __init__(self, type_: Any) -> None:
+        self.encoder = msgspec.msgpack.Encoder()
+        self.decoder: msgspec.msgpack.Decoder[T] = msgspec.msgpack.Decoder(type_)
+
+    def encode(self, message: T) -> bytes:
+        return self.encoder.encode(message)
+
+    def decode(self, data: bytes) -> T:
+        return self.decoder.decode(data)
+
+
+_encoder = msgspec.msgpack.Encoder()
+
+
+async def publish(
+    r: aioredis.Redis, stream: str, message: msgspec.Struct, maxlen: int | None = None
+) -> bytes:
+    """XADD one message, trimming the stream approximately to `maxlen` entries."""
+    limit = constants.INSTANCE_STREAM_MAXLEN if maxlen is None else maxlen
+    return await r.xadd(stream, {FIELD: _encoder.encode(message)}, maxlen=limit, approximate=True)
+
+
+async def publish_many(
+    r: aioredis.Redis,
+    items: Sequence[tuple[str, msgspec.Struct]],
+    maxlen: int | None = None,
+    checkpoint: tuple[str, bytes | str] | None = None,
+) -> None:
+    """XADD several messages in one round trip, in order. With `checkpoint=(key, entry_id)`
+    the messages and SET key entry_id happen atomically (MULTI), so a reader that resumes
+    from its checkpoint neither loses nor repeats what it published."""
+    limit = constants.INSTANCE_STREAM_MAXLEN if maxlen is None else maxlen
+    pipe = r.pipeline(transaction=checkpoint is not None)
+    for stream, message in items:
+        pipe.xadd(stream, {FIELD: _encoder.encode(message)}, maxlen=limit, approximate=True)
+    if checkpoint is not None:
+        pipe.set(checkpoint[0], checkpoint[1])
+    await pipe.execute()
+
+
+class _Reader(Generic[T]):
+    def __init__(self, r: aioredis.Redis, stream: str, type_: Any) -> None:
+        self.r, self.stream, self.codec = r, stream, Codec[T](type_)
+        self.backoff = Backoff()
+
+    def _decode_entries(self, raw: list[Any]) -> tuple[list[Entry[T]], list[bytes]]:
+        """Decode entries; undecodable ones are logged and returned separately for acking."""
+        good: list[Entry[T]] = []
+        bad: list[bytes] = []
+        for entry_id, fields in raw:
+            if fields is None or FIELD not in fields:  # deleted by trimming while pending
+                bad.append(entry_id)
+                continue
+            try:
+                good.append(Entry(entry_id, self.codec.decode(fields[FIELD])))
+            except msgspec.DecodeError as e:
+                log.error("dropping undecodable entry %s on %s: %s", entry_id, self.stream, e)
+                bad.append(entry_id)
+        return good, bad
+
+
+class GroupConsumer(_Reader[T]):
+    """Reads a work queue as one member of a consumer group; the caller acks after its work."""
+
+    def __init__(
+        self,
+        r: aioredis.Redis,
+        stream: str,
+        group: str,
+        consumer: str,
+        type_: Any,
+        claim_idle_ms: int = constants.CLAIM_IDLE_MS,
+    ) -> None:
+        super().__init__(r, stream, type_)
+        self.group, self.consumer, self.claim_idle_ms = group, consumer, claim_idle_ms
+        self._last_claim = 0.0
+
+    async def ensure_group(self) -> None:
+        try:
+            await self.r.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+        except ResponseError as e:
+            if "BUSYGROUP" not in str(e):
+                raise
+
+    async def claim_stale(self) -> list[Entry[T]]:
+        """Take over entries other consumers left pending for longer than `claim_idle_ms`."""
+        claimed: list[Entry[T]] = []
+        start = "0-0"
+        while True:
+            res = await self.r.xautoclaim(
+                self.stream, self.group, self.consumer, self.claim_idle_ms, start, count=100
+            )
+            start, raw = res[0], res[1]
+            good, bad = self._decode_entries(raw)
+            claimed += good
+            if bad:
+                await self.ack([b for b in bad])
+            if start in (b"0-0", "0-0"):
+                return claimed
+
+    async def read(self, count: int = 64, block_ms: int = 1000) -> list[Entry[T]]:
+        """New entries for this consumer (plus stale ones claimed from dead consumers)."""
+        while True:
+            try:
+                entries: list[Entry[T]] = []
+                now = time.monotonic()
+                if now - self._last_claim > self.claim_idle_ms / 2000:
+                    self._last_claim = now
+                    entries = await self.claim_stale()
+                if entries:
+                    return entries
+                res = await self.r.xreadgroup(
+                    self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms
+                )
+                self.backoff.reset()
+                if not res:
+                    return []
+                good, bad = self._decode_entries(res[0][1])
+                if bad:
+                    await self.ack(bad)
+                return good
+            except ResponseError as e:
+                if "NOGROUP" not in str(e):
+                    raise
+                log.warning(
+                    "consumer group %s on %s vanished; re-creating", self.group, self.stream
+                )
+                await self.ensure_group()
+            except TRANSIENT as e:
+                log.warning("redis unavailable reading %s (%s); retrying", self.stream, e)
+                await self.backoff.wait()
+
+    async def ack(self, ids: Sequence[bytes]) -> None:
+        if ids:
+            await self.r.xack(self.stream, self.group, *ids)
+
+
+class StreamReader(_Reader[T]):
+    """The single reader of a per-instance stream. Starts at `$` (only what arrives from now
+    on) unless told to start at an earlier id."""
+
+    def __init__(self, r: aioredis.Redis, stream: str, type_: Any, last_id: str = "$") -> None:
+        super().__init__(r, stream, type_)
+        self.last_id: str | bytes = last_id
+
+    async def start_from_now(self) -> None:
+        """Pin the position to the stream's current end so no entry is skipped by '$' races."""
+        info = await self.r.xinfo_stream(self.stream) if await self.r.exists(self.stream) else None
+        self.last_id = info["last-generated-id"] if info else "0-0"
+
+    async def read(self, count: int = 256, block_ms: int = 1000) -> list[Entry[T]]:
+        while True:
+            try:
+                res = await self.r.xread({self.stream: self.last_id}, count=count, block=block_ms)
+                self.backoff.reset()
+                if not res:
+                    return []
+                raw = res[0][1]
+                self.last_id = raw[-1][0]
+                good, _ = self._decode_entries(raw)
+                return good
+            except TRANSIENT as e:
+                log.warning("redis unavailable reading %s (%s); retrying", self.stream, e)
+                await self.backoff.wait()

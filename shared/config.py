@@ -1,0 +1,121 @@
+"""Flags with environment-variable twins, validated when a service starts.
+
+Every flag `--foo-bar` can also be set as `RADIXSERVE_FOO_BAR` (the flag wins). Validation
+failures exit with argparse's usage message naming the flag, before any work starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from typing import Any
+
+
+def env_name(flag: str) -> str:
+    return "RADIXSERVE_" + flag.lstrip("-").replace("-", "_").upper()
+
+
+class EnvArgumentParser(argparse.ArgumentParser):
+    """argparse whose defaults come from RADIXSERVE_* variables and whose help names them."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._checks: list[tuple[str, Callable[[Any], str | None]]] = []
+
+    def add_flag(
+        self,
+        flag: str,
+        *,
+        type: Callable[[str], Any] = str,
+        default: Any = None,
+        help: str = "",
+        env: str | None = None,
+        choices: list[Any] | None = None,
+        check: Callable[[Any], str | None] | None = None,
+    ) -> None:
+        """Add `flag`; `check(value)` returns an error message or None."""
+        var = env or env_name(flag)
+        raw = os.environ.get(var)
+        value = default
+        if raw is not None and raw != "":
+            try:
+                value = type(raw)
+            except (TypeError, ValueError) as e:
+                self.error(f"environment variable {var}={raw!r} is invalid for {flag}: {e}")
+        self.add_argument(
+            flag,
+            type=type,
+            default=value,
+            choices=choices,
+            help=f"{help} [env {var}; default {default!r}]",
+        )
+        if check is not None:
+            self._checks.append((flag, check))
+
+    def add_bool(self, flag: str, *, help: str = "", env: str | None = None) -> None:
+        var = env or env_name(flag)
+        raw = os.environ.get(var, "").strip().lower()
+        if raw not in ("", "0", "1", "true", "false", "yes", "no"):
+            self.error(f"environment variable {var}={raw!r} must be true or false")
+        self.add_argument(
+            flag,
+            action=argparse.BooleanOptionalAction,
+            default=raw in ("1", "true", "yes"),
+            help=f"{help} [env {var}]",
+        )
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        ns = super().parse_args(args, namespace)
+        for flag, check in self._checks:
+            value = getattr(ns, flag.lstrip("-").replace("-", "_"))
+            if value is None:
+                continue
+            problem = check(value)
+            if problem:
+                self.error(f"{flag}={value!r}: {problem}")
+        return ns
+
+
+def positive(value: float) -> str | None:
+    return None if value > 0 else "must be > 0"
+
+
+def non_negative(value: float) -> str | None:
+    return None if value >= 0 else "must be >= 0"
+
+
+def fraction(value: float) -> str | None:
+    return None if 0 < value <= 1 else "must be in (0, 1]"
+
+
+def add_common_flags(p: EnvArgumentParser) -> None:
+    """Flags every service takes."""
+    p.add_flag(
+        "--redis-url",
+        default="redis://127.0.0.1:6379/0",
+        env="REDIS_URL",
+        help="Redis server the services talk through",
+    )
+    p.add_flag("--instance-id", default="", help="this instance's name (default: host-pid)")
+    p.add_flag(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="log level",
+    )
+    p.add_flag(
+        "--model",
+        default="",
+        help="HF model directory or .gguf file (default: the bundled SmolLM2-135M-Instruct)",
+    )
+    p.add_flag(
+        "--served-model-name", default="", help="model name in the API (default: from --model)"
+    )
+    p.add_flag(
+        "--detokenizer-partitions",
+        type=int,
+        default=1,
+        check=positive,
+        help="number of detokenizer partitions (requests are hashed onto them)",
+    )

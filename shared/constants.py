@@ -1,0 +1,48 @@
+"""Stream names, consumer groups and key prefixes: the one place the bus layout is spelled."""
+
+PREFIX = "rs"
+
+# Work queues read by consumer groups (any replica may take an entry).
+TOKENIZE_STREAM = f"{PREFIX}:tokenize"
+TOKENIZE_GROUP = "tokenizer"
+SCHEDULE_STREAM = f"{PREFIX}:schedule"
+SCHEDULE_GROUP = "scheduler"
+
+# Liveness keys: f"{LIVE_PREFIX}:{service}:{instance}" holds a Heartbeat with a TTL.
+LIVE_PREFIX = f"{PREFIX}:live"
+LIVE_TTL_S = 3.0
+HEARTBEAT_INTERVAL_S = 0.5
+
+# Streams trimmed with MAXLEN ~ so Redis memory stays bounded.
+WORK_STREAM_MAXLEN = 100_000
+INSTANCE_STREAM_MAXLEN = 20_000
+
+# Idle time after which a pending entry of a work queue is claimed by another consumer.
+CLAIM_IDLE_MS = 30_000
+
+
+def executor_stream(executor_id: str) -> str:
+    """Input stream of one executor (one reader)."""
+    return f"{PREFIX}:exec:{executor_id}"
+
+
+def detok_stream(partition: int) -> str:
+    """Input stream of one detokenizer partition (one reader)."""
+    return f"{PREFIX}:detok:{partition}"
+
+
+def reply_stream(gateway_id: str) -> str:
+    """Reply stream of one gateway instance (one reader)."""
+    return f"{PREFIX}:reply:{gateway_id}"
+
+
+def live_key(service: str, instance: str) -> str:
+    return f"{LIVE_PREFIX}:{service}:{instance}"
+
+
+def detok_partition(rid: str, partitions: int) -> int:
+    """Stable partition of a request id; every message of one request goes to one detokenizer."""
+    h = 0
+    for ch in rid.encode():
+        h = (h * 131 + ch) & 0xFFFFFFFF
+    return h % partitions

@@ -1,0 +1,43 @@
+"""Pieces shared by several streams' messages."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class SamplingParams(msgspec.Struct, kw_only=True, frozen=True):
+    """Per-request sampling controls, already validated by the gateway.
+
+    `max_new_tokens` None means "up to the context length"; the tokenizer resolves it.
+    """
+
+    max_new_tokens: int | None = None
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    stop: list[str] = []
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    seed: int | None = None
+
+
+class Trace(msgspec.Struct, kw_only=True, frozen=True):
+    """What every request carries through every service: its id, deadline and trace context."""
+
+    rid: str
+    reply_to: str  # the owning gateway's reply stream
+    deadline: float  # unix seconds; past it every service drops the request
+    traceparent: str = ""  # W3C trace context of the client request
+
+
+class ErrorInfo(msgspec.Struct, kw_only=True, frozen=True):
+    """An OpenAI-style error: HTTP status, message, offending parameter, error type."""
+
+    status: int
+    message: str
+    param: str | None = None
+    type: str = "invalid_request_error"

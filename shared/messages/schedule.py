@@ -1,0 +1,28 @@
+"""rs:schedule (tokenizer -> scheduler) and rs:exec:{id} (scheduler -> one executor)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from shared.messages.common import SamplingParams, Trace
+from shared.messages.tokenize import AbortRequest
+
+
+class TokenizedRequest(msgspec.Struct, tag="tokenized", kw_only=True, frozen=True):
+    trace: Trace
+    input_ids: list[int]
+    sampling: SamplingParams
+    max_new_tokens: int  # resolved against the context length
+    eos_token_ids: list[int]  # the model's end tokens; ignored when sampling.ignore_eos
+    detok_stream: str  # where the executor sends this request's tokens
+
+
+class FlushCache(msgspec.Struct, tag="flush_cache", kw_only=True, frozen=True):
+    """Ask an executor to drop every cached, unused prefix."""
+
+    reply_to: str = ""
+    rid: str = ""
+
+
+ScheduleMessage = TokenizedRequest | AbortRequest
+ExecutorMessage = TokenizedRequest | AbortRequest | FlushCache

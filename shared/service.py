@@ -1,0 +1,152 @@
+"""The skeleton every service runs in.
+
+- a liveness key refreshed every HEARTBEAT_INTERVAL_S with a TTL (plus load, for executors);
+- every task it starts is kept and its result checked: one crashing stops the service loudly;
+- SIGTERM / SIGINT set `stopping`: workers finish what they hold, then the rest is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+import msgspec
+import redis.asyncio as aioredis
+
+from shared import constants
+from shared.bus import TRANSIENT, connect
+from shared.messages.heartbeat import ExecutorLoad, Heartbeat
+
+log = logging.getLogger(__name__)
+
+
+def default_instance_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class Service:
+    def __init__(
+        self,
+        name: str,
+        instance: str,
+        redis_url: str,
+        load: Callable[[], ExecutorLoad | None] | None = None,
+        drain_timeout_s: float = 10.0,
+    ) -> None:
+        self.name, self.instance = name, instance or default_instance_id()
+        self.r: aioredis.Redis = connect(redis_url)
+        self.stopping = asyncio.Event()
+        self.started = time.time()
+        self._load = load
+        self.drain_timeout_s = drain_timeout_s
+        self._encoder = msgspec.msgpack.Encoder()
+
+    async def wait_for_redis(self, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                await self.r.ping()
+                return
+            except TRANSIENT as e:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"{self.name}: Redis unreachable for {timeout_s}s: {e}"
+                    ) from e
+                await asyncio.sleep(0.2)
+
+    def heartbeat(self) -> Heartbeat:
+        return Heartbeat(
+            service=self.name,
+            instance=self.instance,
+            pid=os.getpid(),
+            started=self.started,
+            ts=time.time(),
+            executor=self._load() if self._load else None,
+        )
+
+    async def beat_once(self) -> None:
+        key = constants.live_key(self.name, self.instance)
+        ttl_ms = int(constants.LIVE_TTL_S * 1000)
+        await self.r.set(key, self._encoder.encode(self.heartbeat()), px=ttl_ms)
+
+    async def _beat_forever(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                await self.beat_once()
+            except TRANSIENT as e:
+                log.warning("heartbeat failed: %s", e)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), constants.HEARTBEAT_INTERVAL_S)
+
+    def _install_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop)
+
+    def stop(self) -> None:
+        if not self.stopping.is_set():
+            log.info("stopping: draining for up to %.0fs", self.drain_timeout_s)
+            self.stopping.set()
+
+    async def run(self, *workers: Coroutine[Any, Any, None]) -> None:
+        """Run `workers` until they all return, one fails, or a stop signal drains them."""
+        self._install_signals()
+        await self.wait_for_redis()
+        await self.beat_once()
+        tasks = [asyncio.create_task(w) for w in workers]
+        tasks.append(asyncio.create_task(self._beat_forever(), name="heartbeat"))
+        stop_wait = asyncio.create_task(self.stopping.wait())
+        failure: BaseException | None = None
+        try:
+            pending: set[asyncio.Task[Any]] = set(tasks)
+            while pending and not self.stopping.is_set():
+                done, pending = await asyncio.wait(
+                    pending | {stop_wait}, return_when=asyncio.FIRST_COMPLETED
+                )
+                pending.discard(stop_wait)
+                for t in done:
+                    if t is not stop_wait and not t.cancelled() and t.exception() is not None:
+                        failure = t.exception()
+                        log.error("task %s failed", t.get_name(), exc_info=failure)
+                        self.stopping.set()
+                if all(t.done() for t in tasks[:-1]):
+                    break
+            self.stopping.set()
+            _, still = await asyncio.wait(tasks, timeout=self.drain_timeout_s)
+            for t in still:
+                t.cancel()
+            await asyncio.gather(*still, return_exceptions=True)
+        finally:
+            stop_wait.cancel()
+            with contextlib.suppress(*TRANSIENT):
+                await self.r.delete(constants.live_key(self.name, self.instance))
+            await self.r.aclose()
+        if failure is not None:
+            raise SystemExit(f"{self.name} stopped after a failure: {failure!r}")
+
+
+def run_async(main: Callable[[], Awaitable[None]]) -> None:
+    """asyncio.run on uvloop where available."""
+    try:
+        import uvloop
+
+        uvloop.run(main())  # type: ignore[arg-type]
+    except ImportError:
+        asyncio.run(main())  # type: ignore[arg-type]
+
+
+async def live_instances(r: aioredis.Redis, service: str) -> list[Heartbeat]:
+    """Heartbeats of every live instance of `service` (expired keys are gone by TTL)."""
+    decoder = msgspec.msgpack.Decoder(Heartbeat)
+    keys = [k async for k in r.scan_iter(match=f"{constants.LIVE_PREFIX}:{service}:*", count=500)]
+    if not keys:
+        return []
+    values = await r.mget(keys)
+    return [decoder.decode(v) for v in values if v is not None]

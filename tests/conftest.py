@@ -1,0 +1,80 @@
+"""Fixtures shared by every test: a real redis-server per session, a clean database per test."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """A private redis-server on a free port for the whole test session."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server is not installed: apt-get install redis-server")
+    port = free_port()
+    workdir = tempfile.mkdtemp(prefix="rs-redis-")
+    proc = subprocess.Popen(
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            workdir,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    client = redis.Redis(port=port)
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    else:
+        proc.kill()
+        raise RuntimeError("redis-server did not start")
+    url = f"redis://127.0.0.1:{port}/0"
+    os.environ["REDIS_URL"] = url
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def redis_sync(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()  # database 0 only: end-to-end stacks live in other databases
+    yield client
+    client.close()
+
+
+@pytest.fixture
+async def aredis(redis_url: str, redis_sync: redis.Redis) -> AsyncIterator[aioredis.Redis]:
+    """An asyncio client on a freshly flushed database."""
+    client = aioredis.from_url(redis_url)
+    yield client
+    await client.aclose()

@@ -1,0 +1,114 @@
+"""Incremental detokenization and the partition's message handling, with a real tokenizer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from services.detokenizer.core import Detokenizer
+from services.detokenizer.incremental import IncrementalDetokenizer
+from shared.messages.common import SamplingParams, Trace
+from shared.messages.detok import DetokRegister, StepOutput, TokenDelta
+from shared.messages.reply import Delta
+from shared.messages.tokenize import AbortRequest
+from tests.executor.helpers import EOS_ID, make_tokenizer
+
+TEXTS = ["hello world", "héllo 世界 — ok", "emoji 🙂🙃 end", "the thin thing in the"]
+
+
+@pytest.fixture(scope="module")
+def tok() -> Any:
+    return make_tokenizer()
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_token_by_token_equals_full_decode_and_never_breaks_utf8(tok: Any, text: str) -> None:
+    ids = tok.encode(text, add_special_tokens=False)
+    d = IncrementalDetokenizer(tok)
+    pieces = [d.push([i]) for i in ids] + [d.flush()]
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in p for p in pieces)
+    # Multi-byte characters span several byte tokens: some pushes must have waited.
+    if any(ord(c) > 127 for c in text):
+        assert "" in pieces[:-1]
+
+
+def test_special_tokens_are_skipped_or_kept(tok: Any) -> None:
+    ids = [*tok.encode("hi", add_special_tokens=False), EOS_ID]
+    assert "".join(IncrementalDetokenizer(tok).push(ids)) == "hi"
+    kept = IncrementalDetokenizer(tok, skip_special_tokens=False).push(ids)
+    assert kept.endswith("<|im_end|>")
+
+
+def register(rid: str, **sp: object) -> DetokRegister:
+    return DetokRegister(
+        trace=Trace(rid=rid, reply_to=f"reply:{rid}", deadline=1e12),
+        prompt_tokens=5,
+        sampling=SamplingParams(**sp),  # type: ignore[arg-type]
+    )
+
+
+def step(*deltas: TokenDelta) -> StepOutput:
+    return StepOutput(executor="e", step=0, deltas=list(deltas))
+
+
+def test_stop_string_finishes_and_aborts_the_executor(tok: Any) -> None:
+    d = Detokenizer(tok)
+    d.handle(register("a", stop=["in"]), "sched")
+    ids = tok.encode("the thing", add_special_tokens=False)
+    out = []
+    for i in ids:
+        out += d.handle(step(TokenDelta(rid="a", token_ids=[i])), "sched")
+    replies = [m for s, m in out if s == "reply:a"]
+    assert all(isinstance(m, Delta) for m in replies)
+    assert "".join(m.text for m in replies if isinstance(m, Delta)) == "the th"
+    last = replies[-1]
+    assert isinstance(last, Delta) and last.finish_reason == "stop" and last.matched_stop == "in"
+    assert ("sched", AbortRequest(rid="a", reason="stop")) in out
+    # Tokens the executor produced before the abort landed are dropped.
+    assert d.handle(step(TokenDelta(rid="a", token_ids=[ids[0]])), "sched") == []
+
+
+def test_eos_is_counted_but_not_shown(tok: Any) -> None:
+    d = Detokenizer(tok)
+    d.handle(register("b", skip_special_tokens=False), "sched")
+    ids = tok.encode("ok", add_special_tokens=False)
+    out = d.handle(
+        step(
+            TokenDelta(rid="b", token_ids=[*ids, EOS_ID], finish="stop", matched_stop_token=EOS_ID)
+        ),
+        "sched",
+    )
+    ((_, reply),) = out
+    assert isinstance(reply, Delta)
+    assert reply.text == "ok" and reply.finish_reason == "stop" and reply.matched_stop == EOS_ID
+    assert reply.usage.completion_tokens == len(ids) + 1 and reply.usage.prompt_tokens == 5
+    assert "b" not in d.states
+
+
+def test_registration_is_idempotent_and_unknown_rids_ignored(tok: Any) -> None:
+    d = Detokenizer(tok)
+    d.handle(register("c"), "s")
+    d.handle(step(TokenDelta(rid="c", token_ids=tok.encode("ab", add_special_tokens=False))), "s")
+    d.handle(register("c"), "s")  # redelivered: must not reset the state
+    assert d.states["c"].completion_tokens == 2
+    assert d.handle(step(TokenDelta(rid="zzz", token_ids=[1])), "s") == []
+
+
+def test_random_tokens_in_random_chunks_equal_the_full_decode(tok: Any) -> None:
+    """Even invalid UTF-8 from random byte tokens: the pieces add up to decode(all ids)."""
+    import random
+
+    for trial in range(200):
+        rnd = random.Random(trial)
+        ids = [rnd.randrange(0, 264) for _ in range(rnd.randrange(1, 40))]
+        d = IncrementalDetokenizer(tok)
+        pieces, i = [], 0
+        while i < len(ids):
+            k = rnd.randrange(1, 4)
+            pieces.append(d.push(ids[i : i + k]))
+            i += k
+        pieces.append(d.flush())
+        assert "".join(pieces) == tok.decode(ids, skip_special_tokens=True), ids
+        assert all(not p.endswith("\ufffd") for p in pieces[:-1])

@@ -1,0 +1,58 @@
+"""Stop strings over streamed text: held back while they might match, cut where they do."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.detokenizer.stops import StopStrings
+
+
+def run(stops: list[str], pieces: list[str]) -> tuple[list[str], str | None, str]:
+    s = StopStrings(stops)
+    out: list[str] = []
+    for p in pieces:
+        text, matched = s.feed(p)
+        out.append(text)
+        if matched is not None:
+            return out, matched, ""
+    return out, None, s.flush()
+
+
+def test_stop_inside_one_piece() -> None:
+    assert run(["END"], ["abcENDxyz"]) == (["abc"], "END", "")
+
+
+def test_stop_split_across_pieces_is_held_then_cut() -> None:
+    out, matched, _ = run(["END"], ["ab", "cE", "N", "Dzz"])
+    assert out == ["ab", "c", "", ""]
+    assert matched == "END"
+
+
+def test_partial_match_released_when_it_breaks() -> None:
+    out, matched, rest = run(["END"], ["xE", "Nx", "y"])
+    assert matched is None
+    assert out == ["x", "ENx", "y"]
+    assert rest == ""
+
+
+def test_held_text_flushed_at_the_end() -> None:
+    out, matched, rest = run(["\n\n"], ["line\n"])
+    assert (out, matched, rest) == (["line"], None, "\n")
+
+
+def test_earliest_of_several_stops_wins() -> None:
+    assert run(["world", "o w"], ["hello world"]) == (["hell"], "o w", "")
+
+
+@pytest.mark.parametrize("stops", [[], [""]])
+def test_no_stops_passes_everything(stops: list[str]) -> None:
+    assert run(stops, ["a", "b"]) == (["a", "b"], None, "")
+
+
+def test_concatenation_equals_text_before_stop() -> None:
+    text = "The answer is 42.\nObservation: done"
+    for size in range(1, 7):
+        pieces = [text[i : i + size] for i in range(0, len(text), size)]
+        out, matched, _ = run(["Observation:"], pieces)
+        assert matched == "Observation:"
+        assert "".join(out) == "The answer is 42.\n"

@@ -1,0 +1,109 @@
+"""Running the whole service stack with `radixserve serve`, as a user would."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import redis
+
+from shared import constants
+from shared.messages.heartbeat import Heartbeat
+from tests.conftest import free_port
+
+
+@dataclass
+class Stack:
+    base_url: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    redis_url: str | None  # None: serve runs its own private Redis
+    ready_s: float
+
+    def log_tail(self, n: int = 60) -> str:
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(lines[-n:])
+
+    def executor_loads(self) -> list[Heartbeat]:
+        assert self.redis_url is not None
+        r = redis.Redis.from_url(self.redis_url)
+        try:
+            keys = r.keys(f"{constants.LIVE_PREFIX}:executor:*")
+            dec = msgspec.msgpack.Decoder(Heartbeat)
+            return [dec.decode(v) for v in r.mget(keys) if v is not None] if keys else []
+        finally:
+            r.close()
+
+    def wait_idle(self, timeout: float = 20.0) -> Heartbeat:
+        """Until every executor reports no request and a whole free KV pool."""
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            beats = self.executor_loads()
+            if beats:
+                last = beats[0]
+                load = last.executor
+                assert load is not None
+                if (
+                    load.running == 0
+                    and load.waiting == 0
+                    and load.free_kv_tokens == load.total_kv_tokens
+                ):
+                    return last
+            time.sleep(0.1)
+        raise AssertionError(f"executor not idle: {last}\n{self.log_tail()}")
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            return self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"serve did not stop on Ctrl-C\n{self.log_tail()}") from None
+
+
+def start_stack(
+    args: list[str],
+    log_path: Path,
+    redis_url: str | None,
+    env: dict[str, str] | None = None,
+    timeout: float = 300.0,
+) -> Stack:
+    port = free_port()
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("RADIXSERVE_")}
+    full_env.pop("REDIS_URL", None)
+    if redis_url is not None:
+        full_env["REDIS_URL"] = redis_url
+    full_env.update(env or {})
+    log = open(log_path, "wb")  # noqa: SIM115 - the child writes it for the stack's lifetime
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "radixserve", "serve", "--port", str(port), *args],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=full_env,
+    )
+    base = f"http://127.0.0.1:{port}"
+    stack = Stack(base, proc, log_path, redis_url, 0.0)
+    while time.monotonic() - started < timeout:
+        if proc.poll() is not None:
+            raise AssertionError(f"serve exited with {proc.returncode}\n{stack.log_tail()}")
+        if "radixserve is serving" in log_path.read_text(errors="replace"):
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        stack.ready_s = time.monotonic() - started
+                        return stack
+            except OSError:
+                pass
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"serve not ready in {timeout}s\n{stack.log_tail()}")

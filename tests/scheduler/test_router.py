@@ -1,0 +1,105 @@
+"""Routing, the bounded queue, aborts and executor loss, without Redis."""
+
+from __future__ import annotations
+
+from services.scheduler.router import Router
+from shared.messages.common import SamplingParams, Trace
+from shared.messages.detok import RequestFailed
+from shared.messages.heartbeat import ExecutorLoad, Heartbeat
+from shared.messages.schedule import TokenizedRequest
+from shared.messages.tokenize import AbortRequest
+
+
+def make_request(rid: str, n: int = 4, deadline: float = 1e12) -> TokenizedRequest:
+    return TokenizedRequest(
+        trace=Trace(rid=rid, reply_to="rs:reply:g", deadline=deadline),
+        input_ids=list(range(n)),
+        sampling=SamplingParams(),
+        max_new_tokens=8,
+        eos_token_ids=[0],
+        detok_stream="rs:detok:0",
+    )
+
+
+def beat(name: str, waiting: int = 0, running: int = 0, ts: float = 1.0) -> Heartbeat:
+    load = ExecutorLoad(
+        stream=f"rs:exec:{name}",
+        model="m",
+        context_length=64,
+        waiting=waiting,
+        running=running,
+        free_kv_tokens=100,
+        total_kv_tokens=100,
+    )
+    return Heartbeat(service="executor", instance=name, pid=1, started=0, ts=ts, executor=load)
+
+
+def test_no_executor_is_a_503() -> None:
+    out = Router(max_queued=10).route(make_request("a"))
+    assert len(out) == 1
+    stream, msg = out[0]
+    assert stream == "rs:detok:0"
+    assert isinstance(msg, RequestFailed) and msg.error.status == 503
+    assert "no executor" in msg.error.message
+
+
+def test_routes_to_least_loaded_and_counts_what_it_sent() -> None:
+    r = Router(max_queued=100)
+    r.update_executors([beat("e1", running=3), beat("e2", running=1)])
+    targets = [r.route(make_request(f"r{i}"))[0][0] for i in range(4)]
+    # e2 is 2 lighter: it takes the first two, then they alternate.
+    assert targets == ["rs:exec:e2", "rs:exec:e2", "rs:exec:e1", "rs:exec:e2"]
+
+
+def test_queue_full_is_a_503() -> None:
+    r = Router(max_queued=2)
+    r.update_executors([beat("e1", waiting=1)])
+    assert r.route(make_request("a"))[0][0] == "rs:exec:e1"
+    _, msg = r.route(make_request("b"))[0]
+    assert isinstance(msg, RequestFailed) and msg.error.status == 503
+    assert "queue is full" in msg.error.message
+
+
+def test_redelivered_request_is_sent_once() -> None:
+    r = Router(max_queued=10)
+    r.update_executors([beat("e1")])
+    assert len(r.route(make_request("a"))) == 1
+    assert r.route(make_request("a")) == []
+
+
+def test_abort_goes_to_the_executor_holding_the_request() -> None:
+    r = Router(max_queued=10)
+    r.update_executors([beat("e1"), beat("e2", running=5)])
+    r.route(make_request("a"))
+    assert r.abort(AbortRequest(rid="a")) == [("rs:exec:e1", AbortRequest(rid="a"))]
+
+
+def test_abort_before_arrival_refuses_the_request() -> None:
+    r = Router(max_queued=10)
+    r.update_executors([beat("e1")])
+    assert r.abort(AbortRequest(rid="early")) == []
+    _, msg = r.route(make_request("early"))[0]
+    assert isinstance(msg, RequestFailed) and msg.error.status == 499
+
+
+def test_lost_executor_fails_its_requests_only() -> None:
+    r = Router(max_queued=10)
+    r.update_executors([beat("e1"), beat("e2", running=1)])
+    r.route(make_request("on-e1"))
+    r.update_executors([beat("e1", ts=2.0), beat("e2", running=1, ts=2.0)])
+    r.route(make_request("on-e2"))  # e1 has 1 sent since its beat; e2 has 1 running
+    assert r.assigned["on-e2"].executor in ("e1", "e2")
+    holder = r.assigned["on-e1"].executor
+    out = r.update_executors(
+        [b for b in (beat("e1", ts=3), beat("e2", ts=3)) if b.instance != holder]
+    )
+    failed = [m.rid for _, m in out if isinstance(m, RequestFailed)]
+    assert "on-e1" in failed
+    assert all(r.assigned[rid].executor != holder for rid in r.assigned)
+
+
+def test_expired_request_is_refused() -> None:
+    r = Router(max_queued=10)
+    r.update_executors([beat("e1")])
+    _, msg = r.route(make_request("old", deadline=5.0), now=10.0)[0]
+    assert isinstance(msg, RequestFailed) and msg.error.status == 504

@@ -1,0 +1,133 @@
+"""Every wire message survives a msgpack round trip, through its stream's union type."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from shared.bus import Codec
+from shared.messages.common import ErrorInfo, SamplingParams, Trace
+from shared.messages.detok import (
+    DetokMessage,
+    DetokRegister,
+    RequestFailed,
+    StepOutput,
+    TokenDelta,
+)
+from shared.messages.heartbeat import ExecutorLoad, Heartbeat
+from shared.messages.reply import Delta, Failure, ReplyMessage, Usage
+from shared.messages.schedule import ExecutorMessage, FlushCache, TokenizedRequest
+from shared.messages.tokenize import (
+    AbortRequest,
+    ChatMessage,
+    ChatPrompt,
+    GenerateRequest,
+    TextPrompt,
+    TokenizeMessage,
+    TokenPrompt,
+)
+
+TRACE = Trace(rid="r1", reply_to="rs:reply:g1", deadline=1e10, traceparent="00-ab-cd-01")
+SP = SamplingParams(max_new_tokens=7, temperature=0.5, top_p=0.9, top_k=20, stop=["\n\n"])
+
+CASES = [
+    (TokenizeMessage, GenerateRequest(trace=TRACE, prompt=TextPrompt(text="hi"), sampling=SP)),
+    (
+        TokenizeMessage,
+        GenerateRequest(
+            trace=TRACE, prompt=TokenPrompt(input_ids=[1, 2]), sampling=SP, stream=True
+        ),
+    ),
+    (
+        TokenizeMessage,
+        GenerateRequest(
+            trace=TRACE,
+            prompt=ChatPrompt(messages=[ChatMessage(role="user", content="é 世界")]),
+            sampling=SamplingParams(),
+        ),
+    ),
+    (TokenizeMessage, AbortRequest(rid="r1", reason="client gone")),
+    (
+        ExecutorMessage,
+        TokenizedRequest(
+            trace=TRACE,
+            input_ids=[5, 6, 7],
+            sampling=SP,
+            max_new_tokens=7,
+            eos_token_ids=[2],
+            detok_stream="rs:detok:0",
+        ),
+    ),
+    (ExecutorMessage, FlushCache()),
+    (DetokMessage, DetokRegister(trace=TRACE, prompt_tokens=3, sampling=SP)),
+    (
+        DetokMessage,
+        StepOutput(
+            executor="e0",
+            step=4,
+            deltas=[
+                TokenDelta(rid="r1", token_ids=[9]),
+                TokenDelta(
+                    rid="r2",
+                    token_ids=[10, 11],
+                    finish="stop",
+                    cached_tokens=3,
+                    matched_stop_token=11,
+                ),
+            ],
+        ),
+    ),
+    (DetokMessage, RequestFailed(rid="r1", error=ErrorInfo(status=503, message="full"))),
+    (
+        ReplyMessage,
+        Delta(
+            rid="r1",
+            text="a",
+            token_ids=[1],
+            usage=Usage(prompt_tokens=3, completion_tokens=1),
+            finish_reason="stop",
+            matched_stop="\n",
+        ),
+    ),
+    (ReplyMessage, Failure(rid="r1", error=ErrorInfo(status=400, message="x", param="max_tokens"))),
+    (
+        Heartbeat,
+        Heartbeat(
+            service="executor",
+            instance="e0",
+            pid=1,
+            started=1.0,
+            ts=2.0,
+            executor=ExecutorLoad(
+                stream="s",
+                model="m",
+                context_length=8,
+                waiting=1,
+                running=2,
+                free_kv_tokens=3,
+                total_kv_tokens=4,
+            ),
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize(("union", "message"), CASES, ids=lambda x: type(x).__name__)
+def test_round_trip(union: object, message: msgspec.Struct) -> None:
+    codec: Codec[object] = Codec(union)
+    assert codec.decode(codec.encode(message)) == message
+
+
+def test_hot_step_message_is_compact() -> None:
+    """StepOutput is array-like: no field names on the wire for the per-step hot message."""
+    step = StepOutput(executor="e0", step=1, deltas=[TokenDelta(rid="abc", token_ids=[42])])
+    wire = msgspec.msgpack.encode(step)
+    assert b"token_ids" not in wire and b"executor" not in wire
+    assert len(wire) <= 24
+
+
+def test_wrong_type_is_rejected() -> None:
+    codec: Codec[object] = Codec(TokenizeMessage)
+    bad = msgspec.msgpack.encode({"type": "abort", "rid": 5})
+    with pytest.raises(msgspec.ValidationError, match="rid"):
+        codec.decode(bad)

@@ -1,0 +1,107 @@
+"""Tokenization, chat templates and the context-length checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from services.tokenizer.core import Tokenization
+from services.tokenizer.main import handle
+from shared.messages.common import SamplingParams, Trace
+from shared.messages.detok import DetokRegister
+from shared.messages.reply import Failure
+from shared.messages.schedule import TokenizedRequest
+from shared.messages.tokenize import (
+    ChatMessage,
+    ChatPrompt,
+    GenerateRequest,
+    Prompt,
+    TextPrompt,
+    TokenPrompt,
+)
+from shared.model_files import resolve_model
+from tests.executor.helpers import EOS_ID, write_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory: pytest.TempPathFactory) -> Tokenization:
+    path = write_tiny_model(tmp_path_factory.mktemp("tok"), max_position_embeddings=64)
+    return Tokenization(resolve_model(str(path)))
+
+
+def request(prompt: Prompt, max_new: int | None = 4, deadline: float = 1e12) -> GenerateRequest:
+    return GenerateRequest(
+        trace=Trace(rid="r", reply_to="rs:reply:g", deadline=deadline),
+        prompt=prompt,
+        sampling=SamplingParams(max_new_tokens=max_new),
+    )
+
+
+def test_text_prompt_is_registered_then_scheduled(tok: Tokenization) -> None:
+    out = handle(tok, request(TextPrompt(text="the thin")), partitions=1)
+    assert [s for s, _ in out] == ["rs:detok:0", "rs:schedule"]
+    reg, sched = out[0][1], out[1][1]
+    assert isinstance(reg, DetokRegister) and isinstance(sched, TokenizedRequest)
+    assert tok.tokenizer.decode(sched.input_ids) == "the thin"
+    assert reg.prompt_tokens == len(sched.input_ids)
+    assert sched.eos_token_ids == [EOS_ID] and sched.max_new_tokens == 4
+
+
+def test_chat_template_applied(tok: Tokenization) -> None:
+    prompt = ChatPrompt(messages=[ChatMessage(role="user", content="hi")])
+    sched = handle(tok, request(prompt), 1)[1][1]
+    assert isinstance(sched, TokenizedRequest)
+    text = tok.tokenizer.decode(sched.input_ids)
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_default_max_tokens_fills_the_context(tok: Tokenization) -> None:
+    sched = handle(tok, request(TokenPrompt(input_ids=[1, 2, 3]), max_new=None), 1)[1][1]
+    assert isinstance(sched, TokenizedRequest) and sched.max_new_tokens == 64 - 3
+
+
+@pytest.mark.parametrize(
+    ("prompt", "max_new", "param", "words"),
+    [
+        (TextPrompt(text="x" * 80), 4, "prompt", "context length"),
+        (TokenPrompt(input_ids=list(range(10))), 60, "max_tokens", "exceeds"),
+        (TokenPrompt(input_ids=[5, 9999]), 4, "input_ids", "outside the vocabulary"),
+        (TextPrompt(text=""), 4, "prompt", "empty"),
+    ],
+)
+def test_bad_prompts_get_a_400_naming_the_field(
+    tok: Tokenization, prompt: Prompt, max_new: int, param: str, words: str
+) -> None:
+    out = handle(tok, request(prompt, max_new), 1)
+    assert len(out) == 1
+    stream, msg = out[0]
+    assert stream == "rs:reply:g" and isinstance(msg, Failure)
+    assert msg.error.status == 400 and msg.error.param == param
+    assert words in msg.error.message
+
+
+def test_expired_request_is_refused(tok: Tokenization) -> None:
+    ((_, msg),) = handle(tok, request(TextPrompt(text="a"), deadline=1.0), 1)
+    assert isinstance(msg, Failure) and msg.error.status == 504
+
+
+def test_partitions_spread_requests(tok: Tokenization) -> None:
+    streams = set()
+    for i in range(40):
+        req = GenerateRequest(
+            trace=Trace(rid=f"rid-{i}", reply_to="g", deadline=1e12),
+            prompt=TextPrompt(text="a"),
+            sampling=SamplingParams(max_new_tokens=1),
+        )
+        streams.add(handle(tok, req, partitions=4)[0][0])
+    assert streams == {f"rs:detok:{p}" for p in range(4)}
+
+
+def test_model_path_errors_name_the_path(tmp_path: Path) -> None:
+    from shared.model_files import ModelNotFoundError
+
+    with pytest.raises(ModelNotFoundError, match="does not exist"):
+        resolve_model(str(tmp_path / "nope"))
+    with pytest.raises(ModelNotFoundError, match="no config\\.json"):
+        resolve_model(str(tmp_path))
