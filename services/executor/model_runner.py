@@ -71,7 +71,8 @@ class ModelRunner:
         st = SamplingTensors.build(
             [plan.reqs[i].sampling for i in todo], picked.shape[-1], picked.device
         )
-        tokens = sample(picked, st, self.generator).tolist()
+        gens = [plan.reqs[i].generator(self.device) for i in todo]
+        tokens = sample(picked, st, self.generator, gens).tolist()
         for i, t in zip(todo, tokens, strict=True):
             out[i] = int(t)
         return out

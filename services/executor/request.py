@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from shared.messages.common import SamplingParams
 from shared.messages.schedule import TokenizedRequest
 
@@ -25,6 +27,16 @@ class Req:
     matched_stop_token: int | None = None
     sent: int = 0  # output tokens already published
     cached_tokens: int = 0  # prompt tokens whose KV came from the cache
+    _generator: torch.Generator | None = None  # a seeded request's own random stream
+
+    def generator(self, device: torch.device) -> torch.Generator | None:
+        """The request's own generator when it has a seed (made on first use)."""
+        if self.sampling.seed is None:
+            return None
+        if self._generator is None:
+            self._generator = torch.Generator(device=device)
+            self._generator.manual_seed(self.sampling.seed & 0xFFFF_FFFF_FFFF_FFFF)
+        return self._generator
 
     @classmethod
     def from_message(cls, m: TokenizedRequest, seq: int) -> Req:

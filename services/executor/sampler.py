@@ -43,9 +43,16 @@ class SamplingTensors:
 
 
 def sample(
-    logits: torch.Tensor, st: SamplingTensors, generator: torch.Generator | None = None
+    logits: torch.Tensor,
+    st: SamplingTensors,
+    generator: torch.Generator | None = None,
+    row_generators: list[torch.Generator | None] | None = None,
 ) -> torch.Tensor:
-    """logits: [bs, vocab] float32 -> next tokens [bs] int64."""
+    """logits: [bs, vocab] float32 -> next tokens [bs] int64.
+
+    Rows with their own generator (requests with a seed) draw from it alone, so a seeded
+    request samples the same tokens whatever else shares its batch.
+    """
     greedy = logits.argmax(dim=-1)
     if st.all_greedy:
         return greedy
@@ -55,6 +62,9 @@ def sample(
     if st.need_filter:
         probs = filter_probs(probs, st.top_k, st.top_p, st.min_p)
     sampled = torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
+    for i, g in enumerate(row_generators or ()):
+        if g is not None:
+            sampled[i] = torch.multinomial(probs[i], num_samples=1, generator=g)[0]
     return torch.where(is_greedy, greedy, sampled)
 
 

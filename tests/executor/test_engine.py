@@ -66,7 +66,7 @@ class Run:
         self.failed: dict[str, RequestFailed] = {}
         self.batch_sizes: list[int] = []
 
-    def go(self, arrivals: dict[int, list[object]], max_steps: int = 2000) -> None:
+    def go(self, arrivals: dict[int, list[Any]], max_steps: int = 2000) -> None:
         step = 0
         while step < max_steps:
             for msg in arrivals.pop(step, []):
@@ -189,3 +189,35 @@ def test_sampling_respects_max_tokens_and_vocab(tiny_dir: Path) -> None:
     for i in range(4):
         assert len(run.tokens[f"s{i}"]) == 16
         assert all(0 <= t < 264 for t in run.tokens[f"s{i}"])
+
+
+def test_seeded_request_is_reproducible_in_any_batch(tiny_dir: Path) -> None:
+    def seeded(rid: str, seed: int) -> TokenizedRequest:
+        return TokenizedRequest(
+            trace=Trace(rid=rid, reply_to="g", deadline=1e12),
+            input_ids=[7, 8, 9],
+            sampling=SamplingParams(temperature=1.5, seed=seed, ignore_eos=True),
+            max_new_tokens=20,
+            eos_token_ids=[EOS_ID],
+            detok_stream="d",
+        )
+
+    alone = Run(make_engine(tiny_dir))
+    alone.go({0: [seeded("a", 1234)]})
+    busy = Run(make_engine(tiny_dir))
+    others = [make_request(f"o{i}", p, ignore_eos=True) for i, p in enumerate(prompts(5))]
+    unseeded = [
+        TokenizedRequest(
+            trace=Trace(rid=f"u{i}", reply_to="g", deadline=1e12),
+            input_ids=[7, 8, 9],
+            sampling=SamplingParams(temperature=1.5, ignore_eos=True),
+            max_new_tokens=20,
+            eos_token_ids=[EOS_ID],
+            detok_stream="d",
+        )
+        for i in range(3)
+    ]
+    busy.go({0: [*others[:3], *unseeded], 2: [seeded("a", 1234), seeded("b", 99)], 4: others[3:]})
+    assert busy.tokens["a"] == alone.tokens["a"]
+    assert len(alone.tokens["a"]) == 20
+    assert busy.tokens["b"] != busy.tokens["a"]  # another seed, another stream
