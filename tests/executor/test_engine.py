@@ -70,7 +70,7 @@ class Run:
         step = 0
         while step < max_steps:
             for msg in arrivals.pop(step, []):
-                self.engine.submit(msg)  # type: ignore[arg-type]
+                self.engine.submit(msg)
             if not self.engine.has_work() and not arrivals:
                 break
             result = self.engine.step()
