@@ -1,21 +1,28 @@
-"""Which requests run in the next step, and their KV memory. Synchronous; no I/O, no model.
+"""Which requests run in the next step. Synchronous; no I/O, no model.
 
-Each step is either an EXTEND (prefill chunks of waiting requests, under a token budget) or a
+Each step is either an EXTEND (prompt chunks of admitted requests, under a token budget) or a
 DECODE (one token for every running request). While prompts wait and requests decode, the two
-alternate, so a long prompt never stalls generation for the others. Requests are admitted while
-the KV pool can hold their prompt plus an estimate of their output: `new_token_ratio` of the
-tokens each may still generate. The ratio decays while decoding goes well (most requests stop
-long before max_tokens) and jumps back up on a retraction. When decoding runs out of slots,
-the youngest running requests are retracted to the queue, keeping their tokens, and recomputed
-later.
+alternate, so a long prompt never stalls generation for the others.
+
+Admission order: longest cached prefix first (`lpm`) or arrival order (`fcfs`); a request
+passed over STARVATION_WAITS times goes first. A request sharing a long prefix with a prompt
+being computed right now waits for it to land in the cache instead of computing it again.
+
+Memory: requests are admitted while the pool (free plus evictable cached slots) can hold their
+pending tokens plus an estimate of their output: `new_token_ratio` of the tokens each may still
+generate. The ratio decays while decoding goes well and jumps back up on a retraction. When
+decoding runs out of slots, cached prefixes are evicted first, then the youngest running
+requests are retracted to the queue, keeping their tokens; their KV goes to the cache, so
+readmission recomputes only what was evicted meanwhile.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from dataclasses import dataclass
 
-from services.executor.kv_pool import KVPool, ReqToTokenPool
+from services.executor.memory import KVManager
 from services.executor.request import Req
 
 # Admission estimate: new_token_ratio * min(tokens left to generate, ESTIMATE_CLIP).
@@ -23,6 +30,11 @@ ESTIMATE_CLIP = 4096
 INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY = 0.001  # per decode step
+STARVATION_WAITS = 64  # admissions a request may be passed over before it goes first
+LPM_MAX_QUEUE = 256  # above this many waiting, matching each one costs more than it saves
+SHARED_PREFIX_MIN = 32  # tokens in common with an in-flight prompt that make a request wait
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -38,18 +50,35 @@ class StepPlan:
         return r.kv_len == r.all_len
 
 
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 class BatchPolicy:
     def __init__(
         self,
-        kv_pool: KVPool,
-        req_pool: ReqToTokenPool,
+        memory: KVManager,
         max_running: int,
         max_prefill_tokens: int,
+        schedule_policy: str = "lpm",
     ) -> None:
-        self.kv = kv_pool
-        self.rows = req_pool
+        if schedule_policy not in ("lpm", "fcfs"):
+            raise ValueError(f"unknown schedule policy {schedule_policy!r}: lpm or fcfs")
+        self.mem = memory
+        self.kv = memory.kv
         self.max_running = max_running
         self.max_prefill_tokens = max_prefill_tokens
+        self.schedule_policy = schedule_policy
         self.waiting: deque[Req] = deque()
         self.prefilling: list[Req] = []  # admitted, prompt not fully computed
         self.running: list[Req] = []  # decoding
@@ -68,20 +97,13 @@ class BatchPolicy:
         return bool(self.waiting or self.prefilling or self.running)
 
     def remove(self, req: Req) -> None:
-        """Take a request out wherever it is and free its memory."""
+        """Take a request out wherever it is; its computed tokens go to the cache."""
         for group in (self.prefilling, self.running):
             if req in group:
                 group.remove(req)
         if req in self.waiting:
             self.waiting.remove(req)
-        self.release(req)
-
-    def release(self, req: Req) -> None:
-        self.kv.free(req.slots)
-        req.slots = []
-        if req.row >= 0:
-            self.rows.free(req.row)
-            req.row = -1
+        self.mem.release(req)
 
     # -- planning ----------------------------------------------------------------------------
     def plan(self) -> StepPlan | None:
@@ -101,23 +123,52 @@ class BatchPolicy:
         left = min(r.max_new_tokens - len(r.output_ids), ESTIMATE_CLIP)
         return r.pending_len + int(left * self.new_token_ratio)
 
-    def _reserved(self) -> int:
-        return sum(self._estimate(r) for r in (*self.prefilling, *self.running))
+    def _order_waiting(self) -> None:
+        if self.schedule_policy == "fcfs" or len(self.waiting) > LPM_MAX_QUEUE:
+            return
+        matched = {r.rid: self.mem.match_len(r) for r in self.waiting}
+        self.waiting = deque(
+            sorted(
+                self.waiting,
+                key=lambda r: (r.waits < STARVATION_WAITS, -matched[r.rid], r.seq),
+            )
+        )
+
+    def _shares_inflight_prefix(self, req: Req) -> bool:
+        """Whether a prompt being computed now covers a long prefix of req's that the cache
+        does not have yet: req is better off waiting for it than computing it again."""
+        cached = self.mem.match_len(req)
+        for other in self.prefilling:
+            shared = common_prefix_len(req.input_ids, other.input_ids)
+            if shared >= SHARED_PREFIX_MIN and shared > cached + SHARED_PREFIX_MIN:
+                return True
+        return False
 
     def _admit(self) -> None:
-        budget = self.kv.num_free() - self._reserved()
+        self._order_waiting()
+        reserved = sum(self._estimate(r) for r in (*self.prefilling, *self.running))
+        deferred: list[Req] = []
         while self.waiting and len(self.prefilling) + len(self.running) < self.max_running:
             req = self.waiting[0]
+            if self.mem.rows.num_free() == 0:
+                break
+            if req.waits < STARVATION_WAITS and self._shares_inflight_prefix(req):
+                deferred.append(self.waiting.popleft())
+                continue
+            self.waiting.popleft()
+            self.mem.attach(req)
             need = self._estimate(req)
             alone = not self.prefilling and not self.running
-            if need > budget and not (alone and req.pending_len <= self.kv.num_free()):
+            room = self.mem.available()
+            if need > room - reserved and not (alone and req.pending_len <= room):
+                self.mem.release(req)
+                self.waiting.appendleft(req)
                 break
-            if self.rows.num_free() == 0:
-                break
-            self.waiting.popleft()
-            req.row = self.rows.allocate()
             self.prefilling.append(req)
-            budget -= need
+            reserved += need
+        for r in self.waiting:
+            r.waits += 1
+        self.waiting.extendleft(reversed(deferred))
 
     def _plan_extend(self) -> StepPlan | None:
         self._admit()
@@ -129,10 +180,10 @@ class BatchPolicy:
         for req in self.prefilling:
             if budget <= 0:
                 break
-            n = min(req.pending_len, budget, self.kv.num_free())
+            n = min(req.pending_len, budget, self.mem.available())
             if n <= 0:
                 break
-            self._grow(req, n)
+            self.mem.grow(req, n)
             reqs.append(req)
             lens.append(n)
             budget -= n
@@ -142,7 +193,7 @@ class BatchPolicy:
                 # the others so at least one can finish.
                 victim = max(self.prefilling, key=lambda r: r.seq)
                 self.prefilling.remove(victim)
-                self.release(victim)
+                self.mem.release(victim)
                 self.waiting.appendleft(victim)
                 return self._plan_extend() if self.prefilling else None
             return None
@@ -151,23 +202,17 @@ class BatchPolicy:
     def _plan_decode(self) -> StepPlan | None:
         if not self.running:
             return None
-        while self.kv.num_free() < len(self.running) and len(self.running) > 1:
+        while not self.mem.make_room(len(self.running)) and len(self.running) > 1:
             self.retract_youngest()
             self.new_token_ratio = INIT_NEW_TOKEN_RATIO
-        if self.kv.num_free() < len(self.running):
+        if not self.mem.make_room(len(self.running)):
             raise MemoryError("the KV pool cannot hold even one decoding request")
         self.new_token_ratio = max(
             MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
         )
         for req in self.running:
-            self._grow(req, 1)
+            self.mem.grow(req, 1)
         return StepPlan(list(self.running), [1] * len(self.running), is_decode=True)
-
-    def _grow(self, req: Req, n: int) -> None:
-        start = req.kv_len
-        slots = self.kv.allocate(n)
-        self.rows.write(req.row, start, slots)
-        req.slots.extend(slots)
 
     def retract_youngest(self) -> Req:
         """Put the most recently arrived running request back at the head of the queue. Its
@@ -175,26 +220,31 @@ class BatchPolicy:
         victim = max(self.running, key=lambda r: r.seq)
         self.num_retracted += 1
         self.running.remove(victim)
-        self.release(victim)
+        self.mem.release(victim)
         self.waiting.appendleft(victim)
+        log.info(
+            "KV pool full: retracted %s after %d output tokens (%d retractions so far)",
+            victim.rid,
+            len(victim.output_ids),
+            self.num_retracted,
+        )
         return victim
 
     # -- after the forward pass --------------------------------------------------------------
     def after_step(self, plan: StepPlan) -> None:
-        """Move finished prompts to running; drop finished requests and free their memory."""
+        """Move finished prompts to running (sharing them through the cache); drop finished
+        requests, their tokens going to the cache."""
         for req in plan.reqs:
             if req.finish is not None:
                 if req in self.prefilling:
                     self.prefilling.remove(req)
                 elif req in self.running:
                     self.running.remove(req)
-                self.release(req)
+                self.mem.release(req)
             elif req in self.prefilling and req.pending_len == 1 and req.output_ids:
                 self.prefilling.remove(req)
                 self.running.append(req)
+                self.mem.cache_prefix(req)
 
     def check_integrity(self) -> None:
-        used = sum(r.kv_len for r in (*self.prefilling, *self.running))
-        assert self.kv.num_free() + used == self.kv.num_slots, (
-            f"KV leak: free {self.kv.num_free()} + used {used} != {self.kv.num_slots}"
-        )
+        self.mem.check_integrity([*self.prefilling, *self.running])

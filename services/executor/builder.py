@@ -8,8 +8,10 @@ from dataclasses import dataclass
 import torch
 
 from services.executor.batch_policy import BatchPolicy
+from services.executor.cache import NullCache, PrefixCache, RadixCache
 from services.executor.engine import Engine
 from services.executor.kv_pool import KVPool, ReqToTokenPool
+from services.executor.memory import KVManager
 from services.executor.model_config import ModelConfig
 from services.executor.model_runner import ModelRunner
 from services.executor.weights import load_model
@@ -35,6 +37,9 @@ class EngineSettings:
     attention_backend: str = "torch"
     seed: int = 0
     check_integrity: bool = False
+    disable_radix_cache: bool = False
+    page_size: int = 1
+    schedule_policy: str = "lpm"
 
 
 def pick_device(name: str) -> torch.device:
@@ -91,7 +96,15 @@ def build_engine(s: EngineSettings) -> Engine:
     kv = KVPool(slots, config.num_layers, config.num_kv_heads, config.head_dim, dtype, device)
     context = config.max_position_embeddings
     rows = ReqToTokenPool(s.max_running_requests + 1, context, device)
-    policy = BatchPolicy(kv, rows, s.max_running_requests, s.max_prefill_tokens)
+    cache: PrefixCache = (
+        NullCache(kv, s.page_size) if s.disable_radix_cache else RadixCache(kv, s.page_size)
+    )
+    policy = BatchPolicy(
+        KVManager(kv, rows, cache),
+        s.max_running_requests,
+        s.max_prefill_tokens,
+        s.schedule_policy,
+    )
     runner = ModelRunner(model, kv, rows, config.vocab_size, device, seed=s.seed)
     log.info(
         "model %s (%s) on %s in %s; KV pool %d tokens (%.1f MiB)",

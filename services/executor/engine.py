@@ -7,6 +7,7 @@ state is only ever touched by the stepping thread.
 
 from __future__ import annotations
 
+import logging
 import queue
 import time
 from collections import defaultdict
@@ -20,6 +21,8 @@ from shared.messages.detok import RequestFailed, StepOutput, TokenDelta
 from shared.messages.heartbeat import ExecutorLoad
 from shared.messages.schedule import ExecutorMessage, FlushCache, TokenizedRequest
 from shared.messages.tokenize import AbortRequest
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -63,6 +66,8 @@ class Engine:
             running=len(p.prefilling) + len(p.running),
             free_kv_tokens=p.kv.num_free(),
             total_kv_tokens=p.kv.num_slots,
+            cached_tokens=p.mem.cache.total_size(),
+            evictable_tokens=p.mem.cache.evictable_size(),
             max_running=p.max_running,
         )
 
@@ -109,7 +114,17 @@ class Engine:
                     self.policy.remove(req)
                     finished.append(req)
             elif isinstance(msg, FlushCache):
-                pass  # nothing is cached beyond running requests without the radix cache
+                self.flush_cache()
+
+    def flush_cache(self) -> bool:
+        """Drop every cached prefix; refused (False) while any request is queued or running,
+        since running requests hold locks on cached prefixes."""
+        if self.policy.has_work():
+            log.warning("cache flush refused: %d requests in the executor", len(self.reqs))
+            return False
+        self.policy.mem.cache.reset()
+        log.info("cache flushed")
+        return True
 
     def _add(self, msg: TokenizedRequest) -> RequestFailed | None:
         rid = msg.trace.rid

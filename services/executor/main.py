@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
@@ -70,6 +71,20 @@ def add_flags(p: EnvArgumentParser) -> None:
     )
     p.add_flag("--attention-backend", default="torch", choices=["torch"], help="attention")
     p.add_flag("--seed", type=int, default=0, help="sampling seed of this executor")
+    p.add_bool("--disable-radix-cache", help="compute every prompt from scratch (no prefix reuse)")
+    p.add_flag(
+        "--page-size",
+        type=int,
+        default=1,
+        check=positive,
+        help="tokens per page of the prefix cache (only whole pages are reused)",
+    )
+    p.add_flag(
+        "--schedule-policy",
+        default="lpm",
+        choices=["lpm", "fcfs"],
+        help="admission order: longest cached prefix first, or arrival order",
+    )
     p.add_bool(
         "--check-integrity",
         help="verify the KV pool accounting after every step and stop loudly if it breaks "
@@ -145,8 +160,15 @@ async def serve(a: argparse.Namespace) -> None:
             attention_backend=a.attention_backend,
             seed=a.seed,
             check_integrity=a.check_integrity,
+            disable_radix_cache=a.disable_radix_cache,
+            page_size=a.page_size,
+            schedule_policy=a.schedule_policy,
         )
     )
+    # Everything loaded so far lives as long as the process: keep the collector from walking
+    # it on every collection (a full pass over the radix tree's nodes stalls a step).
+    gc.collect()
+    gc.freeze()
     svc = Service("executor", instance, a.redis_url, load=engine.load, drain_timeout_s=30.0)
     reader: StreamReader[ExecutorMessage] = StreamReader(svc.r, stream, ExecutorMessage)
     await reader.start_from_now()  # before the first heartbeat makes the scheduler route here

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from services.executor.cache import TreeNode
 from shared.messages.common import SamplingParams
 from shared.messages.schedule import TokenizedRequest
 
@@ -23,6 +24,9 @@ class Req:
     output_ids: list[int] = field(default_factory=list)
     row: int = -1  # row in req_to_token while resident, else -1
     slots: list[int] = field(default_factory=list)  # KV slots of all_ids[: len(slots)]
+    locked_node: TreeNode | None = None  # the cache prefix this request holds a lock on
+    locked_len: int = 0  # slots[:locked_len] belong to the cache
+    waits: int = 0  # admissions that passed this request over (starvation guard)
     finish: str | None = None  # "stop" | "length" | "abort"
     matched_stop_token: int | None = None
     sent: int = 0  # output tokens already published

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from services.gateway import native_api, openai_api
+from services.gateway import admin_api, native_api, openai_api
 from services.gateway.dispatch import Dispatcher
 from services.gateway.errors import ApiError, default_type, error_body
 from services.gateway.replies import ReplyRouter
@@ -81,6 +81,7 @@ async def build_app(settings: GatewaySettings, r: aioredis.Redis | None = None) 
     app.cleanup_ctx.append(reply_listener)
     openai_api.add_routes(app)
     native_api.add_routes(app)
+    admin_api.add_routes(app)
     return app
 
 

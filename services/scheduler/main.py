@@ -18,6 +18,7 @@ from shared.bus import GroupConsumer, publish_many
 from shared.config import EnvArgumentParser, add_common_flags, positive
 from shared.logs import setup_logging
 from shared.messages.schedule import ScheduleMessage, TokenizedRequest
+from shared.messages.tokenize import AbortRequest
 from shared.service import Service, default_instance_id, live_instances, run_async
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,12 @@ async def serve(a: argparse.Namespace) -> None:
             out = []
             for e in entries:
                 msg = e.message
-                out += router.route(msg) if isinstance(msg, TokenizedRequest) else router.abort(msg)
+                if isinstance(msg, TokenizedRequest):
+                    out += router.route(msg)
+                elif isinstance(msg, AbortRequest):
+                    out += router.abort(msg)
+                else:
+                    out += router.broadcast(msg)
             if out:
                 await publish_many(svc.r, out)
             await consumer.ack([e.id for e in entries])

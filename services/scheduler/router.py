@@ -108,6 +108,10 @@ class Router:
         self.assigned[rid] = Assignment(best.instance, req.detok_stream, req.trace.deadline)
         return [(best.load.stream, req)]
 
+    def broadcast(self, msg: Struct) -> list[tuple[str, Struct]]:
+        """The same message to every live executor (cache flushes)."""
+        return [(view.load.stream, msg) for view in self.executors.values()]
+
     def abort(self, msg: AbortRequest, now: float | None = None) -> list[tuple[str, Struct]]:
         a = self.assigned.get(msg.rid)
         if a is None:

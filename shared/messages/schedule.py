@@ -24,5 +24,5 @@ class FlushCache(msgspec.Struct, tag="flush_cache", kw_only=True, frozen=True):
     rid: str = ""
 
 
-ScheduleMessage = TokenizedRequest | AbortRequest
+ScheduleMessage = TokenizedRequest | AbortRequest | FlushCache
 ExecutorMessage = TokenizedRequest | AbortRequest | FlushCache

@@ -42,7 +42,8 @@ class Stack:
             r.close()
 
     def wait_idle(self, timeout: float = 20.0) -> Heartbeat:
-        """Until every executor reports no request and a whole free KV pool."""
+        """Until every executor reports no request, and every KV slot either free or cached
+        and unlocked (nothing leaked, nothing still locked)."""
         deadline = time.monotonic() + timeout
         last = None
         while time.monotonic() < deadline:
@@ -54,7 +55,8 @@ class Stack:
                 if (
                     load.running == 0
                     and load.waiting == 0
-                    and load.free_kv_tokens == load.total_kv_tokens
+                    and load.evictable_tokens == load.cached_tokens
+                    and load.free_kv_tokens + load.cached_tokens == load.total_kv_tokens
                 ):
                     return last
             time.sleep(0.1)

@@ -277,3 +277,48 @@ def test_openai_client(tiny_stack: Stack, tiny_hf: torch.nn.Module, tiny_tokeniz
     )
     assert text == chat_text
     tiny_stack.wait_idle()
+
+
+def test_repeated_prompt_reports_cached_tokens_and_flush_empties_the_cache(
+    tiny_stack: Stack,
+) -> None:
+    ids = list(range(40, 90))
+
+    async def main() -> tuple[int, int, int, dict[str, Any]]:
+        body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"{tiny_stack.base_url}/generate", json=body) as resp:
+                first = (await resp.json())["meta_info"]["cached_tokens"]
+            async with s.post(f"{tiny_stack.base_url}/generate", json=body) as resp:
+                second = (await resp.json())["meta_info"]["cached_tokens"]
+            tiny_stack.wait_idle()
+            async with s.post(f"{tiny_stack.base_url}/flush_cache") as resp:
+                status, data = resp.status, dict(await resp.json())
+        return first, second, status, data
+
+    first, second, status, data = asyncio.run(main())
+    assert second == len(ids) - 1 and first < second
+    assert status == 200, data
+    beat = tiny_stack.wait_idle()
+    assert beat.executor is not None and beat.executor.cached_tokens == 0
+
+
+def test_flush_cache_refused_while_a_request_runs(tiny_stack: Stack) -> None:
+    async def main() -> tuple[int, dict[str, Any]]:
+        body = {
+            "input_ids": [1, 2, 3],
+            "stream": True,
+            "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True},
+        }
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(f"{tiny_stack.base_url}/generate", json=body) as gen,
+        ):
+            await gen.content.readline()  # the request is running
+            await asyncio.sleep(0.6)  # a heartbeat reports it
+            async with s.post(f"{tiny_stack.base_url}/flush_cache") as resp:
+                return resp.status, dict(await resp.json())
+
+    status, data = asyncio.run(main())
+    assert status == 400 and "running" in data["error"]["message"]
+    tiny_stack.wait_idle()

@@ -88,8 +88,9 @@ class Run:
                         self.finish[d.rid] = d.finish
             step += 1
         assert not self.engine.has_work(), "engine did not drain"
-        kv = self.engine.policy.kv
-        assert kv.num_free() == kv.num_slots, "KV slots leaked"
+        kv, cache = self.engine.policy.kv, self.engine.policy.mem.cache
+        assert cache.protected_size() == 0, "a finished request still locks the cache"
+        assert kv.num_free() + cache.total_size() == kv.num_slots, "KV slots leaked"
 
 
 def expected(hf_model: torch.nn.Module, ps: list[list[int]], max_new: int) -> list[list[int]]:
