@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 class StepResult:
     outputs: list[tuple[str, StepOutput | RequestFailed]] = field(default_factory=list)
     forward_tokens: int = 0
+    is_decode: bool = False  # the step was a DECODE (else an EXTEND, or no forward at all)
 
 
 class Engine:
@@ -84,6 +85,7 @@ class Engine:
         if plan is not None:
             tokens = self.runner.run(plan)
             result.forward_tokens = sum(plan.extend_lens)
+            result.is_decode = plan.is_decode
             for req, tok in zip(plan.reqs, tokens, strict=True):
                 if tok is not None:
                     req.append_token(tok, self.context_length)

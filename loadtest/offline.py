@@ -1,0 +1,212 @@
+"""Offline engine benchmark: the executor in-process, no bus, no HTTP.
+
+    python -m loadtest.offline throughput --model DIR --num-prompts 500 \
+        --input-len 4096 --output-len 2048 --range-ratio 0.0 [--load-format dummy]
+    python -m loadtest.offline latency --model DIR --batch-size 32 --input-len 512 \
+        --output-len 256 [--load-format dummy]
+
+`throughput` sends every request at once (lengths uniform in [L*r, L], ignore_eos) and reports
+output and total tokens per second. `latency` runs one static batch: the prefill of the whole
+batch, then each decode step, timed one by one. With `--load-format dummy` the model directory
+needs only a config.json: weights are random at the config's shapes, so big models need no
+weights file. Results are appended as JSON lines to --output-file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from services.executor.builder import EngineSettings, build_engine
+from services.executor.engine import Engine
+from shared.messages.common import SamplingParams, Trace
+from shared.messages.detok import StepOutput
+from shared.messages.schedule import TokenizedRequest
+from shared.model_files import resolve_model
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m loadtest.offline",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("mode", choices=["throughput", "latency"])
+    p.add_argument("--model", default="", help="HF dir or .gguf (default: bundled SmolLM2)")
+    p.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--attention-backend", default="torch")
+    p.add_argument("--max-total-tokens", type=int, default=0)
+    p.add_argument("--mem-fraction-static", type=float, default=0.85)
+    p.add_argument("--max-running-requests", type=int, default=256)
+    p.add_argument("--max-prefill-tokens", type=int, default=8192)
+    p.add_argument("--disable-radix-cache", action="store_true")
+    p.add_argument("--num-prompts", type=int, default=100, help="throughput: requests")
+    p.add_argument("--batch-size", type=int, default=8, help="latency: the static batch")
+    p.add_argument("--input-len", type=int, default=256)
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument(
+        "--range-ratio",
+        type=float,
+        default=1.0,
+        help="throughput: lengths uniform in [len*ratio, len]",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output-file", default="results/offline.jsonl")
+    return p.parse_args(argv)
+
+
+def make_engine(a: argparse.Namespace) -> Engine:
+    settings = EngineSettings(
+        model=resolve_model(a.model),
+        name="offline",
+        stream="offline",
+        device=a.device,
+        dtype=a.dtype,
+        load_format=a.load_format,
+        max_total_tokens=a.max_total_tokens,
+        mem_fraction_static=a.mem_fraction_static,
+        max_running_requests=a.max_running_requests,
+        max_prefill_tokens=a.max_prefill_tokens,
+        attention_backend=a.attention_backend,
+        disable_radix_cache=a.disable_radix_cache,
+    )
+    return build_engine(settings)
+
+
+def request(rid: str, ids: list[int], out_len: int) -> TokenizedRequest:
+    return TokenizedRequest(
+        trace=Trace(rid=rid, reply_to="", deadline=time.time() + 86400),
+        input_ids=ids,
+        sampling=SamplingParams(max_new_tokens=out_len, temperature=0.0, ignore_eos=True),
+        max_new_tokens=out_len,
+        eos_token_ids=[],
+        detok_stream="offline",
+    )
+
+
+def random_ids(rng: random.Random, n: int, vocab: int) -> list[int]:
+    return [rng.randrange(10, vocab) for _ in range(n)]
+
+
+def sync(engine: Engine) -> None:
+    if engine.runner.device.type == "cuda":
+        torch.cuda.synchronize(engine.runner.device)
+
+
+def run_throughput(engine: Engine, a: argparse.Namespace) -> dict[str, Any]:
+    rng = random.Random(a.seed)
+    vocab = engine.runner.vocab_size
+
+    def length(n: int) -> int:
+        return rng.randint(max(1, int(n * a.range_ratio)), n)
+
+    reqs = [
+        request(f"r{i}", random_ids(rng, length(a.input_len), vocab), length(a.output_len))
+        for i in range(a.num_prompts)
+    ]
+    warm = request("warmup", random_ids(rng, 16, vocab), 4)
+    drain(engine, [warm])
+    sync(engine)
+    start = time.perf_counter()
+    out_tokens, steps = drain(engine, reqs)
+    sync(engine)
+    elapsed = time.perf_counter() - start
+    in_tokens = sum(len(r.input_ids) for r in reqs)
+    return {
+        "requests": len(reqs),
+        "input_tokens": in_tokens,
+        "output_tokens": out_tokens,
+        "elapsed_s": elapsed,
+        "steps": steps,
+        "output_tok_s": out_tokens / elapsed,
+        "total_tok_s": (in_tokens + out_tokens) / elapsed,
+        "request_s": len(reqs) / elapsed,
+    }
+
+
+def drain(engine: Engine, reqs: list[TokenizedRequest]) -> tuple[int, int]:
+    for r in reqs:
+        engine.submit(r)
+    tokens = steps = 0
+    while engine.has_work():
+        result = engine.step()
+        steps += 1
+        for _, out in result.outputs:
+            if isinstance(out, StepOutput):
+                tokens += sum(len(d.token_ids) for d in out.deltas)
+            else:
+                raise RuntimeError(f"request failed: {out}")
+    return tokens, steps
+
+
+def run_latency(engine: Engine, a: argparse.Namespace) -> dict[str, Any]:
+    rng = random.Random(a.seed)
+    vocab = engine.runner.vocab_size
+    drain(engine, [request("warmup", random_ids(rng, a.input_len, vocab), 8)])
+    if a.batch_size * a.input_len > a.max_prefill_tokens:
+        print(
+            "note: the batch's prompts exceed --max-prefill-tokens; prefill spans several steps",
+            file=sys.stderr,
+        )
+    for i in range(a.batch_size):
+        engine.submit(request(f"b{i}", random_ids(rng, a.input_len, vocab), a.output_len))
+    prefill: list[float] = []
+    decode: list[float] = []
+    while engine.has_work():
+        sync(engine)
+        t0 = time.perf_counter()
+        result = engine.step()
+        sync(engine)
+        dt = time.perf_counter() - t0
+        if result.forward_tokens:
+            (decode if result.is_decode else prefill).append(dt)
+    return {
+        "batch_size": a.batch_size,
+        "input_len": a.input_len,
+        "output_len": a.output_len,
+        "prefill_s": sum(prefill),
+        "prefill_steps": len(prefill),
+        "prefill_tok_s": a.batch_size * a.input_len / sum(prefill),
+        "decode_step_ms_median": 1000 * statistics.median(decode),
+        "decode_step_ms_mean": 1000 * statistics.fmean(decode),
+        "decode_tok_s": a.batch_size / statistics.median(decode),
+        "decode_steps": len(decode),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    a = parse_args(argv)
+    engine = make_engine(a)
+    result = run_throughput(engine, a) if a.mode == "throughput" else run_latency(engine, a)
+    record = {
+        "mode": a.mode,
+        "model": a.model or "default",
+        "device": str(engine.runner.device),
+        "gpu": torch.cuda.get_device_name() if engine.runner.device.type == "cuda" else None,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "config": vars(a),
+        **result,
+    }
+    path = Path(a.output_file)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+    width = max(len(k) for k in result)
+    print(f"== offline {a.mode} on {record['gpu'] or record['device']} ==")
+    for k, v in result.items():
+        print(f"{k:<{width}}  {v:.2f}" if isinstance(v, float) else f"{k:<{width}}  {v}")
+    return record
+
+
+if __name__ == "__main__":
+    main()
