@@ -20,6 +20,7 @@ import random
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from services.executor.engine import Engine
 from shared.messages.common import SamplingParams, Trace
 from shared.messages.detok import StepOutput
 from shared.messages.schedule import TokenizedRequest
+from shared.messages.tokenize import AbortRequest
 from shared.model_files import resolve_model
 
 
@@ -44,7 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--attention-backend", default="torch")
+    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    p.add_argument("--disable-cuda-graph", action="store_true")
     p.add_argument("--max-total-tokens", type=int, default=0)
     p.add_argument("--mem-fraction-static", type=float, default=0.85)
     p.add_argument("--max-running-requests", type=int, default=256)
@@ -61,6 +64,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="throughput: lengths uniform in [len*ratio, len]",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=0.0,
+        help="throughput: stop after this many seconds and report what got done",
+    )
     p.add_argument("--output-file", default="results/offline.jsonl")
     return p.parse_args(argv)
 
@@ -79,6 +88,7 @@ def make_engine(a: argparse.Namespace) -> Engine:
         max_prefill_tokens=a.max_prefill_tokens,
         attention_backend=a.attention_backend,
         disable_radix_cache=a.disable_radix_cache,
+        disable_cuda_graph=a.disable_cuda_graph,
     )
     return build_engine(settings)
 
@@ -114,39 +124,63 @@ def run_throughput(engine: Engine, a: argparse.Namespace) -> dict[str, Any]:
         request(f"r{i}", random_ids(rng, length(a.input_len), vocab), length(a.output_len))
         for i in range(a.num_prompts)
     ]
-    warm = request("warmup", random_ids(rng, 16, vocab), 4)
-    drain(engine, [warm])
+    drain(engine, [request("warmup", random_ids(rng, 16, vocab), 4)])
     sync(engine)
     start = time.perf_counter()
-    out_tokens, steps = drain(engine, reqs)
+    d = drain(engine, reqs, time_limit=a.time_limit)
     sync(engine)
     elapsed = time.perf_counter() - start
     in_tokens = sum(len(r.input_ids) for r in reqs)
+    ttft = [t - start for t in d.first_token_at.values()]
     return {
         "requests": len(reqs),
+        "finished": d.finished,
         "input_tokens": in_tokens,
-        "output_tokens": out_tokens,
+        "output_tokens": d.tokens,
         "elapsed_s": elapsed,
-        "steps": steps,
-        "output_tok_s": out_tokens / elapsed,
-        "total_tok_s": (in_tokens + out_tokens) / elapsed,
-        "request_s": len(reqs) / elapsed,
+        "steps": d.steps,
+        "output_tok_s": d.tokens / elapsed,
+        "total_tok_s": (in_tokens + d.tokens) / elapsed,
+        "request_s": d.finished / elapsed,
+        "ttft_ms_median": 1000 * statistics.median(ttft) if ttft else float("nan"),
+        "ttft_ms_mean": 1000 * statistics.fmean(ttft) if ttft else float("nan"),
+        "stopped_at_time_limit": d.stopped,
     }
 
 
-def drain(engine: Engine, reqs: list[TokenizedRequest]) -> tuple[int, int]:
+@dataclass
+class Drained:
+    tokens: int = 0
+    steps: int = 0
+    finished: int = 0
+    stopped: bool = False  # the time limit ended the run; the counts are what got done
+    first_token_at: dict[str, float] = field(default_factory=dict)
+
+
+def drain(engine: Engine, reqs: list[TokenizedRequest], time_limit: float = 0.0) -> Drained:
+    """Submit all, step until done (or for `time_limit` seconds, then abort the rest)."""
     for r in reqs:
         engine.submit(r)
-    tokens = steps = 0
+    out = Drained()
+    deadline = time.perf_counter() + time_limit if time_limit > 0 else float("inf")
     while engine.has_work():
+        if time.perf_counter() > deadline and not out.stopped:
+            out.stopped = True
+            for rid in list(engine.reqs):
+                engine.submit(AbortRequest(rid=rid, reason="time limit"))
         result = engine.step()
-        steps += 1
-        for _, out in result.outputs:
-            if isinstance(out, StepOutput):
-                tokens += sum(len(d.token_ids) for d in out.deltas)
-            else:
-                raise RuntimeError(f"request failed: {out}")
-    return tokens, steps
+        out.steps += 1
+        now = time.perf_counter()
+        for _, msg in result.outputs:
+            if not isinstance(msg, StepOutput):
+                raise RuntimeError(f"request failed: {msg}")
+            for dl in msg.deltas:
+                out.tokens += len(dl.token_ids)
+                if dl.token_ids:
+                    out.first_token_at.setdefault(dl.rid, now)
+                if dl.finish in ("stop", "length"):
+                    out.finished += 1
+    return out
 
 
 def run_latency(engine: Engine, a: argparse.Namespace) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import torch
 
 from services.executor.batch_policy import BatchPolicy
 from services.executor.cache import NullCache, PrefixCache, RadixCache
+from services.executor.cuda_graph import CudaGraphRunner
 from services.executor.engine import Engine
 from services.executor.kv_pool import KVPool, ReqToTokenPool
 from services.executor.memory import KVManager
@@ -34,7 +35,9 @@ class EngineSettings:
     mem_fraction_static: float = 0.85
     max_running_requests: int = 256
     max_prefill_tokens: int = 8192
-    attention_backend: str = "torch"
+    attention_backend: str = "auto"  # triton on CUDA, torch on the CPU
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int = 256
     seed: int = 0
     check_integrity: bool = False
     disable_radix_cache: bool = False
@@ -84,18 +87,21 @@ def kv_pool_tokens(
 def build_engine(s: EngineSettings) -> Engine:
     device = pick_device(s.device)
     dtype = pick_dtype(s.dtype, device)
+    backend = s.attention_backend
+    if backend == "auto":
+        backend = "triton" if device.type == "cuda" else "torch"
     model, config = load_model(
         s.model.path,
         device=device,
         dtype=dtype,
         load_format=s.load_format,
-        attention_backend=s.attention_backend,
+        attention_backend=backend,
     )
     model.eval()
     slots = kv_pool_tokens(s, config, dtype, device)
     kv = KVPool(slots, config.num_layers, config.num_kv_heads, config.head_dim, dtype, device)
     context = config.max_position_embeddings
-    rows = ReqToTokenPool(s.max_running_requests + 1, context, device)
+    rows = ReqToTokenPool(s.max_running_requests, context, device, pad_slot=kv.pad_slot)
     cache: PrefixCache = (
         NullCache(kv, s.page_size) if s.disable_radix_cache else RadixCache(kv, s.page_size)
     )
@@ -105,7 +111,18 @@ def build_engine(s: EngineSettings) -> Engine:
         s.max_prefill_tokens,
         s.schedule_policy,
     )
-    runner = ModelRunner(model, kv, rows, config.vocab_size, device, seed=s.seed)
+    graphs = None
+    if device.type == "cuda" and not s.disable_cuda_graph:
+        if not hasattr(model.backend, "reserve_decode"):
+            raise ValueError(
+                f"attention backend {backend!r} cannot run in CUDA graphs; use triton or "
+                "--disable-cuda-graph"
+            )
+        graphs = CudaGraphRunner(
+            model, kv, rows, min(s.cuda_graph_max_bs, s.max_running_requests), device
+        )
+        graphs.capture()
+    runner = ModelRunner(model, kv, rows, config.vocab_size, device, seed=s.seed, graphs=graphs)
     log.info(
         "model %s (%s) on %s in %s; KV pool %d tokens (%.1f MiB)",
         s.model.name,

@@ -32,6 +32,8 @@ class ForwardBatch:
     extend_lens_cpu: list[int]  # [bs] new tokens this step (1 each for decode)
     kv_pool: KVPool
     req_to_token: ReqToTokenPool
+    # [bs] int64 on the device: set by CUDA-graph replay, whose decode rows are 0..bs-1
+    last_indices: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -43,5 +45,7 @@ class ForwardBatch:
 
     def last_token_indices(self) -> torch.Tensor:
         """Index along the token dimension of each request's last new token: [bs]."""
+        if self.last_indices is not None:
+            return self.last_indices
         ends = torch.tensor(self.extend_lens_cpu, dtype=torch.int64).cumsum(0) - 1
         return ends.to(self.input_ids.device)

@@ -68,10 +68,20 @@ class KVPool:
 
 
 class ReqToTokenPool:
-    """`req_to_token[row, i]` is the KV slot of token i of the request holding `row`."""
+    """`req_to_token[row, i]` is the KV slot of token i of the request holding `row`.
 
-    def __init__(self, max_reqs: int, max_context: int, device: torch.device | str) -> None:
-        self.req_to_token = torch.zeros((max_reqs, max_context), dtype=torch.int64, device=device)
+    One extra row (`pad_row`) is never handed out: padded batch entries (CUDA-graph decode
+    rounds the batch up) point at it, and it maps every position to the pool's padding slot.
+    """
+
+    def __init__(
+        self, max_reqs: int, max_context: int, device: torch.device | str, pad_slot: int = 0
+    ) -> None:
+        self.req_to_token = torch.zeros(
+            (max_reqs + 1, max_context), dtype=torch.int64, device=device
+        )
+        self.req_to_token[max_reqs].fill_(pad_slot)
+        self.pad_row = max_reqs
         self.max_context = max_context
         self._free_rows: list[int] = list(range(max_reqs - 1, -1, -1))
 

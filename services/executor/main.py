@@ -69,7 +69,20 @@ def add_flags(p: EnvArgumentParser) -> None:
         check=positive,
         help="prompt tokens computed per step (longer prompts are chunked)",
     )
-    p.add_flag("--attention-backend", default="torch", choices=["torch"], help="attention")
+    p.add_flag(
+        "--attention-backend",
+        default="auto",
+        choices=["auto", "torch", "triton"],
+        help="attention kernels: triton (CUDA) or the torch reference (auto: triton on CUDA)",
+    )
+    p.add_bool("--disable-cuda-graph", help="launch decode kernels one by one (debugging)")
+    p.add_flag(
+        "--cuda-graph-max-bs",
+        type=int,
+        default=256,
+        check=positive,
+        help="largest decode batch replayed from a CUDA graph",
+    )
     p.add_flag("--seed", type=int, default=0, help="sampling seed of this executor")
     p.add_bool("--disable-radix-cache", help="compute every prompt from scratch (no prefix reuse)")
     p.add_flag(
@@ -158,6 +171,8 @@ async def serve(a: argparse.Namespace) -> None:
             max_running_requests=a.max_running_requests,
             max_prefill_tokens=a.max_prefill_tokens,
             attention_backend=a.attention_backend,
+            disable_cuda_graph=a.disable_cuda_graph,
+            cuda_graph_max_bs=a.cuda_graph_max_bs,
             seed=a.seed,
             check_integrity=a.check_integrity,
             disable_radix_cache=a.disable_radix_cache,

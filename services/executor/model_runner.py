@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from services.executor.batch_policy import StepPlan
+from services.executor.cuda_graph import CudaGraphRunner
 from services.executor.forward_batch import ForwardBatch, ForwardMode
 from services.executor.kv_pool import KVPool, ReqToTokenPool
 from services.executor.sampler import SamplingTensors, sample
@@ -21,6 +22,7 @@ class ModelRunner:
         vocab_size: int,
         device: torch.device,
         seed: int = 0,
+        graphs: CudaGraphRunner | None = None,
     ) -> None:
         self.model = model
         self.kv = kv_pool
@@ -29,6 +31,7 @@ class ModelRunner:
         self.device = device
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
+        self.graphs = graphs
 
     def build_batch(self, plan: StepPlan) -> ForwardBatch:
         ids: list[int] = []
@@ -61,7 +64,10 @@ class ModelRunner:
     def run(self, plan: StepPlan) -> list[int | None]:
         """Forward the step; the sampled token of each request, None for unfinished chunks."""
         batch = self.build_batch(plan)
-        logits = self.model(batch)  # [bs, vocab]
+        if self.graphs is not None and self.graphs.can_run(batch):
+            logits = self.graphs.replay(batch)
+        else:
+            logits = self.model(batch)  # [bs, vocab]
         todo = [i for i in range(len(plan.reqs)) if plan.samples(i)]
         out: list[int | None] = [None] * len(plan.reqs)
         if not todo:

@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from services.executor.model_config import ModelConfig
 from services.executor.models.llama import LlamaForCausalLM
 from services.executor.weights import load_model
+from services.executor.weights.loader import hf_state_dict
 
 from .helpers import (
     LLAMA3_ROPE,
@@ -108,7 +109,7 @@ def test_dummy_weights_have_config_shapes(tmp_path: Path) -> None:
     assert torch.equal(params["model.norm.weight"], torch.ones(config.hidden_size))
     q_norm = params["model.layers.0.self_attn.q_norm.weight"]
     assert torch.equal(q_norm, torch.ones(config.head_dim))
-    q_proj = params["model.layers.0.self_attn.q_proj.weight"]
+    q_proj = hf_state_dict(model)["model.layers.0.self_attn.q_proj.weight"]
     assert q_proj.shape == (config.num_heads * config.head_dim, config.hidden_size)
     assert abs(q_proj.std().item() - 0.02) < 0.002
     driver = BatchDriver(model, config)

@@ -7,35 +7,70 @@ fp32, cast back afterwards) so fp32 logits match it to rounding error.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple, overload
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 
+def on_gpu(x: torch.Tensor) -> bool:
+    """CUDA tensors take the Triton kernels of kernels/; the CPU keeps the torch reference."""
+    return x.is_cuda
+
+
 class RMSNorm(nn.Module):
+    """`forward(x)` -> normed; `forward(x, residual)` -> (norm(x + residual), x + residual):
+    the residual add is fused into the norm, as the decoder layers use it."""
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    @overload
+    def forward(self, x: torch.Tensor) -> torch.Tensor: ...
+    @overload
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if on_gpu(x) and x.dim() == 2:
+            from kernels.rmsnorm import rmsnorm
+
+            out, new_residual = rmsnorm(x, self.weight, self.eps, residual=residual)
+            return out if residual is None else (out, new_residual)
+        if residual is not None:
+            x = x + residual
+            residual = x
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        out = self.weight * x32.to(dtype)
+        return out if residual is None else (out, residual)
 
 
 class SiluAndMulMLP(nn.Module):
+    """gate and up projections fused in one matmul (`gate_up_proj`: rows [0, I) gate, [I, 2I)
+    up; the loader fills it from the checkpoint's gate_proj and up_proj)."""
+
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.intermediate_size = intermediate_size
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate_up = self.gate_up_proj(x)
+        if on_gpu(gate_up):
+            from kernels.silu_mul import silu_mul
+
+            return self.down_proj(silu_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
@@ -70,13 +105,24 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """cos/sin tables for the positions of one batch, computed once and shared by all layers."""
+    """RoPE for the positions of one batch. On the CPU: cos/sin tables computed per batch and
+    shared by all layers; on CUDA: one cos/sin cache for every position, applied in place by
+    a kernel (graph-friendly: no per-batch tables)."""
 
-    def __init__(self, head_dim: int, theta: float, scaling: dict[str, Any] | None) -> None:
+    def __init__(
+        self,
+        head_dim: int,
+        theta: float,
+        scaling: dict[str, Any] | None,
+        max_positions: int = 32768,
+    ) -> None:
         super().__init__()
-        # A plain attribute, not a buffer: models are built on the meta device and then
-        # `to_empty`-ed, which would wipe a buffer; weights never contain it either.
+        # Plain attributes, not buffers: models are built on the meta device and then
+        # `to_empty`-ed, which would wipe a buffer; weights never contain them either.
+        self.head_dim, self.theta, self.scaling = head_dim, theta, scaling
+        self.max_positions = max_positions
         self.inv_freq = rope_inv_freq(head_dim, theta, scaling)
+        self.cos_sin_cache: torch.Tensor | None = None
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [num_tokens] -> (cos, sin), each [num_tokens, head_dim] fp32."""
@@ -85,6 +131,43 @@ class RotaryEmbedding(nn.Module):
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos(), emb.sin()
+
+    def prepare(self, positions: torch.Tensor) -> Rope:
+        """What every layer of one forward applies to its q and k."""
+        if on_gpu(positions):
+            return Rope(positions, None, None, self.gpu_cache(positions.device))
+        cos, sin = self(positions)
+        return Rope(positions, cos, sin, None)
+
+    def gpu_cache(self, device: torch.device) -> torch.Tensor:
+        if self.cos_sin_cache is None or self.cos_sin_cache.device != device:
+            from kernels.rotary import build_cos_sin_cache
+
+            self.cos_sin_cache = build_cos_sin_cache(
+                head_dim=self.head_dim,
+                theta=self.theta,
+                scaling=self.scaling,
+                max_positions=self.max_positions,
+                device=device,
+            )
+        return self.cos_sin_cache
+
+
+class Rope(NamedTuple):
+    positions: torch.Tensor  # [num_tokens]
+    cos: torch.Tensor | None  # CPU path: [num_tokens, head_dim] fp32
+    sin: torch.Tensor | None
+    cos_sin_cache: torch.Tensor | None  # CUDA path: [max_positions, head_dim] fp32
+
+    def apply(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [n, heads, head_dim], k [n, kv_heads, head_dim] -> rotated (in place on CUDA)."""
+        if self.cos_sin_cache is not None:
+            from kernels.rotary import apply_rotary as rotary_kernel
+
+            rotary_kernel(q=q, k=k, positions=self.positions, cos_sin_cache=self.cos_sin_cache)
+            return q, k
+        assert self.cos is not None and self.sin is not None
+        return apply_rotary(q, self.cos, self.sin), apply_rotary(k, self.cos, self.sin)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

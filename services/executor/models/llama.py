@@ -1,6 +1,8 @@
 """Llama (and Mistral, and the base of Qwen2/Qwen3): pre-norm decoder, GQA, RoPE, SiLU MLP.
 
 Tokens of all requests are flattened: activations are [num_tokens, hidden], never padded.
+q/k/v and gate/up are each one matmul (`qkv_proj`, `gate_up_proj`); `STACKED` tells the
+loader which checkpoint tensors fill which rows of them.
 """
 
 from __future__ import annotations
@@ -13,7 +15,24 @@ from torch import nn
 from services.executor.attention import AttentionBackend
 from services.executor.forward_batch import ForwardBatch
 from services.executor.model_config import ModelConfig
-from services.executor.models.layers import RMSNorm, RotaryEmbedding, SiluAndMulMLP, apply_rotary
+from services.executor.models.layers import RMSNorm, Rope, RotaryEmbedding, SiluAndMulMLP
+
+# checkpoint module name -> (our fused module, shard index in it)
+STACKED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+def shard_rows(config: ModelConfig, fused: str) -> list[int]:
+    """Row counts of each shard of a fused projection, in order."""
+    if fused == "qkv_proj":
+        q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+        return [q, kv, kv]
+    return [config.intermediate_size, config.intermediate_size]
 
 
 class LlamaAttention(nn.Module):
@@ -24,25 +43,22 @@ class LlamaAttention(nn.Module):
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
-        hidden, bias = config.hidden_size, config.attention_bias
-        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
+        self.sizes = shard_rows(config, "qkv_proj")
+        hidden = config.hidden_size
+        self.qkv_proj = nn.Linear(hidden, sum(self.sizes), bias=config.attention_bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=config.o_proj_bias)
 
     def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Hook before RoPE; Llama has no q/k norm."""
         return q, k
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: Rope, batch: ForwardBatch) -> torch.Tensor:
         n = x.shape[0]
-        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        q, k = self.norm_qk(q, k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
+        q = q.view(n, self.num_heads, self.head_dim)
+        k = k.view(n, self.num_kv_heads, self.head_dim)
+        v = v.view(n, self.num_kv_heads, self.head_dim)
+        q, k = rope.apply(*self.norm_qk(q, k))
         out = self.backend.forward(q, k, v, self.layer_id, batch)
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
@@ -62,10 +78,17 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = SiluAndMulMLP(config.hidden_size, config.intermediate_size, config.mlp_bias)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        self, x: torch.Tensor, residual: torch.Tensor | None, rope: Rope, batch: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's output, the residual stream before it is added): the add happens
+        inside the next norm, fused."""
+        if residual is None:
+            h, residual = self.input_layernorm(x), x
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, rope, batch)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
@@ -78,16 +101,25 @@ class LlamaModel(nn.Module):
             LlamaDecoderLayer(config, i, backend, attention_cls) for i in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
+        self.rotary = RotaryEmbedding(
+            config.head_dim,
+            config.rope_theta,
+            config.rope_scaling,
+            config.max_position_embeddings,
+        )
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Final normed hidden state of each request's last new token: [bs, hidden]."""
-        cos, sin = self.rotary(batch.positions)
+        rope = self.rotary.prepare(batch.positions)
         x = self.embed_tokens(batch.input_ids)
+        residual: torch.Tensor | None = None
         for layer in self.layers:
-            x = layer(x, cos, sin, batch)
+            x, residual = layer(x, residual, rope, batch)
+        assert residual is not None
         # Only last tokens feed the LM head; the norm is per token, so select first.
-        return self.norm(x[batch.last_token_indices()])
+        last = batch.last_token_indices()
+        out, _ = self.norm(x[last], residual[last])
+        return out
 
 
 class LlamaForCausalLM(nn.Module):

@@ -15,7 +15,7 @@ from services.executor.attention import AttentionBackend
 from services.executor.errors import ModelLoadError
 from services.executor.model_config import ModelConfig
 from services.executor.models import get_model_class
-from services.executor.models.llama import LlamaForCausalLM
+from services.executor.models.llama import STACKED, LlamaForCausalLM, shard_rows
 
 # Checkpoint entries that are not weights (old HF checkpoints saved the RoPE table).
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -34,33 +34,64 @@ def build_empty_model(
     return model
 
 
+def checkpoint_layout(model: LlamaForCausalLM) -> dict[str, tuple[torch.Tensor, int, int]]:
+    """Every checkpoint (HF) tensor name -> (our parameter, first row, end row) it fills.
+
+    Fused projections (qkv_proj, gate_up_proj) are filled by several checkpoint tensors,
+    stacked along rows in the order of `STACKED`; everything else maps one to one.
+    """
+    layout: dict[str, tuple[torch.Tensor, int, int]] = {}
+    fused_into: dict[str, list[tuple[int, str]]] = {}
+    for ckpt_module, (fused, index) in STACKED.items():
+        fused_into.setdefault(fused, []).append((index, ckpt_module))
+    for name, param in model.named_parameters():  # a tied lm_head appears once
+        *prefix, module, kind = name.split(".")
+        if module not in fused_into:
+            layout[name] = (param, 0, param.shape[0])
+            continue
+        rows = shard_rows(model.config, module)
+        start = 0
+        for index, ckpt_module in sorted(fused_into[module]):
+            layout[".".join([*prefix, ckpt_module, kind])] = (param, start, start + rows[index])
+            start += rows[index]
+    return layout
+
+
+def hf_state_dict(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
+    """The model's weights under checkpoint names and shapes (views, no copies)."""
+    return {name: p[a:b] for name, (p, a, b) in checkpoint_layout(model).items()}
+
+
 def load_weights(
     model: LlamaForCausalLM, weights: Iterable[tuple[str, torch.Tensor]], source: str
 ) -> None:
-    """Copy every (HF name, tensor) into `model`; every parameter must be set exactly once.
+    """Copy every (HF name, tensor) into `model`; every checkpoint tensor the config implies
+    must come exactly once.
 
     A tied lm_head.weight in the checkpoint is skipped. Raises ModelLoadError naming missing,
     unexpected or mis-shaped weights.
     """
-    params = dict(model.named_parameters())  # a tied lm_head appears once, as embed_tokens
+    layout = checkpoint_layout(model)
     tied = model.config.tie_word_embeddings
     loaded: set[str] = set()
     unexpected: list[str] = []
     for name, tensor in weights:
         if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
             continue
-        param = params.get(name)
-        if param is None:
+        target = layout.get(name)
+        if target is None:
             unexpected.append(name)
             continue
-        if tensor.shape != param.shape:
+        param, a, b = target
+        expected = (b - a, *param.shape[1:])
+        if tuple(tensor.shape) != expected:
             raise ModelLoadError(
                 f"{source}: weight {name} has shape {tuple(tensor.shape)}, "
-                f"the config implies {tuple(param.shape)}"
+                f"the config implies {expected}"
             )
-        param.copy_(tensor)
+        param[a:b].copy_(tensor)
         loaded.add(name)
-    missing = sorted(set(params) - loaded)
+    missing = sorted(set(layout) - loaded)
     if missing or unexpected:
         raise ModelLoadError(
             f"{source}: weights do not match the {model.config.architecture} config; "

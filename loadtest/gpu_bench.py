@@ -1,0 +1,173 @@
+"""Everything the GPU issue reports, on one GPU machine, within ten minutes a command.
+
+    python -m loadtest.gpu_bench [--sections roofline,correctness,...] [--out DIR]
+
+Each section runs in its own process (fresh GPU memory) with its own time limit; results go to
+DIR/gpu_bench.json (DIR: --out, else $OUT, else results/) and a short table is printed last.
+Sections: roofline, correctness, decode1, peer, offline, heavy, online.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SECTIONS = ["roofline", "correctness", "decode1", "peer", "offline", "heavy", "online"]
+TIME_LIMITS = {
+    "roofline": 60,
+    "correctness": 180,
+    "decode1": 180,
+    "peer": 300,
+    "offline": 480,
+    "heavy": 180,
+    "online": 540,
+}
+
+
+def run_section(name: str, out_dir: Path) -> dict[str, Any]:
+    from loadtest.gpu import sections
+
+    if name == "roofline":
+        return sections.roofline()
+    if name == "correctness":
+        return sections.correctness()
+    if name == "decode1":
+        return sections.decode_batch1(str(out_dir))
+    if name == "peer":
+        return sections.peer_hf()
+    if name == "offline":
+        return sections.offline_throughput(time_limit=TIME_LIMITS["offline"] - 120)
+    if name == "heavy":
+        return sections.decode_heavy_offline()
+    if name == "online":
+        return sections.online(str(out_dir))
+    raise SystemExit(f"unknown section {name!r}; known: {', '.join(SECTIONS)}")
+
+
+def table(results: dict[str, Any]) -> str:
+    rows: list[tuple[str, str]] = []
+
+    def get(*path: str) -> Any:
+        node: Any = results
+        for p in path:
+            if not isinstance(node, dict) or p not in node:
+                return None
+            node = node[p]
+        return node
+
+    roof = get("roofline", "decode_roofline_tok_s")
+    gpu = get("roofline", "gpu") or "?"
+    d1 = get("decode1", "decode_tok_s")
+    if d1 is not None:
+        share = f" = {100 * d1 / roof:.0f}% of roofline {roof:.0f}" if roof else ""
+        rows.append(("batch-1 decode tok/s (in 128, out 256)", f"{d1:.1f}{share}"))
+    busy = get("decode1", "gpu_busy_fraction")
+    if busy is not None:
+        rows.append(("GPU busy share in decode (bs 8)", f"{100 * busy:.1f}%"))
+    off = get("offline", "output_tok_s")
+    if off is not None:
+        rows.append(("offline 500 prompts output tok/s", f"{off:.0f}"))
+    ttft = get("online", "latency_1rps", "median_ttft_ms")
+    itl = get("online", "latency_1rps", "median_itl_ms")
+    if ttft is not None:
+        rows.append(("online 1 req/s median TTFT / ITL (ms)", f"{ttft:.1f} / {itl:.2f}"))
+    peer = get("peer", "speedup")
+    if peer is not None:
+        rows.append(
+            (
+                "vs HF generate bs32 in512 out256",
+                f"{get('peer', 'radixserve_output_tok_s'):.0f} vs "
+                f"{get('peer', 'hf_output_tok_s'):.0f} tok/s = {peer:.1f}x",
+            )
+        )
+    heavy_in = get("heavy", "output_tok_s")
+    heavy_bus = get("online", "decode_heavy", "output_throughput")
+    if heavy_in is not None and heavy_bus is not None:
+        rows.append(
+            ("decode-heavy tok/s in-process vs services", f"{heavy_in:.0f} vs {heavy_bus:.0f}")
+        )
+        t_in, t_bus = (
+            get("heavy", "ttft_ms_median"),
+            get("online", "decode_heavy", "median_ttft_ms"),
+        )
+        rows.append(
+            ("decode-heavy median TTFT in-process vs services (ms)", f"{t_in:.1f} vs {t_bus:.1f}")
+        )
+    for arch in ("llama", "qwen2", "qwen3"):
+        c = get("correctness", arch)
+        if c is not None:
+            rows.append(
+                (
+                    f"greedy vs HF bf16 ({arch})",
+                    f"{c['identical_64_tokens']}/{c['prompts']} identical, "
+                    f"graph==eager {c['graph_equals_eager']}, flips {c['flips']}",
+                )
+            )
+    width = max((len(k) for k, _ in rows), default=10)
+    lines = [f"GPU: {gpu}"] + [f"{k:<{width}}  {v}" for k, v in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m loadtest.gpu_bench", description=__doc__)
+    p.add_argument("--sections", default=",".join(SECTIONS))
+    p.add_argument("--out", default=os.environ.get("OUT", "results"))
+    p.add_argument("--section", help=argparse.SUPPRESS)  # internal: run one in this process
+    a = p.parse_args(argv)
+    out_dir = Path(a.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if a.section:
+        result = run_section(a.section, out_dir)
+        (out_dir / f"section_{a.section}.json").write_text(json.dumps(result, indent=1))
+        return
+    results_path = out_dir / "gpu_bench.json"
+    results: dict[str, Any] = json.loads(results_path.read_text()) if results_path.exists() else {}
+    for name in a.sections.split(","):
+        t0 = time.monotonic()
+        log = out_dir / f"section_{name}.log"
+        try:
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "loadtest.gpu_bench",
+                    "--section",
+                    name,
+                    "--out",
+                    str(out_dir),
+                ],
+                stdout=log.open("wb"),
+                stderr=subprocess.STDOUT,
+                timeout=TIME_LIMITS[name],
+            )
+            section_file = out_dir / f"section_{name}.json"
+            if proc.returncode == 0 and section_file.exists():
+                results[name] = json.loads(section_file.read_text())
+            else:
+                results[name] = {
+                    "error": f"exit {proc.returncode}",
+                    "log_tail": log.read_text(errors="replace")[-2000:],
+                }
+        except subprocess.TimeoutExpired:
+            results[name] = {
+                "error": f"timed out after {TIME_LIMITS[name]}s",
+                "log_tail": log.read_text(errors="replace")[-2000:],
+            }
+        results[name]["section_s"] = time.monotonic() - t0
+        results_path.write_text(json.dumps(results, indent=1))
+        print(
+            f"[{name}] {time.monotonic() - t0:.0f}s "
+            f"{'ERROR ' + results[name]['error'] if 'error' in results[name] else 'ok'}",
+            flush=True,
+        )
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
