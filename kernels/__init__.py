@@ -1,0 +1,14 @@
+"""Triton kernels, one op per file.
+
+Each file holds a private `@triton.jit` kernel, a public launcher with keyword arguments that
+checks shapes, dtypes and strides (kernels/_checks.py), and its torch twin `<launcher>_ref`
+beside it. Launchers take CUDA tensors, or CPU tensors under TRITON_INTERPRET=1 (tests).
+
+    store_kv.py          store_kv                  new K/V into the pool at their slots
+    extend_attention.py  extend_attention          prefill over cached prefix + new tokens
+    decode_attention.py  decode_attention          split-K decode over the slot table
+    rmsnorm.py           rmsnorm                   RMSNorm, optionally fused with the residual add
+    rotary.py            apply_rotary              neox RoPE in place; build_cos_sin_cache
+    silu_mul.py          silu_mul                  silu(gate) * up
+    bitmask.py           apply_token_bitmask       grammar bitmask onto logits
+"""

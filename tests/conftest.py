@@ -13,6 +13,12 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import redis
 import redis.asyncio as aioredis
+import torch
+
+# Triton kernels run under the interpreter where there is no GPU. This must be set before
+# anything imports triton (transformers does, through torch._dynamo).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def free_port() -> int:

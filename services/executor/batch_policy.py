@@ -210,9 +210,14 @@ class BatchPolicy:
         self.new_token_ratio = max(
             MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
         )
-        for req in self.running:
+        # Requests whose last token is still in flight and that may not sample another one
+        # are left out: they finish when that token lands.
+        reqs = [r for r in self.running if r.finish is None and not r.exhausted]
+        if not reqs:
+            return None
+        for req in reqs:
             self.mem.grow(req, 1)
-        return StepPlan(list(self.running), [1] * len(self.running), is_decode=True)
+        return StepPlan(reqs, [1] * len(reqs), is_decode=True)
 
     def retract_youngest(self) -> Req:
         """Put the most recently arrived running request back at the head of the queue. Its

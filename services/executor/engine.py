@@ -14,7 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from services.executor.batch_policy import BatchPolicy
-from services.executor.model_runner import ModelRunner
+from services.executor.model_runner import Launched, ModelRunner
 from services.executor.request import Req
 from shared.messages.common import ErrorInfo
 from shared.messages.detok import RequestFailed, StepOutput, TokenDelta
@@ -42,6 +42,7 @@ class Engine:
         policy: BatchPolicy,
         runner: ModelRunner,
         check_integrity: bool = False,
+        overlap: bool | None = None,
     ) -> None:
         self.name, self.stream, self.model_name = name, stream, model_name
         self.context_length = context_length
@@ -52,6 +53,11 @@ class Engine:
         self.step_no = 0
         self._seq = 0
         self.check_integrity = check_integrity
+        # Overlap needs an asynchronous device; on the CPU it only adds bookkeeping.
+        self.overlap = runner.cuda if overlap is None else overlap
+        self.inflight: Launched | None = None
+        self._touched: list[Req] = []  # requests that got tokens since the last collect
+        self.overlapped_steps = 0  # steps launched before the previous one's tokens landed
 
     # -- called from any thread --------------------------------------------------------------
     def submit(self, msg: ExecutorMessage) -> None:
@@ -74,30 +80,64 @@ class Engine:
 
     # -- the stepping thread -----------------------------------------------------------------
     def has_work(self) -> bool:
-        return self.policy.has_work() or not self.inbox.empty()
+        return self.policy.has_work() or not self.inbox.empty() or self.inflight is not None
 
     def step(self) -> StepResult:
+        """Plan and launch the next step; finish the previous one. With overlap, the device
+        computes step N+1 while the host turns step N's tokens into outputs."""
         result = StepResult()
         finished: list[Req] = []
         self._drain_inbox(result, finished)
         self._expire(finished)
+        if self.inflight is not None and not self._can_overlap():
+            self._finish(self.inflight, finished)
+            self.inflight = None
         plan = self.policy.plan()
+        launched = None
         if plan is not None:
-            tokens = self.runner.run(plan)
+            launched = self.runner.launch(plan, prev=self.inflight)
+            self.overlapped_steps += self.inflight is not None
+            launched.indices = [plan.reqs[i].add_pending() for i in launched.rows]
             result.forward_tokens = sum(plan.extend_lens)
             result.is_decode = plan.is_decode
-            for req, tok in zip(plan.reqs, tokens, strict=True):
-                if tok is not None:
-                    req.append_token(tok, self.context_length)
-            self.policy.after_step(plan)
-            finished += [r for r in plan.reqs if r.finish is not None]
             self.step_no += 1
-        result.outputs += self._collect(plan.reqs if plan else [], finished)
+        if self.inflight is not None:
+            self._finish(self.inflight, finished)
+        self.inflight = launched
+        if launched is not None and not self.overlap:
+            self._finish(launched, finished)
+            self.inflight = None
+        result.outputs += self._collect(finished)
         for req in finished:
             self.reqs.pop(req.rid, None)
-        if self.check_integrity:
+        if self.check_integrity and self.inflight is None:
             self.policy.check_integrity()
         return result
+
+    def _can_overlap(self) -> bool:
+        """Launch the next step before the in-flight one's tokens are known only in steady
+        decoding: nothing to admit, and no retraction possible (it needs every token)."""
+        p = self.policy
+        return (
+            self.overlap
+            and self.inflight is not None
+            and self.inflight.plan.is_decode
+            and not p.waiting
+            and not p.prefilling
+            and p.mem.available() >= 2 * len(p.running)
+        )
+
+    def _finish(self, launched: Launched, finished: list[Req]) -> None:
+        """The step's tokens reached the host: record them, retire finished requests."""
+        tokens = self.runner.wait(launched)
+        plan = launched.plan
+        for i, index in zip(launched.rows, launched.indices, strict=True):
+            tok = tokens[i]
+            assert tok is not None
+            plan.reqs[i].resolve(index, tok)
+        self.policy.after_step(plan)
+        self._touched.extend(plan.reqs)
+        finished += [r for r in plan.reqs if r.finish is not None and r.rid in self.reqs]
 
     def _drain_inbox(self, result: StepResult, finished: list[Req]) -> None:
         while True:
@@ -145,7 +185,7 @@ class Engine:
             )
             return RequestFailed(rid=rid, error=err)
         self._seq += 1
-        req = Req.from_message(msg, self._seq)
+        req = Req.from_message(msg, self._seq, self.context_length)
         self.reqs[rid] = req
         self.policy.add(req)
         return None
@@ -158,20 +198,19 @@ class Engine:
                 self.policy.remove(req)
                 finished.append(req)
 
-    def _collect(
-        self, stepped: list[Req], finished: list[Req]
-    ) -> list[tuple[str, StepOutput | RequestFailed]]:
+    def _collect(self, finished: list[Req]) -> list[tuple[str, StepOutput | RequestFailed]]:
         """One StepOutput per detokenizer stream with every request's new tokens."""
         by_stream: dict[str, list[TokenDelta]] = defaultdict(list)
         seen: set[str] = set()
-        for req in (*stepped, *finished):
+        for req in (*self._touched, *finished):
             if req.rid in seen:
                 continue
             seen.add(req.rid)
-            new = req.output_ids[req.sent :]
+            upto = req.resolved_len
+            new = req.output_ids[req.sent : upto]
             if not new and req.finish is None:
                 continue
-            req.sent = len(req.output_ids)
+            req.sent = upto
             by_stream[req.detok_stream].append(
                 TokenDelta(
                     rid=req.rid,
@@ -181,6 +220,7 @@ class Engine:
                     matched_stop_token=req.matched_stop_token,
                 )
             )
+        self._touched.clear()
         return [
             (stream, StepOutput(executor=self.name, step=self.step_no, deltas=deltas))
             for stream, deltas in by_stream.items()

@@ -76,7 +76,10 @@ class KVManager:
         cache for the next turn or the recomputation, its row and other slots are freed."""
         if req.row < 0:
             return
-        r = self.cache.insert(req.token_range(0, req.kv_len), req.slots)
+        # Only tokens whose values are known go to the cache: a request aborted while a
+        # token was in flight has a slot (being written) for a token the host never saw.
+        known = min(req.kv_len, len(req.input_ids) + req.resolved_len)
+        r = self.cache.insert(req.token_range(0, known), req.slots[:known])
         self.kv.free(req.slots[req.locked_len : r.cached_len])
         self.kv.free(req.slots[r.tree_len :])
         assert req.locked_node is not None

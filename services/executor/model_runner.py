@@ -1,7 +1,15 @@
-"""Runs one planned step through the model: builds the ForwardBatch, samples the next tokens."""
+"""Runs one planned step through the model: builds the ForwardBatch, samples the next tokens.
+
+`launch` queues the step on the device and returns at once; `wait` blocks until its tokens
+are on the host. Between the two the engine does the CPU work of the previous step, so on a
+GPU the host's bookkeeping overlaps the device's forward pass. A decode step may be launched
+before the previous step's tokens reached the host: its input tokens are then read on the
+device from that step's sampled tensor (`PENDING` marks them on the host).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -10,7 +18,20 @@ from services.executor.batch_policy import StepPlan
 from services.executor.cuda_graph import CudaGraphRunner
 from services.executor.forward_batch import ForwardBatch, ForwardMode
 from services.executor.kv_pool import KVPool, ReqToTokenPool
+from services.executor.request import PENDING
 from services.executor.sampler import SamplingTensors, sample
+
+
+@dataclass
+class Launched:
+    """A step queued on the device."""
+
+    plan: StepPlan
+    rows: list[int]  # plan indices of the requests that sample this step
+    tokens: torch.Tensor  # [len(rows)] int64 on the device
+    host: torch.Tensor  # [len(rows)] int64, filled by an async copy
+    done: torch.cuda.Event | None  # None on the CPU, where everything is synchronous
+    indices: list[int] = field(default_factory=list)  # output index each sampled token fills
 
 
 class ModelRunner:
@@ -32,28 +53,49 @@ class ModelRunner:
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
         self.graphs = graphs
+        self.cuda = device.type == "cuda"
 
-    def build_batch(self, plan: StepPlan) -> ForwardBatch:
+    def build_batch(self, plan: StepPlan, prev: Launched | None = None) -> ForwardBatch:
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         prefix_lens: list[int] = []
+        pending: list[int] = []  # token index -> row in prev.tokens, for PENDING inputs
+        pending_at: list[int] = []
+        prev_row = {id(prev.plan.reqs[i]): k for k, i in enumerate(prev.rows)} if prev else {}
         for req, n in zip(plan.reqs, plan.extend_lens, strict=True):
             start = req.kv_len - n  # the slots for these n tokens are already allocated
-            ids += req.token_range(start, start + n)
+            chunk = req.token_range(start, start + n)
+            if chunk and chunk[-1] == PENDING:  # only the last token can still be in flight
+                pending_at.append(len(ids) + n - 1)
+                pending.append(prev_row[id(req)])
+            ids += chunk
             positions += range(start, start + n)
             slots += req.slots[start:]
             prefix_lens.append(start)
-        dev = self.device
+        n_tok, bs = len(ids), len(plan.reqs)
+        # One host-to-device copy for every integer input of the step.
+        packed = torch.tensor(
+            [*ids, *positions, *slots, *(r.row for r in plan.reqs), *(r.kv_len for r in plan.reqs)],
+            dtype=torch.int64,
+        )
+        if self.cuda:
+            packed = packed.pin_memory()
+        dev = packed.to(self.device, non_blocking=True)
+        input_ids = dev[:n_tok]
+        if pending:
+            assert prev is not None
+            at = torch.tensor(pending_at, dtype=torch.int64).to(self.device, non_blocking=True)
+            src = torch.tensor(pending, dtype=torch.int64).to(self.device, non_blocking=True)
+            input_ids = input_ids.clone()
+            input_ids[at] = prev.tokens[src]
         return ForwardBatch(
             mode=ForwardMode.DECODE if plan.is_decode else ForwardMode.EXTEND,
-            input_ids=torch.tensor(ids, dtype=torch.int64).to(dev, non_blocking=True),
-            positions=torch.tensor(positions, dtype=torch.int64).to(dev, non_blocking=True),
-            out_cache_loc=torch.tensor(slots, dtype=torch.int64).to(dev, non_blocking=True),
-            req_rows=torch.tensor([r.row for r in plan.reqs], dtype=torch.int64).to(dev),
-            seq_lens=torch.tensor([r.kv_len for r in plan.reqs], dtype=torch.int64).to(
-                dev, non_blocking=True
-            ),
+            input_ids=input_ids,
+            positions=dev[n_tok : 2 * n_tok],
+            out_cache_loc=dev[2 * n_tok : 3 * n_tok],
+            req_rows=dev[3 * n_tok : 3 * n_tok + bs],
+            seq_lens=dev[3 * n_tok + bs :],
             prefix_lens_cpu=prefix_lens,
             extend_lens_cpu=list(plan.extend_lens),
             kv_pool=self.kv,
@@ -61,24 +103,44 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def run(self, plan: StepPlan) -> list[int | None]:
-        """Forward the step; the sampled token of each request, None for unfinished chunks."""
-        batch = self.build_batch(plan)
+    def launch(self, plan: StepPlan, prev: Launched | None = None) -> Launched:
+        """Queue the step's forward pass and sampling; nothing waits for the device."""
+        batch = self.build_batch(plan, prev)
         if self.graphs is not None and self.graphs.can_run(batch):
             logits = self.graphs.replay(batch)
         else:
             logits = self.model(batch)  # [bs, vocab]
-        todo = [i for i in range(len(plan.reqs)) if plan.samples(i)]
-        out: list[int | None] = [None] * len(plan.reqs)
-        if not todo:
-            return out
-        idx = torch.tensor(todo, dtype=torch.int64, device=logits.device)
-        picked = logits.index_select(0, idx).float()[:, : self.vocab_size]
+        rows = [i for i in range(len(plan.reqs)) if plan.samples(i)]
+        if not rows:
+            empty = torch.empty(0, dtype=torch.int64)
+            return Launched(plan, rows, empty.to(self.device), empty, None)
+        if len(rows) == len(plan.reqs):
+            picked = logits[:, : self.vocab_size]
+        else:
+            idx = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
+            picked = logits.index_select(0, idx)[:, : self.vocab_size]
         st = SamplingTensors.build(
-            [plan.reqs[i].sampling for i in todo], picked.shape[-1], picked.device
+            [plan.reqs[i].sampling for i in rows], picked.shape[-1], picked.device
         )
-        gens = [plan.reqs[i].generator(self.device) for i in todo]
-        tokens = sample(picked, st, self.generator, gens).tolist()
-        for i, t in zip(todo, tokens, strict=True):
+        gens = [plan.reqs[i].generator(self.device) for i in rows]
+        tokens = sample(picked.float(), st, self.generator, gens)
+        if not self.cuda:
+            return Launched(plan, rows, tokens, tokens, None)
+        host = torch.empty(len(rows), dtype=torch.int64, pin_memory=True)
+        host.copy_(tokens, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return Launched(plan, rows, tokens, host, done)
+
+    def wait(self, launched: Launched) -> list[int | None]:
+        """The sampled token of each request of the step, None for unfinished chunks."""
+        if launched.done is not None:
+            launched.done.synchronize()
+        out: list[int | None] = [None] * len(launched.plan.reqs)
+        for i, t in zip(launched.rows, launched.host.tolist(), strict=True):
             out[i] = int(t)
         return out
+
+    def run(self, plan: StepPlan) -> list[int | None]:
+        """launch + wait, for callers that need no overlap."""
+        return self.wait(self.launch(plan))

@@ -10,6 +10,9 @@ from services.executor.cache import TreeNode
 from shared.messages.common import SamplingParams
 from shared.messages.schedule import TokenizedRequest
 
+# An output token sampled on the device whose value has not reached the host yet.
+PENDING = -1
+
 
 @dataclass
 class Req:
@@ -31,6 +34,7 @@ class Req:
     matched_stop_token: int | None = None
     sent: int = 0  # output tokens already published
     cached_tokens: int = 0  # prompt tokens whose KV came from the cache
+    limit_len: int = 0  # prompt + output may not grow past this (max_tokens, context)
     _generator: torch.Generator | None = None  # a seeded request's own random stream
 
     def generator(self, device: torch.device) -> torch.Generator | None:
@@ -43,7 +47,7 @@ class Req:
         return self._generator
 
     @classmethod
-    def from_message(cls, m: TokenizedRequest, seq: int) -> Req:
+    def from_message(cls, m: TokenizedRequest, seq: int, context_length: int) -> Req:
         stop = set(m.sampling.stop_token_ids)
         if not m.sampling.ignore_eos:
             stop.update(m.eos_token_ids)
@@ -56,6 +60,7 @@ class Req:
             detok_stream=m.detok_stream,
             deadline=m.trace.deadline,
             seq=seq,
+            limit_len=min(context_length, len(m.input_ids) + m.max_new_tokens),
         )
 
     @property
@@ -77,12 +82,34 @@ class Req:
             return self.input_ids[start:end]
         return (self.input_ids + self.output_ids)[start:end]
 
-    def append_token(self, token: int, context_length: int) -> None:
-        """Record a sampled token and decide whether the request is done."""
-        assert self.finish is None, f"{self.rid} sampled after finishing"
-        self.output_ids.append(token)
-        n = len(self.output_ids)
+    @property
+    def exhausted(self) -> bool:
+        """No more tokens may be sampled, whatever the pending ones turn out to be."""
+        return self.all_len >= self.limit_len
+
+    def add_pending(self) -> int:
+        """A token is being sampled on the device: hold its place; returns its index."""
+        self.output_ids.append(PENDING)
+        return len(self.output_ids) - 1
+
+    def resolve(self, index: int, token: int) -> None:
+        """The sampled value of output `index` arrived: record it, decide whether the request
+        is done, and drop any later placeholder if it is (their tokens are discarded)."""
+        if self.finish is not None:
+            return  # finished (or aborted) while this token was in flight
+        self.output_ids[index] = token
+        n = index + 1
         if token in self.stop_ids and n >= self.sampling.min_new_tokens:
             self.finish, self.matched_stop_token = "stop", token
-        elif n >= self.max_new_tokens or self.all_len >= context_length:
+        elif len(self.input_ids) + n >= self.limit_len:
             self.finish = "length"
+        if self.finish is not None:
+            del self.output_ids[n:]
+
+    @property
+    def resolved_len(self) -> int:
+        """Output tokens whose values are known on the host."""
+        n = len(self.output_ids)
+        while n and self.output_ids[n - 1] == PENDING:
+            n -= 1
+        return n

@@ -29,6 +29,9 @@ class SamplingTensors:
         top_p = [p.top_p for p in params]
         min_p = [p.min_p for p in params]
         all_greedy = all(t == 0 or k == 1 for t, k in zip(temps, top_k, strict=True))
+        if all_greedy:  # the common case pays for no tensors: sample() only takes the argmax
+            empty = torch.empty(0, device=device)
+            return cls(empty, empty, empty, empty, all_greedy=True, need_filter=False)
         need_filter = (
             any(k < vocab for k in top_k) or any(p < 1 for p in top_p) or any(m > 0 for m in min_p)
         )

@@ -32,11 +32,15 @@ def hf_model() -> torch.nn.Module:
     return make_hf_model("llama", seed=SEED)
 
 
-def make_engine(path: Path, **kw: Any) -> Engine:
+def make_engine(path: Path, overlap: bool = False, **kw: Any) -> Engine:
     settings = EngineSettings(
         model=resolve_model(str(path)), name="e0", stream="rs:exec:e0", device="cpu", **kw
     )
-    return build_engine(settings)
+    engine = build_engine(settings)
+    # On the CPU the device is synchronous, but the overlapped schedule (launch step N+1,
+    # then record step N's tokens) runs the same bookkeeping as on a GPU.
+    engine.overlap = overlap
+    return engine
 
 
 def make_request(rid: str, prompt: list[int], max_new: int = 24, **sp: object) -> TokenizedRequest:
@@ -97,10 +101,14 @@ def expected(hf_model: torch.nn.Module, ps: list[list[int]], max_new: int) -> li
     return [hf_greedy(hf_model, p, max_new) for p in ps]
 
 
-def test_batched_greedy_matches_transformers(tiny_dir: Path, hf_model: torch.nn.Module) -> None:
+@pytest.mark.parametrize("overlap", [False, True])
+def test_batched_greedy_matches_transformers(
+    tiny_dir: Path, hf_model: torch.nn.Module, overlap: bool
+) -> None:
     ps = prompts(8)
-    run = Run(make_engine(tiny_dir))
+    run = Run(make_engine(tiny_dir, overlap=overlap))
     run.go({0: [make_request(f"r{i}", p) for i, p in enumerate(ps)]})
+    assert (run.engine.overlapped_steps > 0) == overlap
     assert [run.tokens[f"r{i}"] for i in range(8)] == expected(hf_model, ps, 24)
     for i in range(8):
         tokens = run.tokens[f"r{i}"]
@@ -108,9 +116,12 @@ def test_batched_greedy_matches_transformers(tiny_dir: Path, hf_model: torch.nn.
     assert max(run.batch_sizes) > 1
 
 
-def test_requests_join_the_running_batch(tiny_dir: Path, hf_model: torch.nn.Module) -> None:
+@pytest.mark.parametrize("overlap", [False, True])
+def test_requests_join_the_running_batch(
+    tiny_dir: Path, hf_model: torch.nn.Module, overlap: bool
+) -> None:
     ps = prompts(6, seed=1)
-    run = Run(make_engine(tiny_dir))
+    run = Run(make_engine(tiny_dir, overlap=overlap))
     arrivals: dict[int, list[object]] = {
         3 * i: [make_request(f"r{i}", p)] for i, p in enumerate(ps)
     }
@@ -150,8 +161,9 @@ def test_retraction_under_memory_pressure_keeps_outputs(
         assert run.tokens[f"r{i}"] == ids[len(p) :]
 
 
-def test_abort_frees_the_slots_at_once(tiny_dir: Path) -> None:
-    engine = make_engine(tiny_dir)
+@pytest.mark.parametrize("overlap", [False, True])
+def test_abort_frees_the_slots_at_once(tiny_dir: Path, overlap: bool) -> None:
+    engine = make_engine(tiny_dir, overlap=overlap)
     run = Run(engine)
     run.go(
         {

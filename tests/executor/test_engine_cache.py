@@ -44,8 +44,8 @@ class CachedRun(Run):
     def go(self, arrivals: dict[int, list[Any]], max_steps: int = 2000) -> None:
         original = self.engine._collect
 
-        def spy(stepped: Any, finished: Any) -> Any:
-            out = original(stepped, finished)
+        def spy(finished: Any) -> Any:
+            out = original(finished)
             for _, msg in out:
                 for d in getattr(msg, "deltas", []):
                     self.cached[d.rid] = d.cached_tokens

@@ -44,6 +44,7 @@ class AttentionBackend(ABC):
 # name -> (module, class)
 _BACKENDS: dict[str, tuple[str, str]] = {
     "torch": ("services.executor.attention.torch_ref", "TorchRefBackend"),
+    "triton": ("services.executor.attention.triton_backend", "TritonBackend"),
 }
 
 

@@ -1,0 +1,69 @@
+"""Argument checks shared by the kernel launchers, so every launcher fails the same clear way.
+
+A Triton kernel given a tensor of the wrong shape or layout reads the wrong memory silently;
+the launchers check everything they can without a host sync (never tensor values).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def check_tensor(
+    op: str,
+    name: str,
+    t: torch.Tensor,
+    *,
+    shape: Sequence[int | None],
+    dims: str,
+    dtypes: Sequence[torch.dtype],
+    device: torch.device | None = None,
+    last_contiguous: bool = True,
+) -> None:
+    """Raise ValueError/TypeError unless `t` has `shape` (None: any size) and one of `dtypes`.
+
+    dims names the dimensions for the message, e.g. "[num_tokens, num_heads, head_dim]".
+    last_contiguous: the last dimension must have stride 1 (other strides are passed on).
+    """
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != len(shape) or any(
+        want is not None and got != want for got, want in zip(t.shape, shape, strict=True)
+    ):
+        want_str = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+        raise ValueError(f"{op}: {name} must have shape {dims} = {want_str}, got {tuple(t.shape)}")
+    if t.dtype not in dtypes:
+        names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise TypeError(f"{op}: {name} must be one of {names}, got {t.dtype}")
+    if last_contiguous and t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(
+            f"{op}: {name} must be contiguous in its last dimension, got strides {t.stride()}"
+        )
+    if device is not None and t.device != device:
+        raise ValueError(f"{op}: {name} is on {t.device}, expected {device}")
+
+
+def check_device(op: str, t: torch.Tensor) -> None:
+    """Triton runs CUDA tensors natively and CPU tensors only in the interpreter."""
+    if t.device.type == "cpu" and not interpreting():
+        raise ValueError(
+            f"{op}: tensors are on the CPU; Triton kernels need a CUDA device "
+            "(or TRITON_INTERPRET=1 for the CPU interpreter)"
+        )
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """tl.dot input precision: exact fp32 products for fp32 inputs (the default, tf32, keeps
+    only 10 mantissa bits); 16-bit inputs are exact either way."""
+    return "ieee" if dtype == torch.float32 else "tf32"

@@ -1,0 +1,396 @@
+"""Decode attention over the request-to-slot table, split along the sequence (flash-decoding).
+
+Request b has one query token; head h attends over the K/V slots
+`req_to_token[req_rows[b], :seq_lens[b]]` of one layer's pool buffers (KV head h // group).
+
+Stage 1, grid (bs, num_kv_heads * head_blocks, max_kv_splits): program (b, g, s) takes up to
+BLOCK_H query heads that share one KV head (so a GQA group loads each K/V tile once) and the
+s-th of the request's `num_kv_splits[b]` chunks of context; it writes the chunk's normalised
+partial output and log-sum-exp to the workspace. Stage 2, grid (bs, num_heads), merges the
+chunks. Chunks are `cdiv(seq_len, splits)` rounded up to BLOCK_N, so trailing ones can be
+empty: both stages skip them.
+
+The grid depends only on the batch size and the workspace, never on sequence lengths, and the
+launch reads no tensor value on the host, so it can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._checks import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_device,
+    check_tensor,
+    dot_precision,
+)
+
+# Query heads per stage-1 program: tl.dot needs at least 16 rows, so a group smaller than
+# that runs with masked rows (decode is memory-bound: the K/V loads are what count).
+_BLOCK_H = 16
+
+
+@triton.jit
+def _decode_stage1_kernel(
+    q_ptr,
+    k_buf_ptr,
+    v_buf_ptr,
+    req_to_token_ptr,
+    req_rows_ptr,
+    seq_lens_ptr,
+    num_splits_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    sm_scale,
+    stride_qb,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_rt,
+    stride_ob,
+    stride_oh,
+    stride_os,
+    stride_lb,
+    stride_lh,
+    GROUP: tl.constexpr,
+    HEAD_BLOCKS: tl.constexpr,
+    MAX_SPLITS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1) // HEAD_BLOCKS
+    split = tl.program_id(2)
+    offs_g = (tl.program_id(1) % HEAD_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
+    heads = kv_head * GROUP + offs_g
+    h_mask = offs_g < GROUP
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+
+    seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
+    num_splits = tl.minimum(tl.maximum(tl.load(num_splits_ptr + b).to(tl.int32), 1), MAX_SPLITS)
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+    if start < end:
+        row = tl.load(req_rows_ptr + b).to(tl.int64)
+        q_offs = b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
+        q = tl.load(q_ptr + q_offs, mask=h_mask[:, None] & d_mask[None, :], other=0.0)
+
+        m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+        for n0 in range(start, end, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            n_mask = offs_n < end
+            slots = tl.load(req_to_token_ptr + row * stride_rt + offs_n, mask=n_mask, other=0)
+            slots = slots.to(tl.int64)
+            # K loaded transposed, [BLOCK_D, BLOCK_N], ready for q @ k.
+            k_offs = slots[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None]
+            k = tl.load(k_buf_ptr + k_offs, mask=d_mask[:, None] & n_mask[None, :], other=0.0)
+            qk = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * sm_scale
+            qk = tl.where(n_mask[None, :], qk, float("-inf"))
+            # Every row sees at least one key of the first tile, so m_new is finite.
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(qk - m_new[:, None])
+            v_offs = slots[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :]
+            v = tl.load(v_buf_ptr + v_offs, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+            pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+            acc = acc * alpha[:, None] + pv
+            l_i = l_i * alpha + tl.sum(p, 1)
+            m_i = m_new
+
+        o_offs = b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + split * stride_os
+        tl.store(
+            part_out_ptr + o_offs + offs_d[None, :],
+            acc / l_i[:, None],
+            mask=h_mask[:, None] & d_mask[None, :],
+        )
+        l_offs = b.to(tl.int64) * stride_lb + heads * stride_lh + split
+        tl.store(part_lse_ptr + l_offs, m_i + tl.log(l_i), mask=h_mask)
+
+
+@triton.jit
+def _decode_stage2_kernel(
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    seq_lens_ptr,
+    num_splits_ptr,
+    stride_ob,
+    stride_oh,
+    stride_os,
+    stride_lb,
+    stride_lh,
+    stride_outb,
+    stride_outh,
+    MAX_SPLITS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+
+    # The same chunking as stage 1: chunk s holds keys iff s * split_len < seq_len.
+    seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
+    num_splits = tl.minimum(tl.maximum(tl.load(num_splits_ptr + b).to(tl.int32), 1), MAX_SPLITS)
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    s_mask = (offs_s < num_splits) & (offs_s * split_len < seq_len)
+
+    base_l = b.to(tl.int64) * stride_lb + h * stride_lh
+    lse = tl.load(part_lse_ptr + base_l + offs_s, mask=s_mask, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m > float("-inf"), m, 0.0)  # seq_len 0 (a padded request): output zeros
+    w = tl.where(s_mask, tl.exp(lse - m), 0.0)
+    base_o = b.to(tl.int64) * stride_ob + h * stride_oh
+    o_offs = base_o + offs_s[:, None] * stride_os + offs_d[None, :]
+    o = tl.load(part_out_ptr + o_offs, mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+    acc = tl.sum(w[:, None] * o, 0)
+    denom = tl.maximum(tl.sum(w, 0), 1e-30)
+    out_offs = b.to(tl.int64) * stride_outb + h * stride_outh + offs_d
+    tl.store(out_ptr + out_offs, (acc / denom).to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+@dataclass(frozen=True)
+class DecodeWorkspace:
+    """fp32 scratch for the per-chunk partial results; allocate once for the largest batch.
+
+    partial_out: [max_bs, num_heads, max_kv_splits, head_dim]
+    partial_lse: [max_bs, num_heads, max_kv_splits]
+    """
+
+    partial_out: torch.Tensor
+    partial_lse: torch.Tensor
+
+    @classmethod
+    def allocate(
+        cls,
+        *,
+        max_batch_size: int,
+        num_heads: int,
+        head_dim: int,
+        max_kv_splits: int,
+        device: torch.device | str,
+    ) -> DecodeWorkspace:
+        shape = (max_batch_size, num_heads, max_kv_splits)
+        return cls(
+            partial_out=torch.empty((*shape, head_dim), dtype=torch.float32, device=device),
+            partial_lse=torch.empty(shape, dtype=torch.float32, device=device),
+        )
+
+    @property
+    def max_batch_size(self) -> int:
+        return int(self.partial_out.shape[0])
+
+    @property
+    def max_kv_splits(self) -> int:
+        return int(self.partial_out.shape[2])
+
+
+def num_kv_splits_for(
+    seq_lens: torch.Tensor, *, max_kv_splits: int, min_split_len: int
+) -> torch.Tensor:
+    """Chunks per request: one per `min_split_len` keys, 1 to `max_kv_splits`: [bs] int32.
+
+    Computed on the device from `seq_lens`, with no host sync.
+    """
+    splits = torch.div(seq_lens + (min_split_len - 1), min_split_len, rounding_mode="floor")
+    return splits.clamp(1, max_kv_splits).to(torch.int32)
+
+
+def decode_attention(
+    *,
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_rows: torch.Tensor,
+    seq_lens: torch.Tensor,
+    num_kv_splits: torch.Tensor,
+    workspace: DecodeWorkspace,
+    sm_scale: float,
+    out: torch.Tensor | None = None,
+    block_n: int | None = None,
+) -> torch.Tensor:
+    """Attention of each request's one query over its context; returns `out`.
+
+    q: [bs, num_heads, head_dim]; out (optional, written): the same shape, q's dtype.
+    k_buffer, v_buffer: [num_slots, num_kv_heads, head_dim], num_heads % num_kv_heads == 0.
+    req_to_token: [max_reqs, max_context]; req_rows, seq_lens, num_kv_splits: [bs] ints
+    (num_kv_splits is clamped to 1..workspace.max_kv_splits; see `num_kv_splits_for`).
+    A request with seq_len 0 gets zeros. workspace: at least bs rows, num_heads, head_dim.
+    block_n: keys per inner step (a power of two >= 16, default 32).
+    """
+    op = "decode_attention"
+    check_tensor(op, "q", q, shape=(None, None, None), dims="[bs, heads, d]", dtypes=FLOAT_DTYPES)
+    check_device(op, q)
+    bs, num_heads, head_dim = q.shape
+    dev = q.device
+    check_tensor(
+        op,
+        "k_buffer",
+        k_buffer,
+        shape=(None, None, head_dim),
+        dims="[slots, kv_heads, d]",
+        dtypes=FLOAT_DTYPES,
+        device=dev,
+    )
+    num_kv_heads = k_buffer.shape[1]
+    check_tensor(
+        op,
+        "v_buffer",
+        v_buffer,
+        shape=k_buffer.shape,
+        dims="[slots, kv_heads, d]",
+        dtypes=FLOAT_DTYPES,
+        device=dev,
+    )
+    if num_kv_heads == 0 or num_heads % num_kv_heads != 0:
+        raise ValueError(
+            f"{op}: num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
+        )
+    check_tensor(
+        op,
+        "req_to_token",
+        req_to_token,
+        shape=(None, None),
+        dims="[max_reqs, max_context]",
+        dtypes=INDEX_DTYPES,
+        device=dev,
+    )
+    for name, t in (
+        ("req_rows", req_rows),
+        ("seq_lens", seq_lens),
+        ("num_kv_splits", num_kv_splits),
+    ):
+        check_tensor(op, name, t, shape=(bs,), dims="[bs]", dtypes=INDEX_DTYPES, device=dev)
+    ws_out, ws_lse = workspace.partial_out, workspace.partial_lse
+    if (
+        ws_out.dim() != 4
+        or ws_out.shape[0] < bs
+        or ws_out.shape[1] != num_heads
+        or ws_out.shape[3] != head_dim
+        or ws_lse.shape != ws_out.shape[:3]
+        or ws_out.dtype != torch.float32
+        or ws_lse.dtype != torch.float32
+        or ws_out.stride(-1) != 1
+        or ws_lse.stride(-1) != 1
+        or ws_out.device != dev
+        or ws_lse.device != dev
+    ):
+        raise ValueError(
+            f"{op}: workspace must be fp32 on {dev}, partial_out [>= {bs}, {num_heads}, "
+            f"splits, {head_dim}] and partial_lse [>= {bs}, {num_heads}, splits], got "
+            f"{tuple(ws_out.shape)} {ws_out.dtype} and {tuple(ws_lse.shape)} {ws_lse.dtype}"
+        )
+    if out is None:
+        out = torch.empty_like(q)
+    check_tensor(
+        op, "out", out, shape=q.shape, dims="[bs, heads, d]", dtypes=(q.dtype,), device=dev
+    )
+    if bs == 0:
+        return out
+
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    if block_n is None:
+        block_n = 32  # measured on an H200 (bf16, head dim 128): a little ahead of 64
+    if block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"{op}: block_n must be a power of two >= 16, got {block_n}")
+    group = num_heads // num_kv_heads
+    head_blocks = triton.cdiv(group, _BLOCK_H)
+    max_splits = workspace.max_kv_splits
+    _decode_stage1_kernel[(bs, num_kv_heads * head_blocks, max_splits)](
+        q,
+        k_buffer,
+        v_buffer,
+        req_to_token,
+        req_rows,
+        seq_lens,
+        num_kv_splits,
+        ws_out,
+        ws_lse,
+        sm_scale,
+        q.stride(0),
+        q.stride(1),
+        k_buffer.stride(0),
+        k_buffer.stride(1),
+        v_buffer.stride(0),
+        v_buffer.stride(1),
+        req_to_token.stride(0),
+        ws_out.stride(0),
+        ws_out.stride(1),
+        ws_out.stride(2),
+        ws_lse.stride(0),
+        ws_lse.stride(1),
+        GROUP=group,
+        HEAD_BLOCKS=head_blocks,
+        MAX_SPLITS=max_splits,
+        HEAD_DIM=head_dim,
+        BLOCK_H=_BLOCK_H,
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        DOT_PRECISION=dot_precision(q.dtype),
+        num_warps=4,
+        num_stages=2,
+    )
+    _decode_stage2_kernel[(bs, num_heads)](
+        ws_out,
+        ws_lse,
+        out,
+        seq_lens,
+        num_kv_splits,
+        ws_out.stride(0),
+        ws_out.stride(1),
+        ws_out.stride(2),
+        ws_lse.stride(0),
+        ws_lse.stride(1),
+        out.stride(0),
+        out.stride(1),
+        MAX_SPLITS=max_splits,
+        HEAD_DIM=head_dim,
+        BLOCK_N=block_n,
+        BLOCK_S=triton.next_power_of_2(max_splits),
+        BLOCK_D=block_d,
+        num_warps=4,
+    )
+    return out
+
+
+def decode_attention_ref(
+    *,
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_rows: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
+) -> torch.Tensor:
+    """The torch twin of `decode_attention`: per request, softmax in fp32 (syncs the host)."""
+    group = q.shape[1] // k_buffer.shape[1]
+    out = torch.zeros_like(q)
+    for b, (row, seq_len) in enumerate(zip(req_rows.tolist(), seq_lens.tolist(), strict=True)):
+        if seq_len == 0:
+            continue
+        slots = req_to_token[row, :seq_len].long()
+        keys = k_buffer[slots].float().repeat_interleave(group, dim=1)  # [seq, heads, d]
+        values = v_buffer[slots].float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,thd->ht", q[b].float(), keys) * sm_scale
+        out[b] = torch.einsum("ht,thd->hd", scores.softmax(-1), values).to(q.dtype)
+    return out

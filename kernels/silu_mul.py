@@ -1,0 +1,57 @@
+"""SiLU-and-multiply: gate_up [n, 2 * d] (gate first, as a fused gate/up projection lays it
+out) -> silu(gate) * up [n, d], in fp32 and rounded once.
+
+Grid: (n, cdiv(d, BLOCK)).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._checks import FLOAT_DTYPES, check_device, check_tensor
+
+_BLOCK = 1024
+
+
+@triton.jit
+def _silu_mul_kernel(x_ptr, out_ptr, stride_x, stride_out, d, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < d
+    gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * stride_x + d + offs, mask=mask, other=0.0).to(tl.float32)
+    out = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(out_ptr + row * stride_out + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_mul(gate_up: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """silu(gate_up[:, :d]) * gate_up[:, d:]; gate_up: [n, 2 * d] (any row stride).
+
+    out (optional, written): [n, d] in gate_up's dtype. Returns out.
+    """
+    op = "silu_mul"
+    check_tensor(op, "gate_up", gate_up, shape=(None, None), dims="[n, 2 * d]", dtypes=FLOAT_DTYPES)
+    check_device(op, gate_up)
+    n, width = gate_up.shape
+    if width % 2:
+        raise ValueError(f"{op}: gate_up's last dimension must be even (gate, up), got {width}")
+    d = width // 2
+    if out is None:
+        out = torch.empty((n, d), dtype=gate_up.dtype, device=gate_up.device)
+    check_tensor(
+        op, "out", out, shape=(n, d), dims="[n, d]", dtypes=(gate_up.dtype,), device=gate_up.device
+    )
+    if n > 0 and d > 0:
+        block = min(_BLOCK, triton.next_power_of_2(d))
+        _silu_mul_kernel[(n, triton.cdiv(d, block))](
+            gate_up, out, gate_up.stride(0), out.stride(0), d, BLOCK=block, num_warps=4
+        )
+    return out
+
+
+def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
+    """The torch twin of `silu_mul`, in fp32 and rounded once."""
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    return (torch.nn.functional.silu(gate) * up).to(gate_up.dtype)

@@ -1,0 +1,103 @@
+"""Shared by the kernel tests: the device, poisoned outputs, and a KV pool whose requests own
+shuffled slots among junk."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypedDict
+
+import pytest
+import torch
+
+
+class Tol(TypedDict):
+    """Keyword arguments of torch.testing.assert_close."""
+
+    atol: float
+    rtol: float
+
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+INTERPRETING = DEVICE.type == "cpu"
+
+# The Triton 3.9 interpreter computes tl.dot on bfloat16 inputs wrongly (garbage, not
+# rounding), so bf16 attention runs only on a GPU; elementwise kernels test bf16 everywhere.
+ALL_DTYPES = [
+    pytest.param(torch.float32, id="fp32"),
+    pytest.param(torch.float16, id="fp16"),
+    pytest.param(torch.bfloat16, id="bf16"),
+]
+DOT_DTYPES = [*ALL_DTYPES[:2], pytest.param(torch.bfloat16, marks=pytest.mark.gpu, id="bf16")]
+
+# The interpreter also rounds fp32 -> bf16 toward zero (rtne on a GPU, as torch does): where a
+# kernel's cast is exact on a GPU, allow one bf16 ulp in the interpreter.
+EXACT_CAST: dict[torch.dtype, Tol] = {
+    torch.float32: {"atol": 0.0, "rtol": 0.0},
+    torch.float16: {"atol": 0.0, "rtol": 0.0},
+    torch.bfloat16: {"atol": 0.0, "rtol": 2**-7 if INTERPRETING else 0.0},
+}
+
+TOLERANCES: dict[torch.dtype, Tol] = {
+    torch.float32: {"atol": 2e-5, "rtol": 2e-5},
+    torch.float16: {"atol": 2e-3, "rtol": 2e-3},
+    torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2},
+}
+
+
+def poison(t: torch.Tensor) -> torch.Tensor:
+    """Fill a float tensor with NaN so that elements a kernel fails to write fail the
+    comparison; returns t."""
+    return t.fill_(float("nan"))
+
+
+def randn(
+    *shape: int, dtype: torch.dtype, gen: torch.Generator, scale: float = 1.0
+) -> torch.Tensor:
+    """Random normal on the CPU generator, then moved: the same values on any device."""
+    return (torch.randn(*shape, generator=gen) * scale).to(dtype=dtype, device=DEVICE)
+
+
+@dataclass
+class Context:
+    """One layer's pool plus a slot table: request b owns the shuffled slots
+    req_to_token[req_rows[b], :seq_lens[b]]; every other slot holds large junk."""
+
+    k_buffer: torch.Tensor  # [num_slots, num_kv_heads, head_dim]
+    v_buffer: torch.Tensor
+    req_to_token: torch.Tensor  # [max_reqs, max_context]
+    req_rows: torch.Tensor  # [bs] int64
+    seq_lens: torch.Tensor  # [bs] int64
+
+
+def make_context(
+    seq_lens: list[int],
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    gen: torch.Generator,
+    *,
+    table_dtype: torch.dtype = torch.int64,
+) -> Context:
+    total = sum(seq_lens)
+    num_slots = total + 7
+    k_buffer = randn(num_slots, num_kv_heads, head_dim, dtype=dtype, gen=gen, scale=100.0)
+    v_buffer = randn(num_slots, num_kv_heads, head_dim, dtype=dtype, gen=gen, scale=100.0)
+    max_reqs = len(seq_lens) + 2
+    # Unused table entries point at junk slots, so reading past seq_len shows.
+    table = torch.randint(0, num_slots, (max_reqs, max(seq_lens, default=0) + 5), generator=gen)
+    rows = torch.randperm(max_reqs, generator=gen)[: len(seq_lens)]
+    perm = torch.randperm(num_slots, generator=gen)
+    start = 0
+    for row, n in zip(rows.tolist(), seq_lens, strict=True):
+        own = perm[start : start + n]
+        start += n
+        table[row, :n] = own
+        k_buffer[own.to(DEVICE)] = randn(n, num_kv_heads, head_dim, dtype=dtype, gen=gen)
+        v_buffer[own.to(DEVICE)] = randn(n, num_kv_heads, head_dim, dtype=dtype, gen=gen)
+    return Context(
+        k_buffer=k_buffer,
+        v_buffer=v_buffer,
+        req_to_token=table.to(dtype=table_dtype, device=DEVICE),
+        req_rows=rows.to(DEVICE),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=DEVICE),
+    )

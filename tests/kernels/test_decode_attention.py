@@ -1,0 +1,225 @@
+"""decode_attention against its torch twin: GQA groups, odd head dims, split-K chunking."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kernels.decode_attention import (
+    DecodeWorkspace,
+    decode_attention,
+    decode_attention_ref,
+    num_kv_splits_for,
+)
+from tests.kernels.helpers import (
+    DEVICE,
+    DOT_DTYPES,
+    TOLERANCES,
+    Context,
+    make_context,
+    poison,
+    randn,
+)
+
+
+def run(
+    ctx: Context,
+    q: torch.Tensor,
+    splits: torch.Tensor,
+    *,
+    max_kv_splits: int,
+    block_n: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    bs, num_heads, head_dim = q.shape
+    # A workspace larger than the batch, as the backend keeps one for its largest batch.
+    workspace = DecodeWorkspace.allocate(
+        max_batch_size=bs + 3,
+        num_heads=num_heads,
+        head_dim=head_dim,
+        max_kv_splits=max_kv_splits,
+        device=DEVICE,
+    )
+    poison(workspace.partial_out)
+    poison(workspace.partial_lse)
+    if out is None:
+        out = poison(torch.empty_like(q))
+    return decode_attention(
+        q=q,
+        k_buffer=ctx.k_buffer,
+        v_buffer=ctx.v_buffer,
+        req_to_token=ctx.req_to_token,
+        req_rows=ctx.req_rows,
+        seq_lens=ctx.seq_lens,
+        num_kv_splits=splits,
+        workspace=workspace,
+        sm_scale=1 / math.sqrt(head_dim),
+        out=out,
+        block_n=block_n,
+    )
+
+
+def reference(ctx: Context, q: torch.Tensor) -> torch.Tensor:
+    return decode_attention_ref(
+        q=q,
+        k_buffer=ctx.k_buffer,
+        v_buffer=ctx.v_buffer,
+        req_to_token=ctx.req_to_token,
+        req_rows=ctx.req_rows,
+        seq_lens=ctx.seq_lens,
+        sm_scale=1 / math.sqrt(q.shape[-1]),
+    )
+
+
+# (seq_lens, num_heads, num_kv_heads, head_dim, splits): splits "auto" = num_kv_splits_for
+# with chunks of >= 64 keys, an int = that many for every request.
+CASES = [
+    ([1], 4, 4, 64, 1),
+    ([300, 1, 37], 8, 2, 13, "auto"),
+    ([5, 1, 33, 16, 2, 40, 17, 9], 8, 1, 80, 3),
+    ([300, 17, 64], 4, 1, 128, 8),  # 8 chunks of 48 keys for 300; most of 17's are empty
+    ([20, 5], 32, 1, 16, 2),  # a group of 32 spans two programs of 16 heads
+    ([0, 12], 4, 2, 16, 2),  # seq_len 0: a padded request of a CUDA graph batch gets zeros
+]
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+@pytest.mark.parametrize(
+    ("seq_lens", "num_heads", "num_kv_heads", "head_dim", "splits"),
+    CASES,
+    ids=[f"lens{len(c[0])}-h{c[1]}-kv{c[2]}-d{c[3]}-s{c[4]}" for c in CASES],
+)
+def test_matches_reference(
+    seq_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    splits: int | str,
+    dtype: torch.dtype,
+) -> None:
+    gen = torch.Generator().manual_seed(sum(seq_lens) + num_heads * 7 + head_dim)
+    ctx = make_context(seq_lens, num_kv_heads, head_dim, dtype, gen)
+    q = randn(len(seq_lens), num_heads, head_dim, dtype=dtype, gen=gen)
+    if splits == "auto":
+        max_kv_splits = 4
+        num_splits = num_kv_splits_for(ctx.seq_lens, max_kv_splits=4, min_split_len=64)
+        assert num_splits.tolist() == [4, 1, 1]
+    else:
+        assert isinstance(splits, int)
+        max_kv_splits = splits
+        num_splits = torch.full((len(seq_lens),), splits, dtype=torch.int32, device=DEVICE)
+    out = run(ctx, q, num_splits, max_kv_splits=max_kv_splits, block_n=16)
+    torch.testing.assert_close(out, reference(ctx, q), **TOLERANCES[dtype])
+
+
+def test_splits_agree_with_each_other() -> None:
+    """One chunk or many, the merged result is the same."""
+    gen = torch.Generator().manual_seed(1)
+    ctx = make_context([300, 90], 2, 64, torch.float32, gen)
+    q = randn(2, 4, 64, dtype=torch.float32, gen=gen)
+    outs = []
+    for s in (1, 2, 5):
+        splits = torch.full((2,), s, dtype=torch.int32, device=DEVICE)
+        outs.append(run(ctx, q, splits, max_kv_splits=5))
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outs[2], outs[0], atol=1e-5, rtol=1e-5)
+
+
+def test_splits_are_clamped_to_the_workspace() -> None:
+    gen = torch.Generator().manual_seed(2)
+    ctx = make_context([100, 3], 1, 16, torch.float32, gen)
+    q = randn(2, 2, 16, dtype=torch.float32, gen=gen)
+    splits = torch.tensor([50, 0], dtype=torch.int32, device=DEVICE)  # 50 > 2; 0 -> 1
+    out = run(ctx, q, splits, max_kv_splits=2, block_n=16)
+    torch.testing.assert_close(out, reference(ctx, q), **TOLERANCES[torch.float32])
+
+
+def test_strided_inputs_and_int32_table() -> None:
+    """q a view into a fused qkv tensor, out a view into a wider one, the table int32."""
+    gen = torch.Generator().manual_seed(3)
+    ctx = make_context([40, 7, 65], 2, 16, torch.float32, gen, table_dtype=torch.int32)
+    qkv = randn(3, 8, 16, dtype=torch.float32, gen=gen)
+    q = qkv[:, 2:6]  # [3, 4, 16] with token stride 128
+    wide = poison(torch.empty(3, 6, 16, device=DEVICE))
+    splits = num_kv_splits_for(ctx.seq_lens, max_kv_splits=3, min_split_len=16)
+    out = run(ctx, q, splits, max_kv_splits=3, out=wide[:, 1:5])
+    torch.testing.assert_close(out, reference(ctx, q), **TOLERANCES[torch.float32])
+    assert wide[:, 0].isnan().all() and wide[:, 5].isnan().all()
+
+
+def test_num_kv_splits_for() -> None:
+    lens = torch.tensor([0, 1, 64, 65, 1000])
+    assert num_kv_splits_for(lens, max_kv_splits=8, min_split_len=64).tolist() == [1, 1, 1, 2, 8]
+    assert num_kv_splits_for(lens, max_kv_splits=8, min_split_len=64).dtype == torch.int32
+
+
+def _args(**overrides: object) -> dict[str, object]:
+    gen = torch.Generator().manual_seed(4)
+    ctx = make_context([5, 3], 2, 16, torch.float32, gen)
+    q = randn(2, 4, 16, dtype=torch.float32, gen=gen)
+    args: dict[str, object] = {
+        "q": q,
+        "k_buffer": ctx.k_buffer,
+        "v_buffer": ctx.v_buffer,
+        "req_to_token": ctx.req_to_token,
+        "req_rows": ctx.req_rows,
+        "seq_lens": ctx.seq_lens,
+        "num_kv_splits": torch.ones(2, dtype=torch.int32, device=DEVICE),
+        "workspace": DecodeWorkspace.allocate(
+            max_batch_size=2, num_heads=4, head_dim=16, max_kv_splits=2, device=DEVICE
+        ),
+        "sm_scale": 0.25,
+    }
+    args.update(overrides)
+    return args
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error", "match"),
+    [
+        ({"q": torch.zeros(2, 64, device=DEVICE)}, ValueError, r"q must have shape"),
+        ({"q": torch.zeros(2, 3, 16, device=DEVICE)}, ValueError, r"multiple of num_kv_heads"),
+        ({"q": torch.zeros(2, 4, 16, dtype=torch.int32, device=DEVICE)}, TypeError, r"q must be"),
+        ({"k_buffer": torch.zeros(9, 2, 8, device=DEVICE)}, ValueError, r"k_buffer must have"),
+        ({"v_buffer": torch.zeros(9, 2, 16, device=DEVICE)}, ValueError, r"v_buffer must have"),
+        ({"req_rows": torch.zeros(3, dtype=torch.int64, device=DEVICE)}, ValueError, r"req_rows"),
+        ({"req_to_token": torch.zeros(4, 9, device=DEVICE)}, TypeError, r"req_to_token must be"),
+        ({"seq_lens": torch.zeros(2, device=DEVICE)}, TypeError, r"seq_lens must be"),
+        (
+            {"q": torch.zeros(4, 16, 2, device=DEVICE).transpose(1, 2)},
+            ValueError,
+            r"q must be contiguous in its last dimension",
+        ),
+        (
+            {
+                "workspace": DecodeWorkspace.allocate(
+                    max_batch_size=1, num_heads=4, head_dim=16, max_kv_splits=2, device=DEVICE
+                )
+            },
+            ValueError,
+            r"workspace must be fp32",
+        ),
+        ({"out": torch.zeros(2, 4, 16, dtype=torch.float16, device=DEVICE)}, TypeError, r"out"),
+        ({"block_n": 24}, ValueError, r"block_n must be a power of two"),
+    ],
+)
+def test_rejects_bad_arguments(
+    overrides: dict[str, object], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        decode_attention(**_args(**overrides))  # type: ignore[arg-type]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(32, 8, 128), (12, 4, 96)])
+def test_large_on_gpu(num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(5)
+    seq_lens = [4096, 1, 2000, 777, 3, 1500, 64, 8191]
+    ctx = make_context(seq_lens, num_kv_heads, head_dim, dtype, gen)
+    q = randn(len(seq_lens), num_heads, head_dim, dtype=dtype, gen=gen)
+    splits = num_kv_splits_for(ctx.seq_lens, max_kv_splits=16, min_split_len=256)
+    out = run(ctx, q, splits, max_kv_splits=16)
+    torch.testing.assert_close(out, reference(ctx, q), **TOLERANCES[dtype])

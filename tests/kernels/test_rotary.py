@@ -1,0 +1,129 @@
+"""Rotary embedding: the cos/sin cache against the model's RotaryEmbedding, the kernel against
+its torch twin and the model's apply_rotary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from kernels.rotary import apply_rotary, apply_rotary_ref, build_cos_sin_cache
+from services.executor.models import layers
+from tests.executor.helpers import LLAMA3_ROPE
+from tests.kernels.helpers import ALL_DTYPES, DEVICE, TOLERANCES, Tol, randn
+
+# fp32 math rounded once on both sides; a GPU may fuse x1 * cos - x2 * sin into one FMA,
+# so allow one ulp of the output dtype.
+ONE_ULP: dict[torch.dtype, Tol] = {
+    torch.float32: TOLERANCES[torch.float32],
+    torch.float16: {"atol": 1e-6, "rtol": 2**-10},
+    torch.bfloat16: {"atol": 1e-6, "rtol": 2**-7},
+}
+
+SCALINGS = [
+    pytest.param(None, id="plain"),
+    pytest.param({"rope_type": "linear", "factor": 4.0}, id="linear"),
+    pytest.param(LLAMA3_ROPE, id="llama3"),
+]
+
+
+@pytest.mark.parametrize("scaling", SCALINGS)
+@pytest.mark.parametrize("head_dim", [64, 80, 128])
+def test_cache_matches_the_model(head_dim: int, scaling: dict[str, Any] | None) -> None:
+    cache = build_cos_sin_cache(
+        head_dim=head_dim, theta=500000.0, scaling=scaling, max_positions=4096, device=DEVICE
+    )
+    rotary = layers.RotaryEmbedding(head_dim, 500000.0, scaling, 4096)
+    positions = torch.tensor([0, 1, 2, 63, 64, 1000, 4095], device=DEVICE)
+    cos, sin = rotary(positions)
+    half = head_dim // 2
+    assert cache.shape == (4096, head_dim) and cache.dtype == torch.float32
+    torch.testing.assert_close(cache[positions, :half], cos[:, :half], rtol=0, atol=0)
+    torch.testing.assert_close(cache[positions, half:], sin[:, :half], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize(
+    ("num_tokens", "num_heads", "num_kv_heads", "head_dim"),
+    [(1, 4, 4, 64), (3, 8, 2, 80), (8, 8, 1, 128), (5, 12, 4, 96), (4, 2, 2, 14)],
+)
+def test_matches_reference(
+    num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> None:
+    gen = torch.Generator().manual_seed(num_tokens * 100 + head_dim)
+    cache = build_cos_sin_cache(
+        head_dim=head_dim, theta=10000.0, scaling=LLAMA3_ROPE, max_positions=512, device=DEVICE
+    )
+    q = randn(num_tokens, num_heads, head_dim, dtype=dtype, gen=gen)
+    k = randn(num_tokens, num_kv_heads, head_dim, dtype=dtype, gen=gen)
+    positions = torch.randint(0, 512, (num_tokens,), generator=gen).to(DEVICE)
+    q_ref, k_ref = q.clone(), k.clone()
+    apply_rotary(q=q, k=k, positions=positions, cos_sin_cache=cache)
+    apply_rotary_ref(q=q_ref, k=k_ref, positions=positions, cos_sin_cache=cache)
+    torch.testing.assert_close(q, q_ref, **ONE_ULP[dtype])
+    torch.testing.assert_close(k, k_ref, **ONE_ULP[dtype])
+
+
+def test_matches_the_model_in_fp32() -> None:
+    gen = torch.Generator().manual_seed(1)
+    cache = build_cos_sin_cache(
+        head_dim=64, theta=10000.0, scaling=None, max_positions=300, device=DEVICE
+    )
+    positions = torch.tensor([0, 5, 299, 17], device=DEVICE)
+    q = randn(4, 4, 64, dtype=torch.float32, gen=gen)
+    k = randn(4, 2, 64, dtype=torch.float32, gen=gen)
+    cos, sin = layers.RotaryEmbedding(64, 10000.0, None, 300)(positions)
+    want_q, want_k = layers.apply_rotary(q, cos, sin), layers.apply_rotary(k, cos, sin)
+    apply_rotary(q=q, k=k, positions=positions, cos_sin_cache=cache)
+    torch.testing.assert_close(q, want_q, **TOLERANCES[torch.float32])
+    torch.testing.assert_close(k, want_k, **TOLERANCES[torch.float32])
+
+
+def test_views_of_a_fused_qkv_tensor() -> None:
+    """q and k rotated in place inside qkv; v, beside them, untouched."""
+    gen = torch.Generator().manual_seed(2)
+    cache = build_cos_sin_cache(
+        head_dim=32, theta=10000.0, scaling=None, max_positions=64, device=DEVICE
+    )
+    qkv = randn(6, 4 + 2 + 2, 32, dtype=torch.float16, gen=gen)
+    before = qkv.clone()
+    positions = torch.arange(10, 16, device=DEVICE, dtype=torch.int32)
+    apply_rotary(q=qkv[:, :4], k=qkv[:, 4:6], positions=positions, cos_sin_cache=cache)
+    q_ref, k_ref = before[:, :4].clone(), before[:, 4:6].clone()
+    apply_rotary_ref(q=q_ref, k=k_ref, positions=positions, cos_sin_cache=cache)
+    torch.testing.assert_close(qkv[:, :4], q_ref, **ONE_ULP[torch.float16])
+    torch.testing.assert_close(qkv[:, 4:6], k_ref, **ONE_ULP[torch.float16])
+    torch.testing.assert_close(qkv[:, 6:], before[:, 6:], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("what", "error", "match"),
+    [
+        ("odd_dim", ValueError, r"head_dim must be even"),
+        ("k_dtype", TypeError, r"k must be one of float32"),
+        ("k_dim", ValueError, r"k must have shape \[n, kv_heads, d\] = \(3, \*, 8\)"),
+        ("positions", ValueError, r"positions must have shape \[n\] = \(3\)"),
+        ("cache_dtype", TypeError, r"cos_sin_cache must be one of float32"),
+        ("cache_width", ValueError, r"cos_sin_cache must have shape"),
+    ],
+)
+def test_rejects_bad_arguments(what: str, error: type[Exception], match: str) -> None:
+    args = {
+        "q": torch.zeros(3, 2, 8),
+        "k": torch.zeros(3, 1, 8),
+        "positions": torch.zeros(3, dtype=torch.int64),
+        "cos_sin_cache": torch.zeros(16, 8),
+    }
+    args.update(
+        {
+            "odd_dim": {"q": torch.zeros(3, 2, 7), "k": torch.zeros(3, 1, 7)},
+            "k_dtype": {"k": torch.zeros(3, 1, 8, dtype=torch.float16)},
+            "k_dim": {"k": torch.zeros(3, 1, 6)},
+            "positions": {"positions": torch.zeros(4, dtype=torch.int64)},
+            "cache_dtype": {"cos_sin_cache": torch.zeros(16, 8, dtype=torch.float16)},
+            "cache_width": {"cos_sin_cache": torch.zeros(16, 4)},
+        }[what]
+    )
+    with pytest.raises(error, match=match):
+        apply_rotary(**{name: t.to(DEVICE) for name, t in args.items()})

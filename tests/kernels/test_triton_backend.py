@@ -1,0 +1,226 @@
+"""TritonBackend against TorchRefBackend: the same attention for EXTEND (cached prefixes) and
+DECODE batches, the same pool contents, and the same greedy tokens from a tiny Llama."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.executor.attention import get_backend
+from services.executor.attention.torch_ref import TorchRefBackend
+from services.executor.attention.triton_backend import TritonBackend
+from services.executor.forward_batch import ForwardBatch, ForwardMode
+from services.executor.kv_pool import KVPool, ReqToTokenPool
+from services.executor.model_config import ModelConfig
+from services.executor.weights import load_model
+from tests.executor.helpers import BatchDriver, write_tiny_model
+from tests.kernels.helpers import DEVICE, TOLERANCES, randn
+
+
+def make_batch(
+    mode: ForwardMode,
+    prefix_lens: list[int],
+    extend_lens: list[int],
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    gen: torch.Generator,
+) -> ForwardBatch:
+    """Requests on shuffled slots of a pool full of large junk; prefixes hold random K/V."""
+    total = sum(prefix_lens) + sum(extend_lens)
+    pool = KVPool(total + 9, num_layers, num_kv_heads, head_dim, dtype, DEVICE)
+    for buf in (*pool.k_buffers, *pool.v_buffers):
+        buf.copy_(randn(*buf.shape, dtype=dtype, gen=gen, scale=100.0))
+    table = ReqToTokenPool(len(prefix_lens) + 2, max(prefix_lens) + max(extend_lens) + 3, DEVICE)
+    perm = torch.randperm(total + 9, generator=gen).tolist()
+    new_locs, rows = [], []
+    for p, e in zip(prefix_lens, extend_lens, strict=True):
+        own, perm = perm[: p + e], perm[p + e :]
+        row = table.allocate()
+        table.write(row, 0, own)
+        for buf in (*pool.k_buffers, *pool.v_buffers):
+            buf[own[:p]] = randn(p, num_kv_heads, head_dim, dtype=dtype, gen=gen)
+        new_locs += own[p:]
+        rows.append(row)
+    n = sum(extend_lens)
+
+    def tensor(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64, device=DEVICE)
+
+    return ForwardBatch(
+        mode=mode,
+        input_ids=tensor([0] * n),
+        positions=tensor([0] * n),  # unused by attention
+        out_cache_loc=tensor(new_locs),
+        req_rows=tensor(rows),
+        seq_lens=tensor([p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]),
+        prefix_lens_cpu=prefix_lens,
+        extend_lens_cpu=extend_lens,
+        kv_pool=pool,
+        req_to_token=table,
+    )
+
+
+def clone_pool(batch: ForwardBatch) -> ForwardBatch:
+    pool = batch.kv_pool
+    twin = KVPool(pool.num_slots, len(pool.k_buffers), 1, 1, torch.float32, DEVICE)
+    twin.k_buffers = [b.clone() for b in pool.k_buffers]
+    twin.v_buffers = [b.clone() for b in pool.v_buffers]
+    return ForwardBatch(**{**batch.__dict__, "kv_pool": twin})
+
+
+CASES = [
+    (ForwardMode.EXTEND, [0, 0], [5, 1]),
+    (ForwardMode.EXTEND, [3, 0, 300], [4, 40, 1]),
+    (ForwardMode.EXTEND, [0, 7, 1, 0, 2, 9, 0, 33], [1, 2, 8, 3, 1, 1, 17, 2]),
+    (ForwardMode.DECODE, [0, 4, 299, 1], [1, 1, 1, 1]),
+    (ForwardMode.DECODE, [12], [1]),
+    (ForwardMode.DECODE, [5, 1, 70, 2, 0, 33, 64, 8], [1] * 8),
+]
+
+
+@pytest.mark.parametrize(
+    ("mode", "prefix_lens", "extend_lens"),
+    CASES,
+    ids=[f"{c[0].value}-bs{len(c[1])}-max{max(c[1])}" for c in CASES],
+)
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "head_dim", "dtype"),
+    [
+        pytest.param(4, 4, 16, torch.float32, id="mha-d16-fp32"),
+        pytest.param(8, 2, 13, torch.float32, id="gqa4-d13-fp32"),
+        pytest.param(4, 1, 64, torch.float16, id="gqa4-d64-fp16"),
+    ],
+)
+def test_matches_torch_backend(
+    mode: ForwardMode,
+    prefix_lens: list[int],
+    extend_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+) -> None:
+    gen = torch.Generator().manual_seed(sum(prefix_lens) * 10 + num_heads + head_dim)
+    batch = make_batch(mode, prefix_lens, extend_lens, 2, num_kv_heads, head_dim, dtype, gen)
+    twin = clone_pool(batch)
+    # Chunks of 64 keys, up to 4: the 299-token decode takes several.
+    triton_backend = TritonBackend(max_kv_splits=4, min_split_len=64)
+    torch_backend = TorchRefBackend()
+    triton_backend.init_forward_metadata(batch)
+    torch_backend.init_forward_metadata(twin)
+    n = sum(extend_lens)
+    for layer in range(2):  # metadata built once, shared by both layers
+        q = randn(n, num_heads, head_dim, dtype=dtype, gen=gen)
+        k = randn(n, num_kv_heads, head_dim, dtype=dtype, gen=gen)
+        v = randn(n, num_kv_heads, head_dim, dtype=dtype, gen=gen)
+        got = triton_backend.forward(q, k, v, layer, batch)
+        want = torch_backend.forward(q, k, v, layer, twin)
+        assert got.shape == q.shape and got.dtype == dtype
+        torch.testing.assert_close(got, want, **TOLERANCES[dtype])
+        pool, twin_pool = batch.kv_pool, twin.kv_pool
+        torch.testing.assert_close(
+            pool.k_buffers[layer], twin_pool.k_buffers[layer], rtol=0, atol=0
+        )
+        torch.testing.assert_close(
+            pool.v_buffers[layer], twin_pool.v_buffers[layer], rtol=0, atol=0
+        )
+
+
+def test_registered_and_decode_buffers_persist() -> None:
+    backend = get_backend("triton")
+    assert isinstance(backend, TritonBackend)
+    backend.reserve_decode(max_batch_size=8, num_heads=4, head_dim=16, device=DEVICE)
+    gen = torch.Generator().manual_seed(1)
+    for bs in (3, 8, 1):
+        batch = make_batch(ForwardMode.DECODE, [4] * bs, [1] * bs, 1, 2, 16, torch.float32, gen)
+        backend.init_forward_metadata(batch)
+        q = randn(bs, 4, 16, dtype=torch.float32, gen=gen)
+        k = randn(bs, 2, 16, dtype=torch.float32, gen=gen)
+        backend.forward(q, k, k, 0, batch)
+        workspace, splits = backend._workspace, backend._splits_buf
+        assert workspace is not None and workspace.max_batch_size == 8
+        assert splits is not None and splits.shape == (8,)
+        if bs == 3:
+            first = (workspace.partial_out.data_ptr(), splits.data_ptr())
+        assert (workspace.partial_out.data_ptr(), splits.data_ptr()) == first
+
+
+def greedy_with_prefix_reuse(
+    model: torch.nn.Module, config: ModelConfig, prompts: list[list[int]], steps: int
+) -> tuple[list[list[int]], torch.Tensor]:
+    """Prefill every prompt in two chunks (the second one attends to a cached prefix), then
+    decode greedily; returns the tokens and the first decode step's logits."""
+    driver = BatchDriver(model, config, max_reqs=len(prompts), device=str(DEVICE))
+    rows = [driver.new_request() for _ in prompts]
+    driver.extend(rows, [p[: len(p) // 2] for p in prompts])
+    logits = driver.extend(rows, [p[len(p) // 2 :] for p in prompts])
+    first_logits = logits
+    outputs: list[list[int]] = [[] for _ in prompts]
+    for _ in range(steps):
+        tokens = logits.argmax(-1).tolist()
+        for out, t in zip(outputs, tokens, strict=True):
+            out.append(t)
+        logits = driver.decode(rows, tokens)
+    return outputs, first_logits
+
+
+def test_tiny_llama_greedy_tokens_match(tmp_path: Path) -> None:
+    path = write_tiny_model(tmp_path, "llama")
+    prompts = [[5, 9, 200, 17, 3, 88, 41], [260, 72, 101, 108], [7] * 23, [1, 2]]
+    results = {}
+    for backend in ("torch", "triton"):
+        model, config = load_model(path, device=DEVICE, attention_backend=backend)
+        results[backend] = greedy_with_prefix_reuse(model, config, prompts, steps=6)
+    assert results["triton"][0] == results["torch"][0]
+    torch.testing.assert_close(results["triton"][1], results["torch"][1], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.gpu
+def test_decode_replays_in_a_cuda_graph() -> None:
+    """Capture init_forward_metadata + forward of one decode batch (as the model's forward
+    runs them), then replay for other sequence lengths and inputs written into the same
+    tensors, as services/executor/cuda_graph.py does: the split counts are recomputed by the
+    graph itself from the new seq_lens."""
+    gen = torch.Generator().manual_seed(2)
+    num_heads, num_kv_heads, head_dim, dtype = 8, 2, 64, torch.bfloat16
+    batch = make_batch(
+        ForwardMode.DECODE, [40, 300, 7], [1, 1, 1], 1, num_kv_heads, head_dim, dtype, gen
+    )
+    backend = TritonBackend(max_kv_splits=8, min_split_len=32)
+    backend.reserve_decode(max_batch_size=4, num_heads=num_heads, head_dim=head_dim, device=DEVICE)
+    q = randn(3, num_heads, head_dim, dtype=dtype, gen=gen)
+    k = randn(3, num_kv_heads, head_dim, dtype=dtype, gen=gen)
+    v = randn(3, num_kv_heads, head_dim, dtype=dtype, gen=gen)
+
+    def step() -> torch.Tensor:
+        backend.init_forward_metadata(batch)
+        return backend.forward(q, k, v, 0, batch)
+
+    step()  # compiles the kernels outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+
+    # The next "step": shorter contexts (other split counts), new q/k/v, new slots.
+    new_lens = [33, 129, 1]
+    table = batch.req_to_token.req_to_token
+    rows = batch.req_rows.tolist()
+    batch.seq_lens.copy_(torch.tensor(new_lens))
+    locs = [int(table[row, n - 1]) for row, n in zip(rows, new_lens, strict=True)]
+    batch.out_cache_loc.copy_(torch.tensor(locs))
+    for t in (q, k, v):
+        t.copy_(randn(*t.shape, dtype=dtype, gen=gen))
+    twin = clone_pool(batch)
+    twin.prefix_lens_cpu = [n - 1 for n in new_lens]
+    twin.seq_lens = batch.seq_lens.clone()
+    twin.out_cache_loc = batch.out_cache_loc.clone()
+    graph.replay()
+    want = TorchRefBackend().forward(q, k, v, 0, twin)
+    torch.testing.assert_close(out, want, **TOLERANCES[dtype])
+    torch.testing.assert_close(
+        batch.kv_pool.k_buffers[0], twin.kv_pool.k_buffers[0], rtol=0, atol=0
+    )
