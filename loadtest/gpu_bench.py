@@ -42,7 +42,7 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
     if name == "peer":
         return sections.peer_hf()
     if name == "offline":
-        return sections.offline_throughput(time_limit=TIME_LIMITS["offline"] - 120)
+        return sections.offline_throughput(time_limit=OFFLINE_RUN_S)
     if name == "heavy":
         return sections.decode_heavy_offline()
     if name == "online":

@@ -64,7 +64,9 @@ def correctness() -> dict[str, Any]:
         ours = {}
         for graphs in (True, False):
             extra = [] if graphs else ["--disable-cuda-graph"]
-            args = offline.parse_args(["latency", "--model", str(path), *extra])
+            args = offline.parse_args(
+                ["latency", "--model", str(path), "--max-total-tokens", "65536", *extra]
+            )
             engine = offline.make_engine(args)
             reqs = [offline.request(f"p{i}", p, 64) for i, p in enumerate(prompts)]
             tokens: dict[str, list[int]] = {r.trace.rid: [] for r in reqs}
