@@ -36,8 +36,10 @@ class IncrementalDetokenizer:
         self.ids.extend(new_ids)
         context = self._decode(self.ids[self.surr : self.read])
         full = self._decode(self.ids[self.surr :])
-        if len(full) <= len(context) or full.endswith("\ufffd"):
-            return ""  # nothing new yet, or an incomplete character: wait for more tokens
+        if full.endswith("\ufffd") or len(full) < len(context):
+            return ""  # an incomplete character: wait for more tokens
+        # Advance even when the tokens decoded to nothing (skipped special tokens): a window
+        # that only grows would make every later step decode all of it again.
         self.surr, self.read = self.read, len(self.ids)
         return full[len(context) :]
 

@@ -112,3 +112,12 @@ def test_random_tokens_in_random_chunks_equal_the_full_decode(tok: Any) -> None:
         pieces.append(d.flush())
         assert "".join(pieces) == tok.decode(ids, skip_special_tokens=True), ids
         assert all(not p.endswith("\ufffd") for p in pieces[:-1])
+
+
+def test_tokens_that_decode_to_nothing_do_not_grow_the_window(tok: Any) -> None:
+    """A long run of skipped special tokens: the decode window stays short."""
+    d = IncrementalDetokenizer(tok)
+    for _ in range(500):
+        assert d.push([EOS_ID]) == ""
+    assert d.read - d.surr <= 1
+    assert d.push(tok.encode("ok", add_special_tokens=False)) == "ok"
