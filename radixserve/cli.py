@@ -10,6 +10,7 @@ COMMANDS = {
     "serve": "radixserve.launcher",
     "gateway": "services.gateway.main",
     "tokenizer": "services.tokenizer.main",
+    "grammar": "services.grammar.main",
     "scheduler": "services.scheduler.main",
     "executor": "services.executor.main",
     "detokenizer": "services.detokenizer.main",
@@ -21,6 +22,7 @@ commands:
   serve        start Redis (unless REDIS_URL is set) and every service on this machine
   gateway      the HTTP API (OpenAI-compatible and native)
   tokenizer    chat templates and tokenization (scale with replicas)
+  grammar      compiles structured-output constraints, cached in Redis (scale with replicas)
   scheduler    admission and routing to executors
   executor     the model on one GPU (or the CPU)
   detokenizer  token ids to text deltas

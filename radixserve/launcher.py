@@ -22,18 +22,19 @@ import urllib.request
 from shared.config import EnvArgumentParser, add_common_flags, env_name, positive
 from shared.model_files import ModelNotFoundError, resolve_model
 
-SERVICE_ORDER = ["scheduler", "detokenizer", "tokenizer", "executor", "gateway"]
+SERVICE_ORDER = ["scheduler", "detokenizer", "tokenizer", "grammar", "executor", "gateway"]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     from services.executor.main import add_flags as executor_flags
     from services.gateway.main import add_flags as gateway_flags
+    from services.grammar.main import add_flags as grammar_flags
     from services.scheduler.main import add_flags as scheduler_flags
     from services.tokenizer.main import add_flags as tokenizer_flags
 
     p = EnvArgumentParser(prog="radixserve serve", description=__doc__)
     add_common_flags(p)
-    for add in (gateway_flags, tokenizer_flags, scheduler_flags, executor_flags):
+    for add in (gateway_flags, tokenizer_flags, grammar_flags, scheduler_flags, executor_flags):
         add(p)
     p.add_flag(
         "--tokenizer-replicas", type=int, default=1, check=positive, help="tokenizer processes"

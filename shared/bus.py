@@ -190,7 +190,9 @@ class GroupConsumer(_Reader[T]):
                     await self.ack(bad)
                 return good
             except ResponseError as e:
-                if "NOGROUP" not in str(e):
+                # NOGROUP: the group is gone (Redis restarted empty); UNBLOCKED: the stream was
+                # deleted while this read was blocked on it (Redis 7). Both: start over.
+                if "NOGROUP" not in str(e) and "UNBLOCKED" not in str(e):
                     raise
                 log.warning(
                     "consumer group %s on %s vanished; re-creating", self.group, self.stream

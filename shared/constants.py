@@ -7,6 +7,13 @@ TOKENIZE_STREAM = f"{PREFIX}:tokenize"
 TOKENIZE_GROUP = "tokenizer"
 SCHEDULE_STREAM = f"{PREFIX}:schedule"
 SCHEDULE_GROUP = "scheduler"
+# Constrained requests pass through the grammar service between tokenizer and scheduler.
+GRAMMAR_STREAM = f"{PREFIX}:grammar"
+GRAMMAR_GROUP = "grammar"
+
+# Compiled grammars shared by every grammar service and executor: f"{GRAMMAR_CACHE_PREFIX}:{key}"
+# holds a GrammarCacheEntry (shared/messages/grammar.py); the key hashes kind, source, tokenizer.
+GRAMMAR_CACHE_PREFIX = f"{PREFIX}:gcache"
 
 # Liveness keys: f"{LIVE_PREFIX}:{service}:{instance}" holds a Heartbeat with a TTL.
 LIVE_PREFIX = f"{PREFIX}:live"
@@ -34,6 +41,11 @@ def detok_stream(partition: int) -> str:
 def reply_stream(gateway_id: str) -> str:
     """Reply stream of one gateway instance (one reader)."""
     return f"{PREFIX}:reply:{gateway_id}"
+
+
+def grammar_cache_key(key: str) -> str:
+    """Redis key of one compiled grammar (or of its compile error)."""
+    return f"{GRAMMAR_CACHE_PREFIX}:{key}"
 
 
 def live_key(service: str, instance: str) -> str:

@@ -104,6 +104,25 @@ def read_context_length(source: ModelSource) -> int:
     raise ModelNotFoundError(f"{source.path}/config.json has no max_position_embeddings")
 
 
+def read_vocab_size(source: ModelSource) -> int:
+    """Rows of the model's embedding (its logits' width), without loading weights. It may be
+    larger than the tokenizer's vocabulary (padded for the GPU)."""
+    if source.kind == "gguf":
+        import gguf
+
+        reader = gguf.GGUFReader(source.path)
+        for tensor in reader.tensors:
+            if tensor.name == "token_embd.weight":
+                return int(tensor.shape[1])  # ggml lists [hidden, vocab]
+        raise ModelNotFoundError(f"{source.path} has no token_embd.weight tensor")
+    with open(os.path.join(source.path, "config.json")) as f:
+        cfg = json.load(f)
+    size = cfg.get("vocab_size", cfg.get("text_config", {}).get("vocab_size"))
+    if not isinstance(size, int):
+        raise ModelNotFoundError(f"{source.path}/config.json has no vocab_size")
+    return size
+
+
 def eos_token_ids(source: ModelSource, tokenizer: Any) -> list[int]:
     """End-of-sequence ids: the config's (or generation_config's) plus the tokenizer's."""
     ids: set[int] = set()

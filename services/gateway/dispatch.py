@@ -60,6 +60,7 @@ class Dispatcher:
             prompt=job.prompt,
             sampling=job.sampling,
             stream=job.stream,
+            constraint=job.constraint,
         )
         try:
             await publish(self.r, constants.TOKENIZE_STREAM, request, constants.WORK_STREAM_MAXLEN)

@@ -16,7 +16,7 @@ from shared.messages.reply import Delta
 from shared.service import live_instances
 
 # The services a request passes through: /health is ok only when each has a live instance.
-PIPELINE = ("tokenizer", "scheduler", "executor", "detokenizer")
+PIPELINE = ("tokenizer", "grammar", "scheduler", "executor", "detokenizer")
 
 
 class NativeRenderer:

@@ -19,6 +19,35 @@ class StreamOptions(msgspec.Struct, kw_only=True):
     include_usage: bool = False
 
 
+class JsonSchemaSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`response_format.json_schema`: OpenAI's structured-output schema."""
+
+    name: str
+    schema: dict[str, Any] | None = None
+    description: str | None = None
+    strict: bool | None = None  # accepted; the schema is always enforced
+
+
+class TextFormat(msgspec.Struct, tag="text", tag_field="type", forbid_unknown_fields=True):
+    pass
+
+
+class JsonObjectFormat(
+    msgspec.Struct, tag="json_object", tag_field="type", forbid_unknown_fields=True
+):
+    pass
+
+
+class JsonSchemaFormat(
+    msgspec.Struct, tag="json_schema", tag_field="type", kw_only=True, forbid_unknown_fields=True
+):
+    json_schema: JsonSchemaSpec
+
+
+# `response_format` by its "type"; an unknown type is a 400 naming response_format.type.
+ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat
+
+
 class _OpenAIParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Parameters common to /v1/completions and /v1/chat/completions."""
 
@@ -45,6 +74,8 @@ class _OpenAIParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    # structured output (chat in OpenAI's API; completions too, as vLLM accepts it)
+    response_format: ResponseFormat | None = None
 
 
 class CompletionBody(_OpenAIParams, kw_only=True):
@@ -75,7 +106,6 @@ class ChatBody(_OpenAIParams, kw_only=True):
     max_completion_tokens: int | None = None  # the newer name of max_tokens; wins over it
     logprobs: bool = False
     top_logprobs: int | None = None
-    response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -101,9 +131,11 @@ class NativeSamplingBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
-    json_schema: str | None = None
+    # structured output, at most one of them
+    json_schema: str | dict[str, Any] | None = None  # JSON text or the schema object itself
     regex: str | None = None
     ebnf: str | None = None
+    choices: list[str] | None = None
 
 
 class GenerateBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

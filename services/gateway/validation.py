@@ -20,9 +20,19 @@ from services.gateway.protocol import (
     ChatMessageBody,
     CompletionBody,
     GenerateBody,
+    JsonObjectFormat,
+    JsonSchemaFormat,
     NativeSamplingBody,
+    ResponseFormat,
 )
-from shared.messages.common import SamplingParams
+from shared.messages.common import (
+    ChoiceConstraint,
+    Constraint,
+    EbnfConstraint,
+    JsonSchemaConstraint,
+    RegexConstraint,
+    SamplingParams,
+)
 from shared.messages.tokenize import ChatMessage, ChatPrompt, Prompt, TextPrompt, TokenPrompt
 
 T = TypeVar("T")
@@ -31,6 +41,9 @@ MAX_TOKENS_LIMIT = 1_000_000  # a sanity bound; the tokenizer checks the real co
 MAX_STOP_STRINGS = 16
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 RID_PATTERN = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+SCHEMA_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")  # OpenAI's rule for json_schema.name
+MAX_CONSTRAINT_CHARS = 256 * 1024  # a schema, regex or grammar; the grammar service checks it
+MAX_CHOICES = 1024
 
 
 @dataclass(frozen=True)
@@ -42,6 +55,7 @@ class Job:
     stream: bool
     include_usage: bool = False  # stream_options.include_usage
     rid: str | None = None  # chosen by the client (/generate only)
+    constraint: Constraint | None = None  # structured output
 
 
 def decode(body: bytes, type_: type[T]) -> T:
@@ -65,6 +79,7 @@ def completion_job(body: CompletionBody, served_model: str) -> Job:
         sampling=_openai_sampling(body, body.max_tokens, "max_tokens"),
         stream=body.stream,
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        constraint=response_format_constraint(body.response_format),
     )
 
 
@@ -75,8 +90,6 @@ def chat_job(body: ChatBody, served_model: str) -> Job:
     unsupported(bool(body.top_logprobs), "top_logprobs")
     unsupported(bool(body.tools), "tools")
     unsupported(body.tool_choice not in (None, "none", "auto"), "tool_choice")
-    fmt = body.response_format
-    unsupported(fmt is not None and fmt.get("type") != "text", "response_format")
     max_tokens, max_name = body.max_tokens, "max_tokens"
     if body.max_completion_tokens is not None:
         max_tokens, max_name = body.max_completion_tokens, "max_completion_tokens"
@@ -85,6 +98,7 @@ def chat_job(body: ChatBody, served_model: str) -> Job:
         sampling=_openai_sampling(body, max_tokens, max_name),
         stream=body.stream,
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        constraint=response_format_constraint(body.response_format),
     )
 
 
@@ -96,8 +110,6 @@ def native_job(body: GenerateBody) -> Job:
     unsupported(s.presence_penalty != 0.0, "sampling_params.presence_penalty")
     unsupported(s.frequency_penalty != 0.0, "sampling_params.frequency_penalty")
     unsupported(s.repetition_penalty != 1.0, "sampling_params.repetition_penalty")
-    for name in ("json_schema", "regex", "ebnf"):
-        unsupported(getattr(s, name) is not None, f"sampling_params.{name}")
     if body.rid is not None and not RID_PATTERN.match(body.rid):
         raise invalid("rid must be 1 to 128 characters of letters, digits and ._:-", "rid")
     return Job(
@@ -105,6 +117,7 @@ def native_job(body: GenerateBody) -> Job:
         sampling=_native_sampling(s),
         stream=body.stream,
         rid=body.rid,
+        constraint=native_constraint(s),
     )
 
 
@@ -189,6 +202,70 @@ def token_ids(ids: Sequence[Any], param: str) -> list[int]:
         if not 0 <= t < 2**31:
             raise invalid(f"{param}[{i}] must be a token id (>= 0), got {t}", f"{param}[{i}]")
     return list(ids)
+
+
+# --- structured output: shapes only (the grammar service compiles and checks validity) ---
+
+
+def response_format_constraint(fmt: ResponseFormat | None) -> Constraint | None:
+    """OpenAI `response_format`: text (no constraint), json_object, or json_schema."""
+    if isinstance(fmt, JsonObjectFormat):
+        return JsonSchemaConstraint(schema='{"type": "object"}', param="response_format")
+    if not isinstance(fmt, JsonSchemaFormat):
+        return None
+    spec, at = fmt.json_schema, "response_format.json_schema"
+    if not SCHEMA_NAME_PATTERN.match(spec.name):
+        raise invalid(
+            f"{at}.name must be 1 to 64 letters, digits, underscores or dashes", f"{at}.name"
+        )
+    if spec.schema is None:
+        raise invalid(f"{at}.schema is required", f"{at}.schema")
+    return JsonSchemaConstraint(
+        schema=_schema_text(spec.schema, f"{at}.schema"), param=f"{at}.schema"
+    )
+
+
+def native_constraint(s: NativeSamplingBody) -> Constraint | None:
+    """`sampling_params.json_schema` / `regex` / `ebnf` / `choices`: at most one of them."""
+    given = [
+        name for name in ("json_schema", "regex", "ebnf", "choices") if getattr(s, name) is not None
+    ]
+    if not given:
+        return None
+    if len(given) > 1:
+        names = " and ".join(f"sampling_params.{n}" for n in given)
+        raise invalid(
+            f"give at most one structured-output constraint; got {names}",
+            f"sampling_params.{given[1]}",
+        )
+    param = f"sampling_params.{given[0]}"
+    if s.json_schema is not None:
+        return JsonSchemaConstraint(schema=_schema_text(s.json_schema, param), param=param)
+    if s.regex is not None:
+        return RegexConstraint(pattern=_constraint_text(s.regex, param), param=param)
+    if s.ebnf is not None:
+        return EbnfConstraint(grammar=_constraint_text(s.ebnf, param), param=param)
+    assert s.choices is not None
+    if not s.choices or len(s.choices) > MAX_CHOICES:
+        raise invalid(f"{param} must hold 1 to {MAX_CHOICES} strings", param)
+    if sum(len(c) for c in s.choices) > MAX_CONSTRAINT_CHARS:
+        raise invalid(f"{param} may hold at most {MAX_CONSTRAINT_CHARS} characters", param)
+    return ChoiceConstraint(choices=list(s.choices), param=param)
+
+
+def _schema_text(schema: str | dict[str, Any], param: str) -> str:
+    """A schema object as JSON text (key order kept: it is the order properties are generated
+    in); a string is passed on as it is."""
+    text = schema if isinstance(schema, str) else msgspec.json.encode(schema).decode()
+    return _constraint_text(text, param)
+
+
+def _constraint_text(text: str, param: str) -> str:
+    if not text.strip():
+        raise invalid(f"{param} must not be empty", param)
+    if len(text) > MAX_CONSTRAINT_CHARS:
+        raise invalid(f"{param} may be at most {MAX_CONSTRAINT_CHARS} characters long", param)
+    return text
 
 
 # --- sampling ---

@@ -1,4 +1,5 @@
-"""Tokenizer service: reads rs:tokenize as a consumer-group member, writes to rs:schedule.
+"""Tokenizer service: reads rs:tokenize as a consumer-group member, writes to rs:schedule
+(or to rs:grammar for a request with a structured-output constraint).
 
 For each request it first registers the request with its detokenizer partition, then hands it
 to the scheduler, then acks: Redis keeps each stream's order, so the detokenizer always sees
@@ -64,8 +65,11 @@ def handle(tok: Tokenization, req: GenerateRequest, partitions: int) -> list[tup
         max_new_tokens=max_new,
         eos_token_ids=tok.eos_token_ids,
         detok_stream=detok,
+        constraint=req.constraint,
     )
-    return [(detok, register), (constants.SCHEDULE_STREAM, tokenized)]
+    # A constrained request is compiled (or found in the cache) before it is scheduled.
+    target = constants.SCHEDULE_STREAM if req.constraint is None else constants.GRAMMAR_STREAM
+    return [(detok, register), (target, tokenized)]
 
 
 async def serve(a: argparse.Namespace) -> None:

@@ -41,3 +41,38 @@ class ErrorInfo(msgspec.Struct, kw_only=True, frozen=True):
     message: str
     param: str | None = None
     type: str = "invalid_request_error"
+
+
+class JsonSchemaConstraint(msgspec.Struct, tag="json_schema", kw_only=True, frozen=True):
+    """Output is one JSON document valid against `schema` (a JSON Schema as JSON text).
+
+    `param` is the request field it came from, as the client spelled it, for error messages.
+    """
+
+    schema: str
+    param: str = "json_schema"
+
+
+class RegexConstraint(msgspec.Struct, tag="regex", kw_only=True, frozen=True):
+    """Output fully matches `pattern`."""
+
+    pattern: str
+    param: str = "regex"
+
+
+class EbnfConstraint(msgspec.Struct, tag="ebnf", kw_only=True, frozen=True):
+    """Output is a sentence of `grammar` (GBNF / xgrammar EBNF, start rule `root`)."""
+
+    grammar: str
+    param: str = "ebnf"
+
+
+class ChoiceConstraint(msgspec.Struct, tag="choice", kw_only=True, frozen=True):
+    """Output is exactly one of `choices`."""
+
+    choices: list[str]
+    param: str = "choices"
+
+
+# At most one per request; the grammar service compiles it, the executor enforces it.
+Constraint = JsonSchemaConstraint | RegexConstraint | EbnfConstraint | ChoiceConstraint

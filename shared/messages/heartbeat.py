@@ -18,6 +18,11 @@ class ExecutorLoad(msgspec.Struct, kw_only=True, frozen=True):
     cached_tokens: int = 0
     evictable_tokens: int = 0
     max_running: int = 0
+    grammar_requests: int = 0  # constrained requests since start
+    grammar_cache_hits: int = 0  # compiled grammars found in this executor's memory
+    grammar_fetched: int = 0  # compiled grammars loaded from Redis
+    grammar_load_s: float = 0.0  # time spent loading (or compiling) grammars
+    jump_forward_tokens: int = 0  # tokens appended without a forward pass each
 
 
 class Heartbeat(msgspec.Struct, kw_only=True, frozen=True):

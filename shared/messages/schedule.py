@@ -1,10 +1,14 @@
-"""rs:schedule (tokenizer -> scheduler) and rs:exec:{id} (scheduler -> one executor)."""
+"""rs:schedule (tokenizer or grammar -> scheduler) and rs:exec:{id} (scheduler -> one executor).
+
+A TokenizedRequest with a constraint goes tokenizer -> rs:grammar -> grammar service ->
+rs:schedule; the grammar service fills in `grammar_key` once the compiled grammar is cached.
+"""
 
 from __future__ import annotations
 
 import msgspec
 
-from shared.messages.common import SamplingParams, Trace
+from shared.messages.common import Constraint, SamplingParams, Trace
 from shared.messages.tokenize import AbortRequest
 
 
@@ -15,6 +19,10 @@ class TokenizedRequest(msgspec.Struct, tag="tokenized", kw_only=True, frozen=Tru
     max_new_tokens: int  # resolved against the context length
     eos_token_ids: list[int]  # the model's end tokens; ignored when sampling.ignore_eos
     detok_stream: str  # where the executor sends this request's tokens
+    constraint: Constraint | None = None
+    # f"{constants.GRAMMAR_CACHE_PREFIX}:{grammar_key}" holds the compiled constraint; "" until
+    # the grammar service has compiled it (and always "" without a constraint).
+    grammar_key: str = ""
 
 
 class FlushCache(msgspec.Struct, tag="flush_cache", kw_only=True, frozen=True):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from shared.messages.common import SamplingParams, Trace
+from shared.messages.common import Constraint, SamplingParams, Trace
 
 
 class TextPrompt(msgspec.Struct, tag="text", kw_only=True, frozen=True):
@@ -34,6 +34,7 @@ class GenerateRequest(msgspec.Struct, tag="generate", kw_only=True, frozen=True)
     prompt: Prompt
     sampling: SamplingParams
     stream: bool = False
+    constraint: Constraint | None = None  # structured output (routed through the grammar service)
 
 
 class AbortRequest(msgspec.Struct, tag="abort", kw_only=True, frozen=True):

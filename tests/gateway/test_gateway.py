@@ -22,7 +22,7 @@ from services.gateway.main import Gateway, build_parser
 from services.gateway.state import STATE, GatewaySettings, GatewayState
 from shared import constants
 from shared.bus import publish
-from shared.messages.common import SamplingParams
+from shared.messages.common import ChoiceConstraint, JsonSchemaConstraint, SamplingParams
 from shared.messages.reply import Delta, Usage
 from shared.messages.tokenize import ChatMessage, ChatPrompt, TextPrompt, TokenPrompt
 from shared.service import Service
@@ -249,6 +249,36 @@ async def test_chat_request_reaches_tokenizer_as_sent(
     assert 4 < req.trace.deadline - time.time() <= 5
 
 
+async def test_structured_output_reaches_tokenizer(gw: Running, backend: FakeBackend, http) -> None:
+    schema = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+    chat = {"model": MODEL, "messages": OK_MSG, "response_format": fmt}
+    async with http.post(f"{gw.url}/v1/chat/completions", json=chat) as r:
+        assert r.status == 200
+    native = {"text": "hi", "sampling_params": {"choices": ["yes", "no"]}}
+    async with http.post(f"{gw.url}/generate", json=native) as r:
+        assert r.status == 200
+    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
+    messages: Any = [{"role": "user", "content": "hi"}]
+    response_format: Any = {
+        "type": "json_schema",
+        "json_schema": {"name": "answer", "schema": schema, "strict": True},
+    }
+    await client.chat.completions.create(
+        model=MODEL, messages=messages, response_format=response_format
+    )
+    await client.close()
+    first, second, third = backend.requests
+    assert third.constraint == first.constraint
+    assert first.constraint == JsonSchemaConstraint(
+        schema='{"type":"object","properties":{"b":{"type":"integer"},"a":{}}}',
+        param="response_format.json_schema.schema",
+    )
+    assert second.constraint == ChoiceConstraint(
+        choices=["yes", "no"], param="sampling_params.choices"
+    )
+
+
 async def test_models(gw: Running, http) -> None:
     async with http.get(f"{gw.url}/v1/models") as r:
         body = await r.json()
@@ -313,9 +343,11 @@ async def test_health(gw: Running, redis_url: str, http) -> None:
     async with http.get(f"{gw.url}/health") as r:
         assert r.status == 503
         body = await r.json()
-    assert body["missing"] == ["tokenizer", "scheduler", "executor", "detokenizer"]
+    assert body["missing"] == ["tokenizer", "grammar", "scheduler", "executor", "detokenizer"]
     assert body["error"]["code"] == 503 and "tokenizer" in body["error"]["message"]
-    services = [Service(name, "i1", redis_url) for name in ("tokenizer", "scheduler", "executor")]
+    services = [
+        Service(name, "i1", redis_url) for name in ("tokenizer", "grammar", "scheduler", "executor")
+    ]
     for s in services:
         await s.beat_once()
     async with http.get(f"{gw.url}/health") as r:
@@ -403,9 +435,24 @@ BAD_INPUT = [
     ),
     (
         "/v1/chat/completions",
-        {"messages": OK_MSG, "response_format": {"type": "json_object"}},
-        "response_format",
-        "not supported yet",
+        {"messages": OK_MSG, "response_format": {"type": "xml"}},
+        "response_format.type",
+        "Invalid value 'xml'",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": OK_MSG, "response_format": {"type": "json_schema", "json_schema": {}}},
+        "response_format.json_schema.name",
+        "missing required field",
+    ),
+    (
+        "/v1/chat/completions",
+        {
+            "messages": OK_MSG,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "n"}},
+        },
+        "response_format.json_schema.schema",
+        "required",
     ),
     ("/generate", {"sampling_params": {}}, "text", "required"),
     ("/generate", {"text": "a", "input_ids": [1]}, "input_ids", "not both"),
@@ -436,9 +483,15 @@ BAD_INPUT = [
     ),
     (
         "/generate",
-        {"text": "a", "sampling_params": {"regex": "a+"}},
+        {"text": "a", "sampling_params": {"json_schema": "{}", "regex": "a+"}},
         "sampling_params.regex",
-        "not supported yet",
+        "at most one structured-output constraint",
+    ),
+    (
+        "/generate",
+        {"text": "a", "sampling_params": {"choices": []}},
+        "sampling_params.choices",
+        "1 to 1024 strings",
     ),
     ("/generate", {"text": "a", "rid": "has space"}, "rid", "rid must be"),
 ]

@@ -10,7 +10,13 @@ import pytest
 from services.gateway.errors import ApiError, from_decode_error
 from services.gateway.protocol import ChatBody, CompletionBody, GenerateBody
 from services.gateway.validation import chat_job, completion_job, decode, native_job
-from shared.messages.common import SamplingParams
+from shared.messages.common import (
+    ChoiceConstraint,
+    EbnfConstraint,
+    JsonSchemaConstraint,
+    RegexConstraint,
+    SamplingParams,
+)
 from shared.messages.tokenize import ChatMessage, ChatPrompt, TextPrompt, TokenPrompt
 
 MODEL = "m"
@@ -149,3 +155,118 @@ def test_neutral_values_of_unsupported_parameters_pass() -> None:
         b' "logit_bias": {}, "repetition_penalty": 1.0, "user": "u"}'
     )
     assert chat_job(decode(body, ChatBody), MODEL).sampling == SamplingParams()
+
+
+# --- structured output ---
+
+CHAT = b'{"messages": [{"role": "user", "content": "a"}], "response_format": %s}'
+
+
+@pytest.mark.parametrize(
+    ("fmt", "constraint"),
+    [
+        (b'{"type": "text"}', None),
+        (b"null", None),
+        (
+            b'{"type": "json_object"}',
+            JsonSchemaConstraint(schema='{"type": "object"}', param="response_format"),
+        ),
+        (
+            b'{"type": "json_schema", "json_schema": {"name": "person", "strict": true,'
+            b' "schema": {"type": "object", "properties": {"z": {}, "a": {}}}}}',
+            JsonSchemaConstraint(
+                schema='{"type":"object","properties":{"z":{},"a":{}}}',  # key order kept
+                param="response_format.json_schema.schema",
+            ),
+        ),
+    ],
+)
+def test_response_format(fmt: bytes, constraint: object) -> None:
+    assert chat_job(decode(CHAT % fmt, ChatBody), MODEL).constraint == constraint
+    completion = b'{"prompt": "a", "response_format": %s}' % fmt
+    assert completion_job(decode(completion, CompletionBody), MODEL).constraint == constraint
+
+
+@pytest.mark.parametrize(
+    ("fmt", "param"),
+    [
+        (b'{"type": "yaml"}', "response_format.type"),
+        (b"{}", "response_format.type"),
+        (b'"json_object"', "response_format"),
+        (b'{"type": "json_object", "schema": {}}', "response_format.schema"),
+        (b'{"type": "json_schema"}', "response_format.json_schema"),
+        (
+            b'{"type": "json_schema", "json_schema": {"schema": {}}}',
+            "response_format.json_schema.name",
+        ),
+        (
+            b'{"type": "json_schema", "json_schema": {"name": "has space", "schema": {}}}',
+            "response_format.json_schema.name",
+        ),
+        (
+            b'{"type": "json_schema", "json_schema": {"name": "n"}}',
+            "response_format.json_schema.schema",
+        ),
+        (
+            b'{"type": "json_schema", "json_schema": {"name": "n", "schema": "{}"}}',
+            "response_format.json_schema.schema",
+        ),
+        (
+            b'{"type": "json_schema", "json_schema": {"name": "n", "schema": {}, "x": 1}}',
+            "response_format.json_schema.x",
+        ),
+    ],
+)
+def test_malformed_response_format_names_the_field(fmt: bytes, param: str) -> None:
+    assert refusal(CHAT % fmt, ChatBody).param == param
+
+
+@pytest.mark.parametrize(
+    ("params", "constraint"),
+    [
+        (
+            b'{"json_schema": "{\\"type\\": \\"integer\\"}"}',
+            JsonSchemaConstraint(schema='{"type": "integer"}', param="sampling_params.json_schema"),
+        ),
+        (
+            b'{"json_schema": {"type": "array", "items": {"type": "string"}}}',
+            JsonSchemaConstraint(
+                schema='{"type":"array","items":{"type":"string"}}',
+                param="sampling_params.json_schema",
+            ),
+        ),
+        (b'{"regex": "[0-9]+"}', RegexConstraint(pattern="[0-9]+", param="sampling_params.regex")),
+        (
+            b'{"ebnf": "root ::= \\"a\\""}',
+            EbnfConstraint(grammar='root ::= "a"', param="sampling_params.ebnf"),
+        ),
+        (
+            b'{"choices": ["yes", "no", ""]}',
+            ChoiceConstraint(choices=["yes", "no", ""], param="sampling_params.choices"),
+        ),
+        (b"{}", None),
+    ],
+)
+def test_native_constraints(params: bytes, constraint: object) -> None:
+    body = b'{"text": "x", "sampling_params": %s}' % params
+    assert native_job(decode(body, GenerateBody)).constraint == constraint
+
+
+@pytest.mark.parametrize(
+    ("params", "param", "words"),
+    [
+        (b'{"regex": "a", "ebnf": "root ::= \\"a\\""}', "sampling_params.ebnf", "at most one"),
+        (b'{"choices": ["a"], "json_schema": {}}', "sampling_params.choices", "at most one"),
+        (b'{"regex": ""}', "sampling_params.regex", "must not be empty"),
+        (b'{"ebnf": "  "}', "sampling_params.ebnf", "must not be empty"),
+        (b'{"json_schema": ""}', "sampling_params.json_schema", "must not be empty"),
+        (b'{"json_schema": 3}', "sampling_params.json_schema", "Expected `str | object"),
+        (b'{"choices": []}', "sampling_params.choices", "1 to 1024"),
+        (b'{"choices": "a"}', "sampling_params.choices", "Expected `array"),
+        (b'{"choices": ["a", 1]}', "sampling_params.choices[1]", "Expected `str`"),
+        (b'{"regex": "%s"}' % (b"a" * 300_000), "sampling_params.regex", "at most"),
+    ],
+)
+def test_native_constraint_refusals(params: bytes, param: str, words: str) -> None:
+    error = refusal(b'{"text": "x", "sampling_params": %s}' % params, GenerateBody)
+    assert error.param == param and words in error.message, error.message

@@ -86,6 +86,24 @@ async def test_group_is_recreated_after_redis_loses_it(aredis: aioredis.Redis) -
     assert [e.message for e in entries] == [AbortRequest(rid="after")]
 
 
+async def test_group_read_survives_the_stream_vanishing_while_blocked(
+    aredis: aioredis.Redis, redis_url: str
+) -> None:
+    """Redis 7 answers a blocked XREADGROUP with UNBLOCKED when its stream is deleted."""
+    c = consumer(aredis, "c")
+    await c.ensure_group()
+    blocked = asyncio.create_task(c.read(block_ms=2000))
+    await asyncio.sleep(0.2)
+    other = aioredis.from_url(redis_url)
+    await other.delete("s")
+    await other.aclose()
+    await publish(aredis, "s", AbortRequest(rid="after"))
+    entries = await asyncio.wait_for(blocked, 5)
+    if not entries:
+        entries = await c.read(block_ms=100)
+    assert [e.message for e in entries] == [AbortRequest(rid="after")]
+
+
 async def test_stream_reader_sees_entries_in_order(aredis: aioredis.Redis) -> None:
     await publish(aredis, "one", AbortRequest(rid="before"))
     reader: StreamReader[object] = StreamReader(aredis, "one", TokenizeMessage)

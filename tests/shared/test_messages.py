@@ -6,13 +6,27 @@ import msgspec
 import pytest
 
 from shared.bus import Codec
-from shared.messages.common import ErrorInfo, SamplingParams, Trace
+from shared.messages.common import (
+    ChoiceConstraint,
+    EbnfConstraint,
+    ErrorInfo,
+    JsonSchemaConstraint,
+    RegexConstraint,
+    SamplingParams,
+    Trace,
+)
 from shared.messages.detok import (
     DetokMessage,
     DetokRegister,
     RequestFailed,
     StepOutput,
     TokenDelta,
+)
+from shared.messages.grammar import (
+    CompiledGrammarEntry,
+    GrammarCacheEntry,
+    GrammarErrorEntry,
+    GrammarMessage,
 )
 from shared.messages.heartbeat import ExecutorLoad, Heartbeat
 from shared.messages.reply import Delta, Failure, ReplyMessage, Usage
@@ -59,6 +73,55 @@ CASES = [
         ),
     ),
     (ExecutorMessage, FlushCache()),
+    (
+        TokenizeMessage,
+        GenerateRequest(
+            trace=TRACE,
+            prompt=TextPrompt(text="hi"),
+            sampling=SP,
+            constraint=JsonSchemaConstraint(schema='{"type": "object"}', param="response_format"),
+        ),
+    ),
+    (
+        GrammarMessage,
+        TokenizedRequest(
+            trace=TRACE,
+            input_ids=[5],
+            sampling=SP,
+            max_new_tokens=7,
+            eos_token_ids=[2],
+            detok_stream="rs:detok:0",
+            constraint=ChoiceConstraint(choices=["a", "é"]),
+        ),
+    ),
+    (
+        ExecutorMessage,
+        TokenizedRequest(
+            trace=TRACE,
+            input_ids=[5],
+            sampling=SP,
+            max_new_tokens=7,
+            eos_token_ids=[2],
+            detok_stream="rs:detok:0",
+            constraint=RegexConstraint(pattern="a+"),
+            grammar_key="k1",
+        ),
+    ),
+    (
+        ExecutorMessage,
+        TokenizedRequest(
+            trace=TRACE,
+            input_ids=[5],
+            sampling=SP,
+            max_new_tokens=7,
+            eos_token_ids=[2],
+            detok_stream="rs:detok:0",
+            constraint=EbnfConstraint(grammar='root ::= "x"', param="sampling_params.ebnf"),
+            grammar_key="k2",
+        ),
+    ),
+    (GrammarCacheEntry, CompiledGrammarEntry(data=b"\x00zlib", compile_ms=1.5, kind="regex")),
+    (GrammarCacheEntry, GrammarErrorEntry(message="invalid regex: ...", kind="regex")),
     (DetokMessage, DetokRegister(trace=TRACE, prompt_tokens=3, sampling=SP)),
     (
         DetokMessage,
@@ -124,6 +187,22 @@ def test_hot_step_message_is_compact() -> None:
     wire = msgspec.msgpack.encode(step)
     assert b"token_ids" not in wire and b"executor" not in wire
     assert len(wire) <= 24
+
+
+def test_requests_without_a_constraint_still_decode() -> None:
+    """An older producer's TokenizedRequest (no constraint fields) decodes with defaults."""
+    old = {
+        "type": "tokenized",
+        "trace": msgspec.to_builtins(TRACE),
+        "input_ids": [1],
+        "sampling": {},
+        "max_new_tokens": 1,
+        "eos_token_ids": [2],
+        "detok_stream": "d",
+    }
+    msg = Codec[object](ExecutorMessage).decode(msgspec.msgpack.encode(old))
+    assert isinstance(msg, TokenizedRequest)
+    assert (msg.constraint, msg.grammar_key) == (None, "")
 
 
 def test_wrong_type_is_rejected() -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from services.tokenizer.core import Tokenization
 from services.tokenizer.main import handle
-from shared.messages.common import SamplingParams, Trace
+from shared.messages.common import RegexConstraint, SamplingParams, Trace
 from shared.messages.detok import DetokRegister
 from shared.messages.reply import Failure
 from shared.messages.schedule import TokenizedRequest
@@ -46,6 +46,20 @@ def test_text_prompt_is_registered_then_scheduled(tok: Tokenization) -> None:
     assert tok.tokenizer.decode(sched.input_ids) == "the thin"
     assert reg.prompt_tokens == len(sched.input_ids)
     assert sched.eos_token_ids == [EOS_ID] and sched.max_new_tokens == 4
+
+
+def test_constrained_request_goes_through_the_grammar_service(tok: Tokenization) -> None:
+    req = GenerateRequest(
+        trace=Trace(rid="r", reply_to="rs:reply:g", deadline=1e12),
+        prompt=TextPrompt(text="the"),
+        sampling=SamplingParams(max_new_tokens=4),
+        constraint=RegexConstraint(pattern="a+"),
+    )
+    out = handle(tok, req, partitions=1)
+    assert [s for s, _ in out] == ["rs:detok:0", "rs:grammar"]
+    sched = out[1][1]
+    assert isinstance(sched, TokenizedRequest)
+    assert sched.constraint == RegexConstraint(pattern="a+") and sched.grammar_key == ""
 
 
 def test_chat_template_applied(tok: Tokenization) -> None:

@@ -1,0 +1,1 @@
+"""The grammar service: compiles structured-output constraints and caches them in Redis."""

@@ -1,0 +1,189 @@
+"""Compiling constraints with xgrammar, and the format of the compiled-grammar cache.
+
+The grammar service compiles and caches; executors load from the cache (and compile only when
+an entry is gone). Both sides must build the same `GrammarTokenizer` from the model, so a key
+computed by one names a grammar the other can load: the key hashes the constraint's kind and
+source, the tokenizer's fingerprint, and the compile format.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import xgrammar as xgr
+
+from shared.messages.common import (
+    ChoiceConstraint,
+    Constraint,
+    EbnfConstraint,
+    JsonSchemaConstraint,
+    RegexConstraint,
+)
+from shared.model_files import ModelSource, eos_token_ids, load_tokenizer, read_vocab_size
+
+# Part of every key: bump it when the compile options below change what a grammar allows.
+# JSON is generated compactly (`{"a": 1, "b": [2, 3]}`, no free whitespace): free whitespace
+# lets weak models loop on newlines, and a fixed layout is what makes jump-forward pay off.
+COMPILE_FORMAT = "1:json-compact:bounded-string-patterns"
+
+
+@dataclass(frozen=True)
+class GrammarTokenizer:
+    """The model's tokenizer as xgrammar sees it. `info.vocab_size` is the model's vocabulary
+    (the logits' width), which may exceed the tokenizer's; the extra ids are never allowed."""
+
+    tokenizer: Any  # the HF tokenizer (jump-forward re-tokenizes forced text with it)
+    info: xgr.TokenizerInfo
+    fingerprint: str  # hash of the vocabulary, vocab type and stop tokens
+
+    @classmethod
+    def build(cls, tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> GrammarTokenizer:
+        info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids or None
+        )
+        return cls(tokenizer, info, tokenizer_fingerprint(info))
+
+    @classmethod
+    def load(cls, source: ModelSource) -> GrammarTokenizer:
+        """From the model files, reading no weights."""
+        tokenizer = load_tokenizer(source)
+        return cls.build(tokenizer, read_vocab_size(source), eos_token_ids(source, tokenizer))
+
+
+def tokenizer_fingerprint(info: xgr.TokenizerInfo) -> str:
+    h = hashlib.sha256(info.dump_metadata().encode())
+    for token in info.decoded_vocab:
+        h.update(len(token).to_bytes(4, "little"))
+        h.update(token)
+    return h.hexdigest()[:32]
+
+
+class GrammarError(ValueError):
+    """The compiler refused a constraint; the message says what is wrong (for a 400)."""
+
+
+def constraint_source(c: Constraint) -> str:
+    """The text the compiler reads (choices become an EBNF alternation)."""
+    if isinstance(c, JsonSchemaConstraint):
+        return c.schema
+    if isinstance(c, RegexConstraint):
+        return c.pattern
+    if isinstance(c, EbnfConstraint):
+        return c.grammar
+    # JSON string escapes are valid EBNF string escapes; ensure_ascii=False keeps characters
+    # outside the BMP as themselves rather than as surrogate pairs.
+    return "root ::= " + " | ".join(json.dumps(s, ensure_ascii=False) for s in c.choices)
+
+
+def constraint_kind(c: Constraint) -> str:
+    """The constraint's wire tag: "json_schema", "regex", "ebnf" or "choice"."""
+    return str(c.__struct_config__.tag)
+
+
+def grammar_key(c: Constraint, fingerprint: str) -> str:
+    """Same constraint + same tokenizer + same compile format -> same key, on every host."""
+    h = hashlib.sha256()
+    for part in (
+        COMPILE_FORMAT,
+        xgr.get_serialization_version(),
+        fingerprint,
+        constraint_kind(c),
+        constraint_source(c),
+    ):
+        data = part.encode()
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()[:40]
+
+
+def new_compiler(tok: GrammarTokenizer, threads: int = 1) -> xgr.GrammarCompiler:
+    # Redis is the cache; xgrammar's own in-process cache would only duplicate it in memory.
+    return xgr.GrammarCompiler(tok.info, max_threads=threads, cache_enabled=False)
+
+
+def compile_constraint(compiler: xgr.GrammarCompiler, c: Constraint) -> xgr.CompiledGrammar:
+    """Compile one constraint; GrammarError naming the problem if it is not valid. Thread-safe
+    (xgrammar releases the GIL while compiling)."""
+    source = constraint_source(c)
+    try:
+        if isinstance(c, JsonSchemaConstraint):
+            schema = json.dumps(bounded_strings_as_patterns(_parse_json_schema(source)))
+            return compiler.compile_json_schema(schema, any_whitespace=False, strict_mode=True)
+        if isinstance(c, RegexConstraint):
+            return compiler.compile_regex(source)
+        if isinstance(c, ChoiceConstraint) and not c.choices:
+            raise GrammarError("choices must not be empty")
+        return compiler.compile_grammar(source, root_rule_name="root")
+    except RuntimeError as e:  # xgrammar reports every parse / conversion error this way
+        what = {
+            "json_schema": "unsupported or invalid JSON schema",
+            "regex": "invalid regex",
+            "ebnf": "invalid EBNF grammar",
+            "choice": "invalid choices",
+        }[constraint_kind(c)]
+        raise GrammarError(f"{what}: {compiler_reason(e)}") from None
+
+
+def _parse_json_schema(source: str) -> Any:
+    try:
+        schema = json.loads(source)
+    except json.JSONDecodeError as e:
+        raise GrammarError(f"the JSON schema is not valid JSON: {e}") from None
+    if not isinstance(schema, dict | bool):
+        raise GrammarError(
+            f"a JSON schema must be an object or a boolean, not {type(schema).__name__}"
+        )
+    return schema
+
+
+def bounded_strings_as_patterns(node: Any) -> Any:
+    """Rewrite `{"type": "string", "minLength": a, "maxLength": b}` as the pattern
+    `^.{a,b}$`, everywhere in a schema.
+
+    xgrammar 0.2.8 turns a length-bounded string into a bare character class that admits raw
+    control characters, which JSON forbids (mlc-ai/xgrammar#800); its pattern path is JSON
+    aware. Both paths leave escapes out, so nothing a bounded string could hold is lost.
+    Remove this (and bump COMPILE_FORMAT) once xgrammar fixes it.
+    """
+    if isinstance(node, list):
+        return [bounded_strings_as_patterns(x) for x in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: bounded_strings_as_patterns(v) for k, v in node.items()}
+    lo, hi = out.get("minLength"), out.get("maxLength")
+    plain = not any(k in out for k in ("pattern", "format", "enum", "const"))
+    lengths = (lo is None or isinstance(lo, int)) and (hi is None or isinstance(hi, int))
+    if out.get("type") == "string" and (lo is not None or hi is not None) and plain and lengths:
+        out.pop("minLength", None)
+        out.pop("maxLength", None)
+        out["pattern"] = f"^.{{{lo or 0},{'' if hi is None else hi}}}$"
+    return out
+
+
+_LOG_PREFIX = re.compile(r"^\[[0-9:.]+\] \S+:\d+: ")  # "[12:49:28] /project/cpp/x.cc:83: "
+_CHECK_FAILED = re.compile(r"^Check failed: \(.*?\) is false: ")
+
+
+def compiler_reason(e: BaseException) -> str:
+    """xgrammar's message without its C++ log prefix, on one line, at most 1000 characters."""
+    text = _CHECK_FAILED.sub("", _LOG_PREFIX.sub("", str(e).strip()))
+    text = " ".join(line.strip() for line in text.splitlines() if line.strip())
+    return text[:1000] or type(e).__name__
+
+
+def dump_compiled(compiled: xgr.CompiledGrammar) -> bytes:
+    """The cache form: zlib of xgrammar's JSON serialization (about 3x smaller)."""
+    return zlib.compress(compiled.serialize_json().encode(), 1)
+
+
+def load_compiled(data: bytes, tok: GrammarTokenizer) -> xgr.CompiledGrammar:
+    """Raises ValueError when the data is corrupt or from another xgrammar format."""
+    try:
+        return xgr.CompiledGrammar.deserialize_json(zlib.decompress(data).decode(), tok.info)
+    except (zlib.error, UnicodeDecodeError, RuntimeError) as e:
+        raise ValueError(f"cannot load a compiled grammar: {compiler_reason(e)}") from e

@@ -1,0 +1,96 @@
+"""Compiling constraints: the schema workaround, error messages, choices as EBNF."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import xgrammar as xgr
+from gguf import GGMLQuantizationType
+
+from shared.grammar import (
+    GrammarError,
+    GrammarTokenizer,
+    bounded_strings_as_patterns,
+    compile_constraint,
+    compiler_reason,
+    constraint_source,
+    new_compiler,
+)
+from shared.messages.common import ChoiceConstraint, JsonSchemaConstraint
+from shared.model_files import read_vocab_size, resolve_model
+from tests.executor.helpers import EOS_ID, TINY_VOCAB_SIZE, make_hf_model, make_tokenizer
+from tests.executor.tiny_gguf import write_tiny_gguf
+
+
+@pytest.fixture(scope="module")
+def compiler() -> xgr.GrammarCompiler:
+    return new_compiler(GrammarTokenizer.build(make_tokenizer(), TINY_VOCAB_SIZE, [EOS_ID]))
+
+
+def accepts(compiled: xgr.CompiledGrammar, text: str) -> bool:
+    m = xgr.GrammarMatcher(compiled)
+    return m.accept_string(text) and m.is_completed()
+
+
+def test_bounded_strings_become_patterns() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "string", "maxLength": 3},
+            "b": {"type": "array", "items": {"type": "string", "minLength": 2}},
+            "c": {"type": "string", "maxLength": 3, "pattern": "x+"},  # left alone
+            "maxLength": {"type": "integer", "maxLength": 3},  # not a string schema
+        },
+    }
+    out = bounded_strings_as_patterns(schema)
+    assert out["properties"]["a"] == {"type": "string", "pattern": "^.{0,3}$"}
+    assert out["properties"]["b"]["items"] == {"type": "string", "pattern": "^.{2,}$"}
+    assert out["properties"]["c"] == schema["properties"]["c"]  # type: ignore[index]
+    assert out["properties"]["maxLength"] == {"type": "integer", "maxLength": 3}
+    assert list(out["properties"]) == ["a", "b", "c", "maxLength"]  # order kept
+
+
+def test_bounded_strings_hold_no_control_characters(compiler: xgr.GrammarCompiler) -> None:
+    schema = {"type": "string", "minLength": 1, "maxLength": 3}
+    compiled = compile_constraint(compiler, JsonSchemaConstraint(schema=json.dumps(schema)))
+    assert accepts(compiled, '"abc"') and accepts(compiled, '"é"')
+    assert not accepts(compiled, '"a\x01"') and not accepts(compiled, '"abcd"')
+    assert not accepts(compiled, '""')
+
+
+def test_json_is_compact(compiler: xgr.GrammarCompiler) -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    compiled = compile_constraint(compiler, JsonSchemaConstraint(schema=json.dumps(schema)))
+    assert accepts(compiled, '{"a": 1}') and not accepts(compiled, '{ "a": 1}')
+
+
+def test_choices_are_literal(compiler: xgr.GrammarCompiler) -> None:
+    choices = ['say "hi"', "back\\slash", "new\nline", "naïve 😀", "a|b", ""]
+    c = ChoiceConstraint(choices=choices)
+    assert constraint_source(c).startswith("root ::= ")
+    compiled = compile_constraint(compiler, c)
+    for choice in choices:
+        assert accepts(compiled, choice), choice
+    assert not accepts(compiled, "a") and not accepts(compiled, "say hi")
+
+
+def test_empty_choices_are_refused(compiler: xgr.GrammarCompiler) -> None:
+    with pytest.raises(GrammarError, match="must not be empty"):
+        compile_constraint(compiler, ChoiceConstraint(choices=[]))
+
+
+def test_compiler_reason_drops_the_log_prefix() -> None:
+    raw = RuntimeError(
+        "[12:49:28] /project/cpp/json_schema_converter.cc:4939: Check failed: (error.empty()) "
+        "is false: Failed to parse JSON: syntax error\n"
+    )
+    assert compiler_reason(raw) == "Failed to parse JSON: syntax error"
+
+
+def test_vocab_size_of_a_gguf_comes_from_its_embedding(tmp_path: Path) -> None:
+    path = tmp_path / "tiny.gguf"
+    model = make_hf_model("llama", vocab_size=300)
+    write_tiny_gguf(path, model, "llama", GGMLQuantizationType.F32)
+    assert read_vocab_size(resolve_model(str(path))) == 300
