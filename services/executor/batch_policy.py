@@ -250,6 +250,11 @@ class BatchPolicy:
                 self.prefilling.remove(req)
                 self.running.append(req)
                 self.mem.cache_prefix(req)
+            elif req in self.running and req.pending_len > 1:
+                # Jump-forward appended tokens the grammar forces: they are computed in one
+                # extend step, as a prompt chunk would be.
+                self.running.remove(req)
+                self.prefilling.append(req)
 
     def check_integrity(self) -> None:
         self.mem.check_integrity([*self.prefilling, *self.running])

@@ -43,6 +43,7 @@ class EngineSettings:
     disable_radix_cache: bool = False
     page_size: int = 1
     schedule_policy: str = "lpm"
+    sample_vocab: int = 0  # the tokenizer's vocabulary size; 0: the model's
 
 
 def pick_device(name: str) -> torch.device:
@@ -122,7 +123,16 @@ def build_engine(s: EngineSettings) -> Engine:
             model, kv, rows, min(s.cuda_graph_max_bs, s.max_running_requests), device
         )
         graphs.capture()
-    runner = ModelRunner(model, kv, rows, config.vocab_size, device, seed=s.seed, graphs=graphs)
+    runner = ModelRunner(
+        model,
+        kv,
+        rows,
+        config.vocab_size,
+        device,
+        seed=s.seed,
+        graphs=graphs,
+        sample_vocab=s.sample_vocab,
+    )
     log.info(
         "model %s (%s) on %s in %s; KV pool %d tokens (%.1f MiB)",
         s.model.name,

@@ -13,7 +13,10 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from services.executor import constrained
 from services.executor.batch_policy import BatchPolicy
+from services.executor.grammar import GrammarBackend
+from services.executor.grammar_cache import GrammarCacheStats
 from services.executor.model_runner import Launched, ModelRunner
 from services.executor.request import Req
 from shared.messages.common import ErrorInfo
@@ -58,6 +61,9 @@ class Engine:
         self.inflight: Launched | None = None
         self._touched: list[Req] = []  # requests that got tokens since the last collect
         self.overlapped_steps = 0  # steps launched before the previous one's tokens landed
+        self._failures: list[tuple[str, StepOutput | RequestFailed]] = []
+        self.grammars: GrammarBackend | None = None  # set when the executor serves grammars
+        self.grammar_cache_stats: GrammarCacheStats | None = None
 
     # -- called from any thread --------------------------------------------------------------
     def submit(self, msg: ExecutorMessage) -> None:
@@ -76,6 +82,11 @@ class Engine:
             cached_tokens=p.mem.cache.total_size(),
             evictable_tokens=p.mem.cache.evictable_size(),
             max_running=p.max_running,
+            grammar_requests=self.grammars.stats.requests if self.grammars else 0,
+            grammar_cache_hits=self.grammar_cache_stats.hits if self.grammar_cache_stats else 0,
+            grammar_fetched=self.grammar_cache_stats.fetched if self.grammar_cache_stats else 0,
+            grammar_load_s=self.grammar_cache_stats.load_s if self.grammar_cache_stats else 0.0,
+            jump_forward_tokens=self.grammars.stats.jump_forward_tokens if self.grammars else 0,
         )
 
     # -- the stepping thread -----------------------------------------------------------------
@@ -107,6 +118,8 @@ class Engine:
         if launched is not None and not self.overlap:
             self._finish(launched, finished)
             self.inflight = None
+        result.outputs += self._failures
+        self._failures.clear()
         result.outputs += self._collect(finished)
         for req in finished:
             self.reqs.pop(req.rid, None)
@@ -125,6 +138,8 @@ class Engine:
             and not p.waiting
             and not p.prefilling
             and p.mem.available() >= 2 * len(p.running)
+            # A grammar's next mask needs its last token: no launching ahead of it.
+            and not any(r.grammar is not None for r in p.running)
         )
 
     def _finish(self, launched: Launched, finished: list[Req]) -> None:
@@ -134,7 +149,11 @@ class Engine:
         for i, index in zip(launched.rows, launched.indices, strict=True):
             tok = tokens[i]
             assert tok is not None
-            plan.reqs[i].resolve(index, tok)
+            req = plan.reqs[i]
+            req.resolve(index, tok)
+            error = constrained.after_token(req, index)
+            if error is not None:
+                self._failures.append((req.detok_stream, RequestFailed(rid=req.rid, error=error)))
         self.policy.after_step(plan)
         self._touched.extend(plan.reqs)
         finished += [r for r in plan.reqs if r.finish is not None and r.rid in self.reqs]
@@ -149,12 +168,15 @@ class Engine:
                 failed = self._add(msg)
                 if failed is not None:
                     result.outputs.append((msg.detok_stream, failed))
+                elif self.reqs[msg.trace.rid].finish is not None:
+                    # The grammar forced the whole output: done without a forward pass.
+                    finished.append(self.reqs[msg.trace.rid])
             elif isinstance(msg, AbortRequest):
-                req = self.reqs.get(msg.rid)
-                if req is not None and req.finish is None:
-                    req.finish = "abort"
-                    self.policy.remove(req)
-                    finished.append(req)
+                aborted = self.reqs.get(msg.rid)
+                if aborted is not None and aborted.finish is None:
+                    aborted.finish = "abort"
+                    self.policy.remove(aborted)
+                    finished.append(aborted)
             elif isinstance(msg, FlushCache):
                 self.flush_cache()
 
@@ -186,8 +208,25 @@ class Engine:
             return RequestFailed(rid=rid, error=err)
         self._seq += 1
         req = Req.from_message(msg, self._seq, self.context_length)
+        if msg.grammar_key:
+            if self.grammars is None:
+                err = ErrorInfo(
+                    status=500, message="this executor serves no grammars", type="server_error"
+                )
+                return RequestFailed(rid=rid, error=err)
+            try:
+                req.grammar = self.grammars.new_request(msg.grammar_key, msg.eos_token_ids)
+            except KeyError:
+                err = ErrorInfo(
+                    status=503,
+                    message="the request's grammar is not loaded; retry",
+                    type="server_error",
+                )
+                return RequestFailed(rid=rid, error=err)
+            constrained.start(req)
         self.reqs[rid] = req
-        self.policy.add(req)
+        if req.finish is None:
+            self.policy.add(req)
         return None
 
     def _expire(self, finished: list[Req]) -> None:

@@ -16,11 +16,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 from services.executor.builder import EngineSettings, build_engine
 from services.executor.engine import Engine
+from services.executor.grammar import GrammarBackend
+from services.executor.grammar_cache import GrammarCache
 from shared import constants
 from shared.bus import StreamReader, publish_many
 from shared.config import EnvArgumentParser, add_common_flags, positive
+from shared.grammar import GrammarTokenizer
 from shared.logs import setup_logging
-from shared.messages.schedule import ExecutorMessage
+from shared.messages.detok import RequestFailed
+from shared.messages.schedule import ExecutorMessage, TokenizedRequest
 from shared.model_files import resolve_model
 from shared.service import Service, default_instance_id, run_async
 
@@ -112,7 +116,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-async def run_engine(svc: Service, engine: Engine, reader: StreamReader[ExecutorMessage]) -> None:
+async def run_engine(
+    svc: Service,
+    engine: Engine,
+    reader: StreamReader[ExecutorMessage],
+    grammar_cache: GrammarCache,
+) -> None:
     loop = asyncio.get_running_loop()
     wake = asyncio.Event()
     outbox: asyncio.Queue[list] = asyncio.Queue()
@@ -120,8 +129,27 @@ async def run_engine(svc: Service, engine: Engine, reader: StreamReader[Executor
 
     async def read() -> None:
         while not svc.stopping.is_set():
-            for e in await reader.read(count=256, block_ms=200):
-                engine.submit(e.message)
+            entries = await reader.read(count=256, block_ms=200)
+            # Compiled grammars are fetched here, so the stepping thread never waits on Redis;
+            # messages are then submitted in order, so an abort never overtakes its request.
+            errors = await asyncio.gather(
+                *(
+                    grammar_cache.prefetch(e.message.grammar_key, e.message.constraint)
+                    for e in entries
+                    if isinstance(e.message, TokenizedRequest) and e.message.grammar_key
+                )
+            )
+            failed = iter(errors)
+            for e in entries:
+                msg = e.message
+                if isinstance(msg, TokenizedRequest) and msg.grammar_key:
+                    error = next(failed)
+                    if error is not None:
+                        outbox.put_nowait(
+                            [(msg.detok_stream, RequestFailed(rid=msg.trace.rid, error=error))]
+                        )
+                        continue
+                engine.submit(msg)
             wake.set()
 
     async def step() -> None:
@@ -158,6 +186,7 @@ async def serve(a: argparse.Namespace) -> None:
     source = resolve_model(a.model, a.served_model_name)
     instance = a.instance_id or default_instance_id()
     stream = constants.executor_stream(instance)
+    grammar_tok = GrammarTokenizer.load(source)
     engine = build_engine(
         EngineSettings(
             model=source,
@@ -178,6 +207,7 @@ async def serve(a: argparse.Namespace) -> None:
             disable_radix_cache=a.disable_radix_cache,
             page_size=a.page_size,
             schedule_policy=a.schedule_policy,
+            sample_vocab=len(grammar_tok.tokenizer),
         )
     )
     # Everything loaded so far lives as long as the process: keep the collector from walking
@@ -185,6 +215,9 @@ async def serve(a: argparse.Namespace) -> None:
     gc.collect()
     gc.freeze()
     svc = Service("executor", instance, a.redis_url, load=engine.load, drain_timeout_s=30.0)
+    grammar_cache = GrammarCache(svc.r, grammar_tok)
+    engine.grammars = GrammarBackend(grammar_tok, grammar_cache.get)
+    engine.grammar_cache_stats = grammar_cache.stats
     reader: StreamReader[ExecutorMessage] = StreamReader(svc.r, stream, ExecutorMessage)
     await reader.start_from_now()  # before the first heartbeat makes the scheduler route here
     log.info(
@@ -193,7 +226,7 @@ async def serve(a: argparse.Namespace) -> None:
         engine.runner.device,
         engine.policy.kv.num_slots,
     )
-    await svc.run(run_engine(svc, engine, reader))
+    await svc.run(run_engine(svc, engine, reader, grammar_cache))
 
 
 def main(argv: list[str] | None = None) -> None:

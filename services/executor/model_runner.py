@@ -44,6 +44,7 @@ class ModelRunner:
         device: torch.device,
         seed: int = 0,
         graphs: CudaGraphRunner | None = None,
+        sample_vocab: int = 0,
     ) -> None:
         self.model = model
         self.kv = kv_pool
@@ -54,6 +55,10 @@ class ModelRunner:
         self.generator.manual_seed(seed)
         self.graphs = graphs
         self.cuda = device.type == "cuda"
+        # Ids past the tokenizer's vocabulary are padding rows of the embedding: never sample
+        # them (they would decode to nothing).
+        self.sample_vocab = min(vocab_size, sample_vocab) if sample_vocab > 0 else vocab_size
+        self.bitmask: torch.Tensor | None = None  # [max_bs, words] int32 on the host
 
     def build_batch(self, plan: StepPlan, prev: Launched | None = None) -> ForwardBatch:
         ids: list[int] = []
@@ -115,10 +120,15 @@ class ModelRunner:
             empty = torch.empty(0, dtype=torch.int64)
             return Launched(plan, rows, empty.to(self.device), empty, None)
         if len(rows) == len(plan.reqs):
-            picked = logits[:, : self.vocab_size]
+            picked = logits[:, : self.sample_vocab]
         else:
             idx = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
-            picked = logits.index_select(0, idx)[:, : self.vocab_size]
+            picked = logits.index_select(0, idx)[:, : self.sample_vocab]
+        grammars = [plan.reqs[i].grammar for i in rows]
+        if any(g is not None for g in grammars):
+            # The forward pass is queued on the device: filling the masks on the host now
+            # overlaps it. Masks are applied to the full-width logits, then cut.
+            picked = self._masked(logits, rows, grammars, len(rows) == len(plan.reqs))
         st = SamplingTensors.build(
             [plan.reqs[i].sampling for i in rows], picked.shape[-1], picked.device
         )
@@ -131,6 +141,25 @@ class ModelRunner:
         done = torch.cuda.Event()
         done.record()
         return Launched(plan, rows, tokens, host, done)
+
+    def _masked(
+        self, logits: torch.Tensor, rows: list[int], grammars: list[Any], all_rows: bool
+    ) -> torch.Tensor:
+        from services.executor.grammar import apply_bitmask, fill_bitmask
+
+        if self.bitmask is None or self.bitmask.shape[0] < len(rows):
+            words = (logits.shape[-1] + 31) // 32
+            self.bitmask = torch.full((max(len(rows), 64), words), -1, dtype=torch.int32)
+            if self.cuda:
+                self.bitmask = self.bitmask.pin_memory()
+        masked_rows = fill_bitmask(grammars, self.bitmask)
+        if all_rows:
+            full = logits.float()
+        else:
+            idx = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
+            full = logits.index_select(0, idx).float()
+        apply_bitmask(full, self.bitmask, masked_rows)
+        return full[:, : self.sample_vocab]
 
     def wait(self, launched: Launched) -> list[int | None]:
         """The sampled token of each request of the step, None for unfinished chunks."""

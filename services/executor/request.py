@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from services.executor.cache import TreeNode
+from services.executor.grammar import RequestGrammar
 from shared.messages.common import SamplingParams
 from shared.messages.schedule import TokenizedRequest
 
@@ -35,6 +36,8 @@ class Req:
     sent: int = 0  # output tokens already published
     cached_tokens: int = 0  # prompt tokens whose KV came from the cache
     limit_len: int = 0  # prompt + output may not grow past this (max_tokens, context)
+    grammar: RequestGrammar | None = None  # structured output: the request's matcher
+    forced_tokens: int = 0  # output tokens appended by jump-forward (forward passes saved)
     _generator: torch.Generator | None = None  # a seeded request's own random stream
 
     def generator(self, device: torch.device) -> torch.Generator | None:

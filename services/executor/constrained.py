@@ -1,0 +1,51 @@
+"""What the engine does for a request with a grammar, after each of its tokens lands.
+
+Kept apart from the engine so the unconstrained path stays as it is: every function here is
+a no-op for a request without a grammar.
+"""
+
+from __future__ import annotations
+
+from services.executor.grammar import GrammarViolation
+from services.executor.request import Req
+from shared.messages.common import ErrorInfo
+
+
+def start(req: Req) -> None:
+    """Text the grammar forces from the very start joins the prompt's prefill."""
+    if req.grammar is None:
+        return
+    forced = req.grammar.jump_forward(req.limit_len - req.all_len)
+    req.output_ids += forced
+    req.forced_tokens += len(forced)
+    if req.grammar.done:
+        req.finish = "stop"
+
+
+def after_token(req: Req, index: int) -> ErrorInfo | None:
+    """The grammar takes the sampled token at output `index`: finish "stop" when it is
+    complete, else append what it now forces (computed in one extend step, not one step per
+    token). An error when the model produced a token the grammar forbids."""
+    g = req.grammar
+    if g is None or req.finish == "abort" or index >= len(req.output_ids):
+        return None
+    token = req.output_ids[index]
+    try:
+        done = g.accept(token)
+    except GrammarViolation as e:
+        req.finish = "abort"
+        return ErrorInfo(status=500, message=f"structured output failed: {e}", type="server_error")
+    if done:
+        req.finish = "stop"
+        req.matched_stop_token = token if token in g.stop_token_ids else None
+        return None
+    if req.finish is not None:
+        return None  # out of tokens: finish "length", the output is cut short
+    forced = g.jump_forward(req.limit_len - req.all_len)
+    req.output_ids += forced
+    req.forced_tokens += len(forced)
+    if g.done:
+        req.finish = "stop"
+    elif req.all_len >= req.limit_len:
+        req.finish = "length"
+    return None

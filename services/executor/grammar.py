@@ -1,0 +1,321 @@
+"""Grammar-constrained decoding in the executor: one xgrammar matcher per request, token
+bitmasks for the rows of a batch, and jump-forward over text the grammar forces.
+
+Synchronous and free of I/O: compiled grammars come from a callable (`GrammarCache.get`) that
+the executor's async shell filled before the request reached the engine.
+
+The life of a constrained request, as the engine drives it:
+
+    g = grammars.new_request(msg.grammar_key, msg.eos_token_ids)   # when the request is added
+    forced = g.jump_forward(limit)          # before prefill too: forced text joins the prompt
+    rows = fill_bitmask(grammars_of_sampling_rows, bitmask)        # while the forward pass runs
+    apply_bitmask(logits, bitmask, rows)                           # before sampling
+    done = g.accept(token)                  # each sampled token; True -> finish "stop"
+    forced = g.jump_forward(limit)          # tokens to append now, computed in one extend
+
+A matcher's state is a function of the tokens it accepted (`g.accepted`), so retraction
+(recomputing a request from its tokens) needs nothing; dropping tokens needs `rollback(n)`,
+and `rebuild(tokens)` replays a token list from scratch.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import xgrammar as xgr
+
+from shared.grammar import GrammarTokenizer
+
+
+class GrammarViolation(ValueError):
+    """A token the request's grammar does not allow reached `accept` (its row was not masked,
+    or it was sampled from a row with nothing allowed). The request should fail with a 500."""
+
+
+@dataclass
+class GrammarStats:
+    """Counters of one executor since start, for its heartbeat."""
+
+    requests: int = 0  # matchers created
+    masks: int = 0  # bitmask rows filled
+    accepted_tokens: int = 0  # sampled tokens accepted
+    jump_forward_tokens: int = 0  # forced tokens appended: forward passes saved
+    jump_forward_refused: int = 0  # forced strings not taken (tokenization would not round-trip)
+
+
+class GrammarVocab:
+    """What every matcher of one executor shares: the tokenizer, each token's bytes, which
+    tokens may merge with the text that follows them, and stop-token bit patterns."""
+
+    def __init__(self, tok: GrammarTokenizer) -> None:
+        self.tok = tok
+        self.vocab_size: int = tok.info.vocab_size
+        self.words = (self.vocab_size + 31) // 32  # int32 words per bitmask row
+        self.special = frozenset(tok.info.special_token_ids)
+        self.token_bytes: list[bytes] = list(tok.info.decoded_vocab)
+        # A token is "extendable" when a longer token starts with its bytes: canonical
+        # tokenization could merge it with whatever text follows it. In sorted order the
+        # strings a string prefixes come right after it.
+        ordered = sorted({b for i, b in enumerate(self.token_bytes) if b and i not in self.special})
+        longer = {a for a, b in itertools.pairwise(ordered) if b.startswith(a)}
+        self.extendable = [
+            b in longer and i not in self.special for i, b in enumerate(self.token_bytes)
+        ]
+        self._non_stop: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tok.tokenizer.encode(text, add_special_tokens=False))
+
+    def non_stop_bits(self, stop_token_ids: tuple[int, ...]) -> torch.Tensor:
+        """[words] int32: every bit set except the stop tokens'."""
+        bits = self._non_stop.get(stop_token_ids)
+        if bits is None:
+            words = np.full(self.words, 0xFFFFFFFF, dtype=np.uint32)
+            for t in stop_token_ids:
+                words[t >> 5] &= np.uint32(~(1 << (t & 31)) & 0xFFFFFFFF)
+            bits = torch.from_numpy(words.view(np.int32))
+            self._non_stop[stop_token_ids] = bits
+        return bits
+
+
+class RequestGrammar:
+    """One request's grammar state over the output tokens it accepted.
+
+    `done` turns True when the grammar is complete and allows nothing but a stop token (or
+    accepted one): the request must then finish with finish_reason "stop". A stop token is
+    allowed only where the grammar accepts what came before it.
+    """
+
+    def __init__(
+        self,
+        compiled: xgr.CompiledGrammar,
+        vocab: GrammarVocab,
+        stats: GrammarStats,
+        stop_token_ids: Sequence[int] = (),
+    ) -> None:
+        self.vocab, self.stats = vocab, stats
+        self.matcher = xgr.GrammarMatcher(
+            compiled, override_stop_tokens=list(stop_token_ids) or None
+        )
+        self.stop_token_ids = tuple(self.matcher.stop_token_ids)
+        self.accepted: list[int] = []  # every token accepted, sampled and forced, in order
+        self.done = False
+        self._row: torch.Tensor | None = None  # [1, words] the next mask, when computed early
+        self._row_valid = False
+        stats.requests += 1
+
+    # -- masks -------------------------------------------------------------------------------
+    def fill(self, bitmask: torch.Tensor, row: int) -> None:
+        """Write the allowed next tokens into bitmask[row] (a CPU int32 [rows, words])."""
+        assert not self.done, "a finished grammar has no next token"
+        if self._row_valid and self._row is not None:
+            bitmask[row].copy_(self._row[0])
+        else:
+            self.matcher.fill_next_token_bitmask(bitmask, row)
+        self.stats.masks += 1
+
+    # -- tokens ------------------------------------------------------------------------------
+    def accept(self, token: int) -> bool:
+        """Advance over a sampled token; True when the request must now finish ("stop").
+        Raises GrammarViolation for a token the grammar does not allow here."""
+        assert not self.done, "accept after the grammar finished"
+        if not self.matcher.accept_token(token):
+            raise GrammarViolation(
+                f"token {token} ({self.vocab.token_bytes[token]!r}) is not allowed after "
+                f"{len(self.accepted)} accepted tokens"
+            )
+        self.accepted.append(token)
+        self.stats.accepted_tokens += 1
+        self._changed()
+        return self.done
+
+    def jump_forward(self, limit: int) -> list[int]:
+        """Tokens of the text the grammar now forces, at most `limit`, already accepted: the
+        caller appends them to the output and computes them in one extend step. Empty when
+        nothing is forced or the forced text does not re-tokenize consistently:
+
+        - the forced text must encode to tokens whose bytes are exactly that text;
+        - joined to the last accepted token, it must encode to that token plus the same tokens
+          (no merge across the left boundary);
+        - a last token that a longer token starts with is left to normal decoding (it might
+          merge with the free text after it), unless the grammar ends right after it.
+        """
+        if self.done or limit <= 0:
+            return []
+        try:
+            text = self.matcher.find_jump_forward_string()
+        except UnicodeDecodeError:  # it stops inside a multi-byte character
+            return []
+        if not text:
+            return []
+        ids = self._consistent_tokens(text)
+        if not ids:
+            self.stats.jump_forward_refused += 1
+            return []
+        taken: list[int] = []
+        for t in ids[:limit]:
+            if not self.matcher.accept_token(t):
+                break
+            taken.append(t)
+        self.accepted += taken
+        self._changed()
+        while taken and not self.done and self.vocab.extendable[taken[-1]]:
+            self.rollback(1)
+            taken.pop()
+        self.stats.jump_forward_tokens += len(taken)
+        return taken
+
+    def _consistent_tokens(self, text: str) -> list[int]:
+        v = self.vocab
+        ids = v.encode(text)
+        data = text.encode()
+        if any(t in v.special or t >= len(v.token_bytes) for t in ids):
+            return []
+        if b"".join(v.token_bytes[t] for t in ids) != data:
+            return []  # e.g. a SentencePiece tokenizer adding a prefix space
+        if self.accepted:
+            prev = self.accepted[-1]
+            try:
+                joined = (v.token_bytes[prev] + data).decode()
+            except UnicodeDecodeError:
+                return []
+            if v.encode(joined) != [prev, *ids]:
+                return []
+        return ids
+
+    def rollback(self, n: int) -> None:
+        """Forget the last n accepted tokens."""
+        assert 0 <= n <= len(self.accepted), f"cannot roll back {n} of {len(self.accepted)}"
+        if n == 0:
+            return
+        self.matcher.rollback(n)
+        del self.accepted[-n:]
+        self.done = False
+        self._changed()
+
+    def rebuild(self, tokens: Sequence[int]) -> None:
+        """Reset and replay `tokens` (what the request's output holds)."""
+        self.matcher.reset()
+        self.accepted = []
+        self.done = False
+        self._changed()
+        for t in tokens:
+            if self.done:
+                raise GrammarViolation(f"token {t} after the grammar finished")
+            self.accept(t)
+
+    def _changed(self) -> None:
+        """Recompute `done` after the state moved; keep the mask computed for it."""
+        self._row_valid = False
+        if self.matcher.is_terminated():
+            self.done = True
+            return
+        if not self.matcher.is_completed():
+            self.done = False
+            return
+        # Complete: done unless some non-stop token may still follow.
+        if self._row is None:
+            self._row = xgr.allocate_token_bitmask(1, self.vocab.vocab_size)
+        self.matcher.fill_next_token_bitmask(self._row, 0)
+        self._row_valid = True
+        allowed = self._row[0] & self.vocab.non_stop_bits(self.stop_token_ids)
+        self.done = not bool(allowed.any())
+
+
+class GrammarBackend:
+    """Makes the per-request grammars of one executor; holds what they share."""
+
+    def __init__(
+        self, tok: GrammarTokenizer, get_compiled: Callable[[str], xgr.CompiledGrammar]
+    ) -> None:
+        self.vocab = GrammarVocab(tok)
+        self.get_compiled = get_compiled
+        self.stats = GrammarStats()
+
+    def new_request(self, key: str, stop_token_ids: Sequence[int] = ()) -> RequestGrammar:
+        """The grammar state of a new request. `stop_token_ids`: the request's EOS ids (the
+        tokens that may end it where the grammar accepts); empty: the tokenizer's."""
+        return RequestGrammar(self.get_compiled(key), self.vocab, self.stats, stop_token_ids)
+
+    def allocate_bitmask(self, rows: int, pin_memory: bool = False) -> torch.Tensor:
+        """A CPU int32 [rows, ceil(vocab / 32)] bitmask, every token allowed."""
+        bitmask = xgr.allocate_token_bitmask(rows, self.vocab.vocab_size)
+        return bitmask.pin_memory() if pin_memory else bitmask
+
+
+def fill_bitmask(grammars: Sequence[RequestGrammar | None], bitmask: torch.Tensor) -> list[int]:
+    """Fill bitmask row i for every grammars[i] that is not None; the rows filled.
+
+    Row i must be the logits row the request samples from. Rows without a grammar are left as
+    they are (`apply_bitmask` skips them).
+    """
+    assert len(grammars) <= bitmask.shape[0], (
+        f"{len(grammars)} rows do not fit a bitmask of {bitmask.shape[0]}"
+    )
+    rows: list[int] = []
+    for i, g in enumerate(grammars):
+        if g is not None:
+            g.fill(bitmask, i)
+            rows.append(i)
+    return rows
+
+
+def apply_bitmask(
+    logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[int], backend: str = "auto"
+) -> None:
+    """Set logits[i, t] = -inf for every token t that bitmask[i] forbids, i in `rows`.
+
+    logits: [bs, vocab] float on any device; bitmask: [>= bs, words] int32, on the CPU where
+    `fill_bitmask` wrote it (copied to the logits' device here; pin it for an async copy).
+    backend: "auto" (Triton on CUDA, xgrammar's C++ kernel on the CPU, the torch twin for
+    layouts neither takes) or a name in BITMASK_BACKENDS.
+    """
+    if not rows:
+        return
+    mask = bitmask[: logits.shape[0]]
+    if mask.device != logits.device:
+        mask = mask.to(logits.device, non_blocking=True)
+    if backend == "auto":
+        if logits.stride(-1) != 1 or logits.dtype not in _FLOAT_DTYPES:
+            backend = "torch"
+        else:
+            backend = "triton" if logits.is_cuda else "xgrammar"
+    BITMASK_BACKENDS[backend](logits, mask, rows)
+
+
+def apply_bitmask_torch(logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[int]) -> None:
+    """The torch reference of `apply_bitmask` (and of kernels/bitmask.py)."""
+    if not rows:
+        return
+    vocab = min(logits.shape[-1], bitmask.shape[-1] * 32)
+    idx = torch.tensor(list(rows), dtype=torch.int64, device=logits.device)
+    words = bitmask.to(logits.device).index_select(0, idx)  # [n, words] int32
+    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+    allowed = ((words.unsqueeze(-1) >> shifts) & 1).flatten(1)[:, :vocab].bool()  # [n, vocab]
+    picked = logits.index_select(0, idx)
+    picked[:, :vocab].masked_fill_(~allowed, float("-inf"))
+    logits[idx] = picked
+
+
+def _apply_xgrammar(logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[int]) -> None:
+    vocab = min(logits.shape[-1], bitmask.shape[-1] * 32)
+    xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab, indices=list(rows))
+
+
+def _apply_triton(logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[int]) -> None:
+    from kernels.bitmask import apply_token_bitmask  # imports Triton: only on a GPU
+
+    indices = torch.tensor(list(rows), dtype=torch.int32).to(logits.device, non_blocking=True)
+    apply_token_bitmask(logits=logits, bitmask=bitmask, indices=indices)
+
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+BITMASK_BACKENDS: dict[str, Callable[[torch.Tensor, torch.Tensor, Sequence[int]], None]] = {
+    "triton": _apply_triton,
+    "xgrammar": _apply_xgrammar,
+    "torch": apply_bitmask_torch,
+}

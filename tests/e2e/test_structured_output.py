@@ -1,0 +1,161 @@
+"""Structured output through every service: constrained requests pass the grammar service.
+
+Enforcement in the executor's sampler is tested in tests/executor/test_grammar.py; here the
+routing: gateway -> tokenizer -> grammar -> scheduler -> executor, and refusals as 400s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.e2e.stack import Stack
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+
+def post(stack: Stack, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    async def main() -> tuple[int, dict[str, Any]]:
+        async with aiohttp.ClientSession() as s, s.post(stack.base_url + path, json=body) as r:
+            return r.status, dict(await r.json())
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param", "words"),
+    [
+        (
+            "/generate",
+            {"text": "hi", "sampling_params": {"regex": "[a-"}},
+            "sampling_params.regex",
+            "invalid regex",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "n", "schema": {"type": "strnig"}},
+                },
+            },
+            "response_format.json_schema.schema",
+            "strnig",
+        ),
+    ],
+)
+def test_invalid_constraint_is_a_400_from_the_grammar_service(
+    tiny_stack: Stack, path: str, body: dict[str, Any], param: str, words: str
+) -> None:
+    status, data = post(tiny_stack, path, body)
+    assert status == 400, data
+    assert data["error"]["param"] == param and words in data["error"]["message"], data
+
+
+def test_constrained_request_reaches_the_executor(tiny_stack: Stack) -> None:
+    body = {"text": "hi", "sampling_params": {"regex": "(yes|no)", "max_new_tokens": 4}}
+    status, data = post(tiny_stack, "/generate", body)
+    assert status == 200, data
+    assert data["meta_info"]["finish_reason"] is not None
+    assert "compiled regex grammar" in tiny_stack.log_path.read_text(errors="replace")
+    tiny_stack.wait_idle()
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "color": {"enum": ["red", "blue"]},
+        "size": {"type": "integer", "minimum": 1, "maximum": 99},
+        "tags": {
+            "type": "array",
+            "items": {"type": "string", "pattern": "^[a-z]{1,4}$"},
+            "maxItems": 2,
+        },
+    },
+    "required": ["color", "size", "tags"],
+}
+
+
+async def _stream(s: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> str:
+    text = ""
+    async with s.post(url, json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        async for raw in resp.content:
+            line = raw.decode().strip()
+            if line.startswith("data: ") and line != "data: [DONE]":
+                event = json.loads(line[6:])
+                text += event["choices"][0]["delta"].get("content") or ""
+    return text
+
+
+def test_constraints_are_enforced_through_the_stack(tiny_stack: Stack) -> None:
+    import jsonschema
+
+    chat = {
+        "model": "tiny-llama-11",
+        "messages": [{"role": "user", "content": "a json please"}],
+        "max_tokens": 120,
+        "temperature": 1.0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}},
+    }
+
+    async def main() -> tuple[list[Any], str]:
+        async with aiohttp.ClientSession() as s:
+            base = tiny_stack.base_url
+
+            async def post_json(path: str, body: dict[str, Any]) -> Any:
+                async with s.post(base + path, json=body) as r:
+                    assert r.status == 200, await r.text()
+                    return await r.json()
+
+            jobs = [post_json("/v1/chat/completions", {**chat, "seed": i}) for i in range(3)] + [
+                post_json(
+                    "/generate",
+                    {
+                        "text": "pick",
+                        "sampling_params": {
+                            "choices": ["alpha", "beta gamma"],
+                            "temperature": 1.0,
+                            "seed": 1,
+                        },
+                    },
+                ),
+                post_json(
+                    "/generate",
+                    {
+                        "text": "mail",
+                        "sampling_params": {
+                            "regex": r"[a-z]{1,6}@[a-z]{1,4}\.com",
+                            "temperature": 1.0,
+                            "max_new_tokens": 40,
+                        },
+                    },
+                ),
+                post_json(
+                    "/v1/completions",
+                    {"model": "tiny-llama-11", "prompt": "free text", "max_tokens": 8},
+                ),
+            ]
+            results = await asyncio.gather(*jobs)
+            streamed = await _stream(
+                s, base + "/v1/chat/completions", {**chat, "stream": True, "seed": 7}
+            )
+            return list(results), streamed
+
+    results, streamed = asyncio.run(main())
+    for data in results[:3]:
+        choice = data["choices"][0]
+        assert choice["finish_reason"] == "stop", choice
+        jsonschema.validate(json.loads(choice["message"]["content"]), SCHEMA)
+    jsonschema.validate(json.loads(streamed), SCHEMA)
+    assert results[3]["text"] in ("alpha", "beta gamma")
+    assert results[4]["meta_info"]["finish_reason"]["type"] == "stop"
+    assert re.fullmatch(r"[a-z]{1,6}@[a-z]{1,4}\.com", results[4]["text"])
+    assert results[5]["usage"]["completion_tokens"] == 8  # unconstrained, in the same batch
+    tiny_stack.wait_idle()

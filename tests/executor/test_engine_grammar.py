@@ -1,0 +1,165 @@
+"""Structured output in the engine, on the tiny random-weight model: its choices are
+arbitrary, so the grammar alone makes every finished output valid."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import xgrammar as xgr
+
+from services.executor.engine import Engine
+from services.executor.grammar import GrammarBackend, RequestGrammar
+from shared.grammar import GrammarTokenizer, compile_constraint, grammar_key, new_compiler
+from shared.messages.common import (
+    ChoiceConstraint,
+    Constraint,
+    EbnfConstraint,
+    JsonSchemaConstraint,
+    RegexConstraint,
+    SamplingParams,
+    Trace,
+)
+from shared.messages.schedule import TokenizedRequest
+from shared.model_files import resolve_model
+from tests.executor.helpers import EOS_ID, write_tiny_model
+from tests.executor.schemas import SCHEMAS
+from tests.executor.test_engine import Run, make_engine, make_request
+
+REGEXES = [
+    r"[a-z]{1,8}@[a-z]{2,6}\.(com|org)",
+    r"(0|[1-9][0-9]{0,3})(\.[0-9]{1,2})?",
+    r"(yes|no|maybe)!",
+    r"[A-Z][a-z]{0,5}( [A-Z][a-z]{0,5}){0,2}",
+]
+SUMS = 'root ::= expr\nexpr ::= term (("+" | "-") term)*\nterm ::= [0-9] | "(" expr ")"\n'
+CHOICES = ["alpha", "beta gamma", "délta"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("grammar-engine"), "llama", seed=9)
+
+
+class Setup:
+    def __init__(self, path: Path) -> None:
+        self.tok = GrammarTokenizer.load(resolve_model(str(path)))
+        self.compiler = new_compiler(self.tok)
+        self.compiled: dict[str, xgr.CompiledGrammar] = {}
+
+    def engine(self, path: Path, **kw: Any) -> Engine:
+        engine = make_engine(path, **kw)
+        engine.grammars = GrammarBackend(self.tok, self.compiled.__getitem__)
+        return engine
+
+    def request(self, rid: str, c: Constraint, max_new: int, **sp: Any) -> TokenizedRequest:
+        key = grammar_key(c, self.tok.fingerprint)
+        if key not in self.compiled:
+            self.compiled[key] = compile_constraint(self.compiler, c)
+        return TokenizedRequest(
+            trace=Trace(rid=rid, reply_to="g", deadline=1e12),
+            input_ids=[5, 6, 7, 8 + len(rid) % 50],
+            sampling=SamplingParams(max_new_tokens=max_new, **sp),
+            max_new_tokens=max_new,
+            eos_token_ids=[EOS_ID],
+            detok_stream="d",
+            constraint=c,
+            grammar_key=key,
+        )
+
+    def text(self, tokens: list[int]) -> str:
+        """The output's bytes, strictly UTF-8: the grammar only allows whole characters."""
+        pieces = self.tok.info.decoded_vocab
+        return b"".join(pieces[t] for t in tokens if t != EOS_ID).decode()
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_dir: Path) -> Setup:
+    return Setup(tiny_dir)
+
+
+def check(c: Constraint, text: str) -> None:
+    if isinstance(c, JsonSchemaConstraint):
+        jsonschema.validate(json.loads(text), json.loads(c.schema))
+    elif isinstance(c, RegexConstraint):
+        assert re.fullmatch(c.pattern, text), text
+    elif isinstance(c, ChoiceConstraint):
+        assert text in c.choices, text
+    else:
+        assert re.fullmatch(r"[0-9()+\-]+", text) and text.count("(") == text.count(")"), text
+
+
+def test_every_finished_output_satisfies_its_constraint(setup: Setup, tiny_dir: Path) -> None:
+    constraints: list[Constraint] = [JsonSchemaConstraint(schema=json.dumps(s)) for s in SCHEMAS]
+    constraints += [RegexConstraint(pattern=p) for p in REGEXES]
+    constraints += [EbnfConstraint(grammar=SUMS), ChoiceConstraint(choices=CHOICES)]
+    assert sum(isinstance(c, JsonSchemaConstraint) for c in constraints) >= 30
+    reqs = [
+        setup.request(f"c{i}", c, 200, temperature=1.0, seed=i) for i, c in enumerate(constraints)
+    ]
+    # Batched with unconstrained requests, which must stay unconstrained.
+    free = [make_request(f"u{i}", [9, 10, 11], max_new=30, ignore_eos=True) for i in range(4)]
+    run = Run(setup.engine(tiny_dir))
+    run.go({0: [*reqs[:20], *free[:2]], 3: [*reqs[20:], *free[2:]]})
+    completed = 0
+    for i, c in enumerate(constraints):
+        finish = run.finish[f"c{i}"]
+        assert finish in ("stop", "length")
+        if finish == "stop":
+            completed += 1
+            check(c, setup.text(run.tokens[f"c{i}"]))
+    assert completed >= 0.9 * len(constraints), f"only {completed}/{len(constraints)} completed"
+    for i in range(4):
+        assert len(run.tokens[f"u{i}"]) == 30 and run.finish[f"u{i}"] == "length"
+
+
+def test_output_cut_by_max_tokens_says_length(setup: Setup, tiny_dir: Path) -> None:
+    c = JsonSchemaConstraint(
+        schema=json.dumps({"type": "array", "items": {"type": "integer"}, "minItems": 50})
+    )
+    run = Run(setup.engine(tiny_dir))
+    run.go({0: [setup.request("cut", c, 12, temperature=1.0, seed=1)]})
+    assert run.finish["cut"] == "length"
+    assert len(run.tokens["cut"]) == 12
+
+
+# Keys and values with no multi-byte token in the tiny tokenizer (its merges are "Ġt", "he",
+# "Ġthe", "in"): every forced character is exactly one token, so masked greedy decoding must
+# pick the very tokens jump-forward appends.
+FORCED = {
+    "type": "object",
+    "properties": {
+        "color": {"enum": ["red", "blue"]},
+        "size": {"type": "integer", "minimum": 1, "maximum": 9},
+        "ok": {"type": "boolean"},
+        "mode": {"const": "fast-lane"},
+    },
+    "required": ["color", "size", "ok", "mode"],
+}
+
+
+def test_jump_forward_same_output_fewer_forward_passes(
+    setup: Setup, tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = JsonSchemaConstraint(schema=json.dumps(FORCED))
+
+    def run(jump: bool) -> tuple[list[int], int, int]:
+        engine = setup.engine(tiny_dir)
+        if not jump:
+            monkeypatch.setattr(RequestGrammar, "jump_forward", lambda self, limit: [])
+        r = Run(engine)
+        r.go({0: [setup.request("j", c, 200, temperature=0.0)]})
+        monkeypatch.undo()
+        return r.tokens["j"], engine.step_no, engine.grammars.stats.jump_forward_tokens  # type: ignore[union-attr]
+
+    plain, plain_steps, _ = run(False)
+    fast, fast_steps, forced = run(True)
+    text = setup.text(fast)
+    check(c, text)
+    assert fast == plain
+    assert forced > 10 and fast_steps < plain_steps
+    assert fast_steps + forced >= plain_steps  # every saved step is a forced token
