@@ -18,7 +18,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-SECTIONS = ["roofline", "correctness", "decode1", "peer", "heavy", "offline", "online"]
+SECTIONS = [
+    "roofline",
+    "correctness",
+    "decode1",
+    "peer",
+    "heavy",
+    "structured",
+    "offline",
+    "online",
+]
 # Seconds per section; together they fit one ten-minute command.
 TIME_LIMITS = {
     "roofline": 30,
@@ -26,10 +35,11 @@ TIME_LIMITS = {
     "decode1": 60,
     "peer": 90,
     "heavy": 60,
+    "structured": 120,
     "offline": 230,
     "online": 240,
 }
-OFFLINE_RUN_S = 160  # the 500-prompt run stops here and reports what it finished
+OFFLINE_RUN_S = 130  # the 500-prompt run stops here and reports what it finished
 
 
 def run_section(name: str, out_dir: Path) -> dict[str, Any]:
@@ -45,6 +55,10 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         return sections.peer_hf()
     if name == "offline":
         return sections.offline_throughput(time_limit=OFFLINE_RUN_S)
+    if name == "structured":
+        from loadtest.gpu.structured import structured
+
+        return structured()
     if name == "heavy":
         return sections.decode_heavy_offline()
     if name == "online":
@@ -100,6 +114,16 @@ def table(results: dict[str, Any]) -> str:
         )
         rows.append(
             ("decode-heavy median TTFT in-process vs services (ms)", f"{t_in:.1f} vs {t_bus:.1f}")
+        )
+    cvu = get("structured", "constrained_vs_unconstrained", "ratio")
+    if cvu is not None:
+        rows.append(("JSON-constrained / unconstrained tok/s (bs 64)", f"{100 * cvu:.0f}%"))
+        jf = get("structured", "jump_forward")
+        rows.append(
+            (
+                "jump-forward speed-up (long fixed keys, bs 64)",
+                f"{jf['speedup']:.2f}x ({jf['plain_steps']} -> {jf['jump_steps']} steps)",
+            )
         )
     for arch in ("llama", "qwen2", "qwen3"):
         c = get("correctness", arch)

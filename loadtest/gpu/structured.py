@@ -1,0 +1,136 @@
+"""Structured output on the GPU: constrained vs unconstrained throughput at batch 64, the
+jump-forward speed-up on a schema with long fixed keys, grammar compile and load times."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import xgrammar as xgr
+
+from loadtest import offline
+from loadtest.gpu.models import llama8b_dir
+from services.executor.engine import Engine
+from services.executor.grammar import GrammarBackend, RequestGrammar
+from shared.grammar import (
+    GrammarTokenizer,
+    compile_constraint,
+    dump_compiled,
+    grammar_key,
+    load_compiled,
+    new_compiler,
+)
+from shared.messages.common import JsonSchemaConstraint, SamplingParams, Trace
+from shared.messages.schedule import TokenizedRequest
+from shared.model_files import resolve_model
+
+BATCH = 64
+DIGITS = {
+    "type": "array",
+    "items": {"type": "integer", "minimum": 0, "maximum": 9},
+    "minItems": 96,
+    "maxItems": 96,
+}
+LONG_KEYS = {
+    "type": "object",
+    "properties": {
+        f"a_rather_long_property_name_number_{i}": {"type": "integer", "minimum": 0, "maximum": 9}
+        for i in range(8)
+    },
+}
+LONG_KEYS["required"] = list(LONG_KEYS["properties"])
+
+
+def _request(rid: str, out: int, key: str = "", schema: str = "") -> TokenizedRequest:
+    return TokenizedRequest(
+        trace=Trace(rid=rid, reply_to="", deadline=time.time() + 3600),
+        input_ids=[(7 * int(rid[1:]) + j) % 250 + 3 for j in range(128)],
+        sampling=SamplingParams(
+            max_new_tokens=out, temperature=1.0, seed=int(rid[1:]), ignore_eos=not key
+        ),
+        max_new_tokens=out,
+        eos_token_ids=[],
+        detok_stream="bench",
+        constraint=JsonSchemaConstraint(schema=schema) if key else None,
+        grammar_key=key,
+    )
+
+
+def _timed(engine: Engine, reqs: list[TokenizedRequest]) -> tuple[float, int, int]:
+    torch.cuda.synchronize()
+    steps0 = engine.step_no
+    t0 = time.perf_counter()
+    d = offline.drain(engine, reqs)
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0, d.tokens, engine.step_no - steps0
+
+
+def structured() -> dict[str, Any]:
+    model = llama8b_dir(Path(tempfile.mkdtemp()))
+    tok = GrammarTokenizer.load(resolve_model(str(model)))
+    compiler = new_compiler(tok)
+    compiled: dict[str, xgr.CompiledGrammar] = {}
+    out: dict[str, Any] = {}
+
+    def compile_schema(schema: dict[str, Any]) -> tuple[str, str]:
+        source = json.dumps(schema)
+        c = JsonSchemaConstraint(schema=source)
+        key = grammar_key(c, tok.fingerprint)
+        t0 = time.perf_counter()
+        compiled[key] = compile_constraint(compiler, c)
+        first = time.perf_counter() - t0
+        data = dump_compiled(compiled[key])
+        t0 = time.perf_counter()
+        load_compiled(data, tok)
+        out.setdefault("compile_ms", {})[schema.get("type", "?") + str(len(source))] = {
+            "first_compile_ms": 1000 * first,
+            "cached_load_ms": 1000 * (time.perf_counter() - t0),
+            "cached_bytes": len(data),
+        }
+        return key, source
+
+    args = offline.parse_args(["throughput", "--model", str(model), "--load-format", "dummy"])
+    engine = offline.make_engine(args)
+    engine.grammars = GrammarBackend(tok, compiled.__getitem__)
+    digits_key, digits_src = compile_schema(DIGITS)
+    offline.drain(engine, [_request("r0", 4)])
+
+    saved = RequestGrammar.jump_forward
+    RequestGrammar.jump_forward = lambda self, limit: []  # type: ignore[method-assign]
+    c_s, c_tok, _ = _timed(
+        engine, [_request(f"c{i}", 400, digits_key, digits_src) for i in range(BATCH)]
+    )
+    RequestGrammar.jump_forward = saved  # type: ignore[method-assign]
+    per_req = c_tok // BATCH
+    u_s, u_tok, _ = _timed(engine, [_request(f"u{i}", per_req) for i in range(BATCH)])
+    out["constrained_vs_unconstrained"] = {
+        "batch": BATCH,
+        "tokens_per_request": per_req,
+        "constrained_tok_s": c_tok / c_s,
+        "unconstrained_tok_s": u_tok / u_s,
+        "ratio": (c_tok / c_s) / (u_tok / u_s),
+    }
+    long_key, long_src = compile_schema(LONG_KEYS)
+    RequestGrammar.jump_forward = lambda self, limit: []  # type: ignore[method-assign]
+    p_s, p_tok, p_steps = _timed(
+        engine, [_request(f"p{i}", 600, long_key, long_src) for i in range(BATCH)]
+    )
+    RequestGrammar.jump_forward = saved  # type: ignore[method-assign]
+    j_s, j_tok, j_steps = _timed(
+        engine, [_request(f"j{i}", 600, long_key, long_src) for i in range(BATCH)]
+    )
+    out["jump_forward"] = {
+        "batch": BATCH,
+        "plain_s": p_s,
+        "jump_s": j_s,
+        "speedup": p_s / j_s,
+        "plain_steps": p_steps,
+        "jump_steps": j_steps,
+        "tokens_plain": p_tok,
+        "tokens_jump": j_tok,
+    }
+    return out
