@@ -93,6 +93,7 @@ def start_redis() -> tuple[subprocess.Popen[bytes], str, str]:
             workdir,
         ],
         stdout=subprocess.DEVNULL,
+        preexec_fn=_die_with_parent,
     )
     for _ in range(100):
         if os.path.exists(sock):
@@ -117,21 +118,33 @@ def child_env(a: argparse.Namespace) -> dict[str, str]:
     return env
 
 
+def _die_with_parent() -> None:
+    """In each child, before exec: get SIGTERM when the launcher dies, however it dies
+    (Linux), so no service outlives `radixserve serve`."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def spawn(a: argparse.Namespace) -> dict[str, subprocess.Popen[bytes]]:
     env = child_env(a)
     cmd = [sys.executable, "-m", "radixserve"]
     procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def popen(args: list[str]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(args, env=env, preexec_fn=_die_with_parent)
+
     for service in SERVICE_ORDER:
         if service == "tokenizer":
             for i in range(a.tokenizer_replicas):
-                procs[f"tokenizer-{i}"] = subprocess.Popen([*cmd, "tokenizer"], env=env)
+                procs[f"tokenizer-{i}"] = popen([*cmd, "tokenizer"])
         elif service == "detokenizer":
             for i in range(a.detokenizer_partitions):
-                procs[f"detokenizer-{i}"] = subprocess.Popen(
-                    [*cmd, "detokenizer", "--partition", str(i)], env=env
-                )
+                procs[f"detokenizer-{i}"] = popen([*cmd, "detokenizer", "--partition", str(i)])
         else:
-            procs[service] = subprocess.Popen([*cmd, service], env=env)
+            procs[service] = popen([*cmd, service])
     return procs
 
 

@@ -17,7 +17,9 @@ GRAMMAR_CACHE_PREFIX = f"{PREFIX}:gcache"
 
 # Liveness keys: f"{LIVE_PREFIX}:{service}:{instance}" holds a Heartbeat with a TTL.
 LIVE_PREFIX = f"{PREFIX}:live"
-LIVE_TTL_S = 3.0
+# Generous against the refresh interval: a process starved of CPU for a few seconds (a long
+# prefill on a busy host) must not be declared dead and have its requests failed.
+LIVE_TTL_S = 10.0
 HEARTBEAT_INTERVAL_S = 0.5
 
 # Streams trimmed with MAXLEN ~ so Redis memory stays bounded.

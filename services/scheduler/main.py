@@ -93,6 +93,8 @@ async def serve(a: argparse.Namespace) -> None:
                 await refresh_executors()
                 router.expire()
             entries = await consumer.read(count=256, block_ms=100)
+            if entries and not router.executors:
+                await refresh_executors()  # one may have started since the last look
             out = []
             for e in entries:
                 msg = e.message
