@@ -9,6 +9,7 @@ from aiohttp import web
 
 from services.gateway import validation
 from services.gateway.errors import ApiError
+from services.gateway.fanout import respond_many, total_usage
 from services.gateway.protocol import ChatBody, CompletionBody
 from services.gateway.responses import Accumulated, json_response, respond, traceparent
 from services.gateway.state import STATE, GatewayState
@@ -61,64 +62,106 @@ class _Base:
 class CompletionRenderer(_Base):
     chunk_object = "text_completion"
 
-    def _choice(self, text: str, finish: str | None) -> dict[str, Any]:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    def _choice(self, text: str, finish: str | None, index: int = 0) -> dict[str, Any]:
+        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
 
     def delta(self, d: Delta, acc: Accumulated) -> list[Any]:
+        return self.delta_at(0, d, acc)
+
+    def delta_at(self, index: int, d: Delta, acc: Accumulated) -> list[Any]:
         if not d.text and d.finish_reason is None:
             return []
-        return [self.chunk(self._choice(d.text, d.finish_reason))]
+        return [self.chunk(self._choice(d.text, d.finish_reason, index))]
+
+    def head_many(self, n: int) -> list[Any]:
+        return []
 
     def body(self, acc: Accumulated) -> Any:
-        choice = self._choice(acc.text, acc.finish_reason)
-        return {**self.envelope("text_completion", [choice]), "usage": usage_body(acc)}
+        return self.body_many([acc])
+
+    def body_many(self, accs: list[Accumulated]) -> Any:
+        choices = [self._choice(a.text, a.finish_reason, i) for i, a in enumerate(accs)]
+        return {**self.envelope("text_completion", choices), "usage": usage_body(total_usage(accs))}
 
 
 class ChatRenderer(_Base):
     chunk_object = "chat.completion.chunk"
 
-    def _choice(self, delta: dict[str, str], finish: str | None) -> dict[str, Any]:
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    def _choice(self, delta: dict[str, str], finish: str | None, index: int = 0) -> dict[str, Any]:
+        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
 
     def head(self) -> list[Any]:
-        return [self.chunk(self._choice({"role": "assistant", "content": ""}, None))]
+        return self.head_many(1)
+
+    def head_many(self, n: int) -> list[Any]:
+        role = {"role": "assistant", "content": ""}
+        return [self.chunk(self._choice(role, None, i)) for i in range(n)]
 
     def delta(self, d: Delta, acc: Accumulated) -> list[Any]:
+        return self.delta_at(0, d, acc)
+
+    def delta_at(self, index: int, d: Delta, acc: Accumulated) -> list[Any]:
         events = []
         if d.text:
-            events.append(self.chunk(self._choice({"content": d.text}, None)))
+            events.append(self.chunk(self._choice({"content": d.text}, None, index)))
         if d.finish_reason is not None:
-            events.append(self.chunk(self._choice({}, d.finish_reason)))
+            events.append(self.chunk(self._choice({}, d.finish_reason, index)))
         return events
 
     def body(self, acc: Accumulated) -> Any:
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": acc.text},
-            "logprobs": None,
-            "finish_reason": acc.finish_reason,
-        }
-        return {**self.envelope("chat.completion", [choice]), "usage": usage_body(acc)}
+        return self.body_many([acc])
+
+    def body_many(self, accs: list[Accumulated]) -> Any:
+        choices = [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": a.text},
+                "logprobs": None,
+                "finish_reason": a.finish_reason,
+            }
+            for i, a in enumerate(accs)
+        ]
+        return {**self.envelope("chat.completion", choices), "usage": usage_body(total_usage(accs))}
+
+
+async def _answer(
+    request: web.Request,
+    job: validation.Job,
+    n: int | None,
+    prefix: str,
+    renderer_cls: type[CompletionRenderer] | type[ChatRenderer],
+) -> web.StreamResponse:
+    """One request per sample; a single sample takes the plain path."""
+    state = request.app[STATE]
+    model = state.settings.model_name
+    jobs = validation.samples(job, n)
+    parent = traceparent(request)
+    pendings = []
+    try:
+        for j in jobs:
+            pendings.append(await state.dispatcher.submit(j, parent))
+    except BaseException:
+        for p in pendings:
+            p.close()
+        raise
+    renderer = renderer_cls(f"{prefix}-{pendings[0].rid}", model, job.include_usage)
+    if len(pendings) == 1:
+        return await respond(request, pendings[0], renderer, job.stream)
+    return await respond_many(request, pendings, renderer, job.stream)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     body = validation.decode(await request.read(), CompletionBody)
     job = validation.completion_job(body, state.settings.model_name)
-    pending = await state.dispatcher.submit(job, traceparent(request))
-    model = state.settings.model_name
-    renderer = CompletionRenderer(f"cmpl-{pending.rid}", model, job.include_usage)
-    return await respond(request, pending, renderer, job.stream)
+    return await _answer(request, job, body.n, "cmpl", CompletionRenderer)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     body = validation.decode(await request.read(), ChatBody)
     job = validation.chat_job(body, state.settings.model_name)
-    pending = await state.dispatcher.submit(job, traceparent(request))
-    model = state.settings.model_name
-    renderer = ChatRenderer(f"chatcmpl-{pending.rid}", model, job.include_usage)
-    return await respond(request, pending, renderer, job.stream)
+    return await _answer(request, job, body.n, "chatcmpl", ChatRenderer)
 
 
 async def model_card(state: GatewayState) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import msgspec
@@ -283,15 +283,35 @@ def unsupported(given: bool, param: str) -> None:
         raise invalid(f"{param} is not supported yet", param)
 
 
+MAX_N = 16  # parallel samples of one OpenAI request
+
+
 def _bad_n(n: int, param: str) -> Exception:
     if n < 1:
         return invalid(f"{param} must be at least 1, got {n}", param)
     return invalid("n > 1 is not supported yet", param)
 
 
+def samples(job: Job, n: int | None) -> list[Job]:
+    """The jobs of one OpenAI request: `n` samples of the same prompt, with seeds seed,
+    seed+1, ... so a seeded request stays reproducible. The executor computes the shared
+    prompt once: samples arriving together wait for the first and reuse its KV."""
+    count = 1 if n is None else n
+    seed = job.sampling.seed
+    return [
+        replace(
+            job,
+            sampling=msgspec.structs.replace(
+                job.sampling, seed=None if seed is None else (seed + i) % 2**63
+            ),
+        )
+        for i in range(count)
+    ]
+
+
 def _check_openai_common(body: CompletionBody | ChatBody) -> None:
-    if body.n is not None and body.n != 1:
-        raise _bad_n(body.n, "n")
+    if body.n is not None and not 1 <= body.n <= MAX_N:
+        raise invalid(f"n must be between 1 and {MAX_N}, got {body.n}", "n")
     unsupported(bool(body.presence_penalty), "presence_penalty")
     unsupported(bool(body.frequency_penalty), "frequency_penalty")
     unsupported(bool(body.logit_bias), "logit_bias")

@@ -322,3 +322,53 @@ def test_flush_cache_refused_while_a_request_runs(tiny_stack: Stack) -> None:
     status, data = asyncio.run(main())
     assert status == 400 and "running" in data["error"]["message"]
     tiny_stack.wait_idle()
+
+
+def test_n_samples_share_the_prompt(tiny_stack: Stack, tiny_tokenizer: Any) -> None:
+    prompt = "the thin cat in the hat " * 6  # long enough to be shared, not recomputed
+    prompt_len = len(tiny_tokenizer.encode(prompt))
+
+    async def main() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        async with aiohttp.ClientSession() as s:
+            body = {
+                "model": "tiny-llama-11",
+                "prompt": prompt,
+                "max_tokens": 6,
+                "temperature": 1.0,
+                "seed": 5,
+                "n": 4,
+            }
+            async with s.post(f"{tiny_stack.base_url}/v1/completions", json=body) as r:
+                assert r.status == 200, await r.text()
+                plain = dict(await r.json())
+            chat = {
+                "model": "tiny-llama-11",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 5,
+                "temperature": 1.0,
+                "n": 3,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+            async with s.post(f"{tiny_stack.base_url}/v1/chat/completions", json=chat) as r:
+                events = await sse(r)
+        return plain, events
+
+    plain, events = asyncio.run(main())
+    choices = plain["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2, 3]
+    assert all(c["finish_reason"] in ("stop", "length") for c in choices)
+    assert len({c["text"] for c in choices}) > 1  # different seeds, different samples
+    usage = plain["usage"]
+    assert usage["prompt_tokens"] == prompt_len  # counted once
+    assert usage["completion_tokens"] <= 4 * 6
+    # The first sample computed the prompt; the others took it from the cache.
+    assert usage["prompt_tokens_details"]["cached_tokens"] == prompt_len - 1
+    finished = {
+        e["choices"][0]["index"]
+        for e in events
+        if e["choices"] and e["choices"][0]["finish_reason"]
+    }
+    assert finished == {0, 1, 2}
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] > 0
+    tiny_stack.wait_idle()

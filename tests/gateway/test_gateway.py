@@ -386,8 +386,8 @@ BAD_INPUT = [
     ("/v1/completions", {"prompt": "hi", "top_k": 0}, "top_k", "-1"),
     ("/v1/completions", {"prompt": "hi", "min_p": 2}, "min_p", "[0, 1]"),
     ("/v1/completions", {"prompt": "hi", "model": "gpt-4"}, "model", "not served here"),
-    ("/v1/chat/completions", {"messages": OK_MSG, "n": 2}, "n", "n > 1 is not supported yet"),
-    ("/v1/completions", {"prompt": "hi", "n": 0}, "n", "at least 1"),
+    ("/v1/chat/completions", {"messages": OK_MSG, "n": 17}, "n", "between 1 and 16"),
+    ("/v1/completions", {"prompt": "hi", "n": 0}, "n", "between 1 and 16"),
     ("/v1/completions", {"prompt": "hi", "foo": 1}, "foo", "unknown field `foo`"),
     (
         "/v1/chat/completions",
