@@ -16,7 +16,7 @@ from aiohttp import web
 
 from services.gateway.dispatch import ClientGone, Pending, client_gone
 from services.gateway.errors import ApiError
-from services.gateway.responses import DONE, SSE_HEADERS, Accumulated, _send, json_response
+from services.gateway.responses import DONE, SSE_HEADERS, Accumulated, json_response, send_events
 from shared.messages.reply import Delta, Failure, ReplyMessage, Usage
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ async def respond_many(
             return json_response(renderer.body_many(accs), headers=headers)
         resp = web.StreamResponse(headers={**SSE_HEADERS, **headers})
         await resp.prepare(request)
-        await _send(resp, renderer.head_many(len(pendings)))
+        await send_events(resp, renderer.head_many(len(pendings)))
         await _stream_many(request, pendings, renderer, resp, accs, firsts)
         await resp.write(DONE)
         await resp.write_eof()
@@ -123,10 +123,10 @@ async def _stream_many(
         while left:
             i, message = await queue.get()
             if isinstance(message, ApiError):
-                await _send(resp, [message.body()])
+                await send_events(resp, [message.body()])
                 return
             if isinstance(message, Failure):
-                await _send(resp, [ApiError.from_info(message.error).body()])
+                await send_events(resp, [ApiError.from_info(message.error).body()])
                 return
             accs[i].add(message)
             events = renderer.delta_at(i, message, accs[i])
@@ -134,7 +134,7 @@ async def _stream_many(
                 left -= 1
                 if not left:
                     events += renderer.tail(total_usage(accs))
-            await _send(resp, events)
+            await send_events(resp, events)
     finally:
         for t in tasks:
             t.cancel()

@@ -110,7 +110,7 @@ async def respond(
                 message = await pending.next(request)
         resp = web.StreamResponse(headers={**SSE_HEADERS, **headers})
         await resp.prepare(request)
-        await _send(resp, renderer.head())
+        await send_events(resp, renderer.head())
         await _stream(request, pending, renderer, resp, acc, first)
         await resp.write(DONE)
         await resp.write_eof()
@@ -141,19 +141,19 @@ async def _stream(
     try:
         while True:
             if isinstance(message, Failure):
-                await _send(resp, [ApiError.from_info(message.error).body()])
+                await send_events(resp, [ApiError.from_info(message.error).body()])
                 return
             acc.add(message)
             events = renderer.delta(message, acc)
             if message.finish_reason is not None:
-                await _send(resp, events + renderer.tail(acc))
+                await send_events(resp, events + renderer.tail(acc))
                 return
-            await _send(resp, events)
+            await send_events(resp, events)
             message = await pending.next(request)
     except ApiError as e:  # the deadline passed mid-stream
-        await _send(resp, [e.body()])
+        await send_events(resp, [e.body()])
 
 
-async def _send(resp: web.StreamResponse, events: list[Any]) -> None:
+async def send_events(resp: web.StreamResponse, events: list[Any]) -> None:
     if events:
         await resp.write(b"".join(b"data: " + _encode(e) + b"\n\n" for e in events))
