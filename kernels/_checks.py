@@ -67,3 +67,52 @@ def dot_precision(dtype: torch.dtype) -> str:
     """tl.dot input precision: exact fp32 products for fp32 inputs (the default, tf32, keeps
     only 10 mantissa bits); 16-bit inputs are exact either way."""
     return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def check_attention_inputs(
+    op: str,
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    q_dims: str,
+) -> tuple[int, int, int]:
+    """Queries [*, heads, d] and one layer's K/V pool read through req_to_token, as both
+    attention kernels take them. Returns (num_heads, head_dim, num_kv_heads)."""
+    check_tensor(op, "q", q, shape=(None, None, None), dims=q_dims, dtypes=FLOAT_DTYPES)
+    check_device(op, q)
+    _, num_heads, head_dim = q.shape
+    kv_dims = "[slots, kv_heads, d]"
+    check_tensor(
+        op,
+        "k_buffer",
+        k_buffer,
+        shape=(None, None, head_dim),
+        dims=kv_dims,
+        dtypes=FLOAT_DTYPES,
+        device=q.device,
+    )
+    num_kv_heads = k_buffer.shape[1]
+    check_tensor(
+        op,
+        "v_buffer",
+        v_buffer,
+        shape=k_buffer.shape,
+        dims=kv_dims,
+        dtypes=FLOAT_DTYPES,
+        device=q.device,
+    )
+    if num_kv_heads == 0 or num_heads % num_kv_heads != 0:
+        raise ValueError(
+            f"{op}: num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
+        )
+    check_tensor(
+        op,
+        "req_to_token",
+        req_to_token,
+        shape=(None, None),
+        dims="[max_reqs, max_context]",
+        dtypes=INDEX_DTYPES,
+        device=q.device,
+    )
+    return num_heads, head_dim, num_kv_heads

@@ -23,9 +23,8 @@ import triton
 import triton.language as tl
 
 from kernels._checks import (
-    FLOAT_DTYPES,
     INDEX_DTYPES,
-    check_device,
+    check_attention_inputs,
     check_tensor,
     dot_precision,
 )
@@ -238,42 +237,11 @@ def decode_attention(
     block_n: keys per inner step (a power of two >= 16, default 32).
     """
     op = "decode_attention"
-    check_tensor(op, "q", q, shape=(None, None, None), dims="[bs, heads, d]", dtypes=FLOAT_DTYPES)
-    check_device(op, q)
-    bs, num_heads, head_dim = q.shape
+    num_heads, head_dim, num_kv_heads = check_attention_inputs(
+        op, q, k_buffer, v_buffer, req_to_token, "[bs, heads, d]"
+    )
     dev = q.device
-    check_tensor(
-        op,
-        "k_buffer",
-        k_buffer,
-        shape=(None, None, head_dim),
-        dims="[slots, kv_heads, d]",
-        dtypes=FLOAT_DTYPES,
-        device=dev,
-    )
-    num_kv_heads = k_buffer.shape[1]
-    check_tensor(
-        op,
-        "v_buffer",
-        v_buffer,
-        shape=k_buffer.shape,
-        dims="[slots, kv_heads, d]",
-        dtypes=FLOAT_DTYPES,
-        device=dev,
-    )
-    if num_kv_heads == 0 or num_heads % num_kv_heads != 0:
-        raise ValueError(
-            f"{op}: num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
-        )
-    check_tensor(
-        op,
-        "req_to_token",
-        req_to_token,
-        shape=(None, None),
-        dims="[max_reqs, max_context]",
-        dtypes=INDEX_DTYPES,
-        device=dev,
-    )
+    bs = q.shape[0]
     for name, t in (
         ("req_rows", req_rows),
         ("seq_lens", seq_lens),
