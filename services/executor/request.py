@@ -15,7 +15,7 @@ from shared.messages.schedule import TokenizedRequest
 PENDING = -1
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the batch lists look requests up with `in` and `remove`
 class Req:
     rid: str
     input_ids: list[int]  # the prompt
@@ -80,10 +80,14 @@ class Req:
         return self.all_len - self.kv_len
 
     def token_range(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) of prompt + output, without joining the two (decode asks for
+        one token of a long sequence every step)."""
         n = len(self.input_ids)
         if end <= n:
             return self.input_ids[start:end]
-        return (self.input_ids + self.output_ids)[start:end]
+        if start >= n:
+            return self.output_ids[start - n : end - n]
+        return self.input_ids[start:] + self.output_ids[: end - n]
 
     @property
     def exhausted(self) -> bool:
