@@ -188,12 +188,9 @@ def main(argv: list[str] | None = None) -> None:
         redis_proc, a.redis_url, workdir = start_redis()
     started = time.monotonic()
     procs: dict[str, subprocess.Popen[bytes]] = {}
-    stopping = False
 
     def on_signal(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-        raise KeyboardInterrupt
+        raise KeyboardInterrupt  # SIGTERM stops everything the way Ctrl-C does
 
     signal.signal(signal.SIGTERM, on_signal)
     host = "127.0.0.1" if a.host in ("0.0.0.0", "::") else a.host

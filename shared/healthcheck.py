@@ -12,11 +12,13 @@ import sys
 
 import redis
 
+from shared import constants
+
 
 def main() -> int:
     r = redis.Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     host = socket.gethostname()
-    for key in r.scan_iter(match="rs:live:*", count=500):
+    for key in r.scan_iter(match=f"{constants.LIVE_PREFIX}:*", count=500):
         instance = key.decode().split(":", 3)[-1]
         if instance.startswith(host) or f"-{host}-" in instance:
             return 0

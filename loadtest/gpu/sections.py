@@ -5,7 +5,6 @@ Each runs in its own process (see loadtest/gpu_bench.py) so GPU memory is fresh 
 
 from __future__ import annotations
 
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -246,10 +245,6 @@ def decode_heavy_offline() -> dict[str, Any]:
     )
     engine = offline.make_engine(args)
     return offline.run_throughput(engine, args)
-
-
-def median(xs: list[float]) -> float:
-    return statistics.median(xs) if xs else float("nan")
 
 
 def _serve(model: Path, log: Path, port: int) -> Any:

@@ -169,7 +169,3 @@ class ModelRunner:
         for i, t in zip(launched.rows, launched.host.tolist(), strict=True):
             out[i] = int(t)
         return out
-
-    def run(self, plan: StepPlan) -> list[int | None]:
-        """launch + wait, for callers that need no overlap."""
-        return self.wait(self.launch(plan))
