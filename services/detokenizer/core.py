@@ -9,8 +9,16 @@ from msgspec import Struct
 
 from services.detokenizer.incremental import IncrementalDetokenizer
 from services.detokenizer.stops import StopStrings
-from shared.messages.detok import DetokMessage, DetokRegister, RequestFailed, StepOutput, TokenDelta
-from shared.messages.reply import Delta, Failure, Usage
+from services.detokenizer.token_text import TokenTexts
+from shared.messages.detok import (
+    DetokMessage,
+    DetokRegister,
+    LogprobBlock,
+    RequestFailed,
+    StepOutput,
+    TokenDelta,
+)
+from shared.messages.reply import Delta, Failure, TokenLogprob, TopLogprob, Usage
 from shared.messages.tokenize import AbortRequest
 
 # Finished request ids are remembered this long so late tokens of a stopped request are dropped
@@ -18,8 +26,25 @@ from shared.messages.tokenize import AbortRequest
 FINISHED_MEMORY_S = 60.0
 
 
+def logprob_entries(b: LogprobBlock | None, texts: TokenTexts) -> list[TokenLogprob]:
+    if b is None:
+        return []
+    out = []
+    for j, (tid, lp) in enumerate(zip(b.token_ids, b.logprobs, strict=True)):
+        top = []
+        if b.top_ids:
+            for alt, alt_lp in zip(b.top_ids[j], b.top_logprobs[j], strict=True):
+                t, raw = texts.get(alt)
+                top.append(TopLogprob(token_id=alt, token=t, bytes=raw, logprob=alt_lp))
+        t, raw = texts.get(tid)
+        out.append(TokenLogprob(token_id=tid, token=t, bytes=raw, logprob=lp, top=top))
+    return out
+
+
 class RequestState:
-    def __init__(self, reg: DetokRegister, tokenizer: Any) -> None:
+    def __init__(self, reg: DetokRegister, tokenizer: Any, texts: TokenTexts) -> None:
+        self.texts = texts
+        self.echo_text = reg.echo_text
         self.trace = reg.trace
         self.prompt_tokens = reg.prompt_tokens
         self.detok = IncrementalDetokenizer(
@@ -28,6 +53,7 @@ class RequestState:
             spaces_between_special_tokens=reg.sampling.spaces_between_special_tokens,
         )
         self.stops = StopStrings(reg.sampling.stop)
+        self.min_tokens = reg.sampling.min_new_tokens
         self.completion_tokens = 0
         self.cached_tokens = 0
 
@@ -40,7 +66,11 @@ class RequestState:
         text = self.detok.push(list(visible))
         if d.finish is not None:
             text += self.detok.flush()
-        out, matched = self.stops.feed(text)
+        # Like EOS, stop strings only count once min_new_tokens are out (vLLM's rule).
+        if self.completion_tokens < self.min_tokens:
+            out, matched = self.stops.flush() + text, None
+        else:
+            out, matched = self.stops.feed(text)
         finish: str | None
         stop: str | int | None = None
         if matched is not None:
@@ -55,6 +85,9 @@ class RequestState:
             completion_tokens=self.completion_tokens,
             cached_tokens=self.cached_tokens,
         )
+        logprobs = logprob_entries(d.logprobs, self.texts)
+        if d.matched_stop_token is not None and logprobs:  # aligned with the visible text
+            logprobs.pop()
         delta = Delta(
             rid=d.rid,
             text=out,
@@ -62,7 +95,11 @@ class RequestState:
             usage=usage,
             finish_reason=finish,
             matched_stop=stop,
+            logprobs=logprobs,
+            prompt_logprobs=logprob_entries(d.prompt_logprobs, self.texts),
+            echo_text=self.echo_text,
         )
+        self.echo_text = None  # on the first delta only
         return delta, matched is not None and d.finish is None
 
 
@@ -71,6 +108,7 @@ class Detokenizer:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
+        self.texts = TokenTexts(tokenizer)
         self.states: dict[str, RequestState] = {}
         self.finished: dict[str, float] = {}  # rid -> when it finished
 
@@ -78,7 +116,7 @@ class Detokenizer:
         if isinstance(msg, DetokRegister):
             rid = msg.trace.rid
             if rid not in self.states and rid not in self.finished:  # idempotent on redelivery
-                self.states[rid] = RequestState(msg, self.tokenizer)
+                self.states[rid] = RequestState(msg, self.tokenizer, self.texts)
             return []
         if isinstance(msg, RequestFailed):
             state = self.states.pop(msg.rid, None)

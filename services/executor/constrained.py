@@ -15,7 +15,7 @@ def start(req: Req) -> None:
     """Text the grammar forces from the very start joins the prompt's prefill."""
     if req.grammar is None:
         return
-    forced = req.grammar.jump_forward(req.limit_len - req.all_len)
+    forced = _jump_forward(req)
     req.output_ids += forced
     req.forced_tokens += len(forced)
     if req.grammar.done:
@@ -41,7 +41,7 @@ def after_token(req: Req, index: int) -> ErrorInfo | None:
         return None
     if req.finish is not None:
         return None  # out of tokens: finish "length", the output is cut short
-    forced = g.jump_forward(req.limit_len - req.all_len)
+    forced = _jump_forward(req)
     req.output_ids += forced
     req.forced_tokens += len(forced)
     if g.done:
@@ -49,3 +49,12 @@ def after_token(req: Req, index: int) -> ErrorInfo | None:
     elif req.all_len >= req.limit_len:
         req.finish = "length"
     return None
+
+
+def _jump_forward(req: Req) -> list[int]:
+    """The tokens the grammar forces next. None for a request that wants logprobs: forced
+    tokens are never sampled, so they would have none."""
+    assert req.grammar is not None
+    if req.sampling.return_logprob:
+        return []
+    return req.grammar.jump_forward(req.limit_len - req.all_len)

@@ -17,6 +17,8 @@ from services.executor import constrained
 from services.executor.batch_policy import BatchPolicy
 from services.executor.grammar import GrammarBackend
 from services.executor.grammar_cache import GrammarCacheStats
+from services.executor.logits_process import needs_history
+from services.executor.logprobs import block, prompt_block
 from services.executor.model_runner import Launched, ModelRunner
 from services.executor.request import Req
 from shared.messages.common import ErrorInfo
@@ -138,18 +140,21 @@ class Engine:
             and not p.waiting
             and not p.prefilling
             and p.mem.available() >= 2 * len(p.running)
-            # A grammar's next mask needs its last token: no launching ahead of it.
-            and not any(r.grammar is not None for r in p.running)
+            # A grammar's next mask, and penalties, need the last token: no launching ahead.
+            and not any(r.grammar is not None or needs_history(r.sampling) for r in p.running)
         )
 
     def _finish(self, launched: Launched, finished: list[Req]) -> None:
         """The step's tokens reached the host: record them, retire finished requests."""
         tokens = self.runner.wait(launched)
         plan = launched.plan
-        for i, index in zip(launched.rows, launched.indices, strict=True):
+        lps = launched.logprobs.host() if launched.logprobs is not None else {}
+        for k, (i, index) in enumerate(zip(launched.rows, launched.indices, strict=True)):
             tok = tokens[i]
             assert tok is not None
             req = plan.reqs[i]
+            if k in lps and req.finish is None:
+                req.out_logprobs[index] = lps[k]
             req.resolve(index, tok)
             error = constrained.after_token(req, index)
             if error is not None:
@@ -249,6 +254,15 @@ class Engine:
             new = req.output_ids[req.sent : upto]
             if not new and req.finish is None:
                 continue
+            lp = prompt_lp = None
+            if req.sampling.return_logprob:
+                lp = block(
+                    req.sent, new, [req.out_logprobs.pop(i, None) for i in range(req.sent, upto)]
+                )
+            if req.sampling.logprob_start_len >= 0 and not req.prompt_logprobs_sent:
+                prompt_lp = prompt_block(req)
+                req.prompt_logprobs_sent = True
+                req.prompt_logprobs.clear()
             req.sent = upto
             by_stream[req.detok_stream].append(
                 TokenDelta(
@@ -257,6 +271,8 @@ class Engine:
                     finish=req.finish,
                     cached_tokens=req.cached_tokens,
                     matched_stop_token=req.matched_stop_token,
+                    logprobs=lp,
+                    prompt_logprobs=prompt_lp,
                 )
             )
         self._touched.clear()

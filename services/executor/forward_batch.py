@@ -34,6 +34,10 @@ class ForwardBatch:
     req_to_token: ReqToTokenPool
     # [bs] int64 on the device: set by CUDA-graph replay, whose decode rows are 0..bs-1
     last_indices: torch.Tensor | None = None
+    # Token indices whose final hidden states are wanted too (prompt logprobs); the model
+    # leaves them in `extra_hidden` ([len(extra_indices), hidden]).
+    extra_indices: torch.Tensor | None = None
+    extra_hidden: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:

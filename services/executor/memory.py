@@ -24,12 +24,12 @@ class KVManager:
 
     def match_len(self, req: Req) -> int:
         """Tokens of the request the cache already holds (at least one is left to compute)."""
-        return len(self.cache.match_prefix(req.token_range(0, req.all_len - 1)).slots)
+        return len(self.cache.match_prefix(req.token_range(0, req.match_limit)).slots)
 
     def attach(self, req: Req) -> None:
         """Make the request resident: a request row, and the cache's longest prefix, locked."""
         assert req.row < 0 and not req.slots, f"{req.rid} is already resident"
-        m = self.cache.match_prefix(req.token_range(0, req.all_len - 1))
+        m = self.cache.match_prefix(req.token_range(0, req.match_limit))
         self.cache.lock(m.node)
         req.locked_node, req.locked_len = m.node, len(m.slots)
         req.row = self.rows.allocate()

@@ -18,6 +18,8 @@ from services.executor.batch_policy import StepPlan
 from services.executor.cuda_graph import CudaGraphRunner
 from services.executor.forward_batch import ForwardBatch, ForwardMode
 from services.executor.kv_pool import KVPool, ReqToTokenPool
+from services.executor.logits_process import LogitsProcessor
+from services.executor.logprobs import PromptLogprobTargets, SampledLogprobs
 from services.executor.request import PENDING
 from services.executor.sampler import SamplingTensors, sample
 
@@ -32,6 +34,7 @@ class Launched:
     host: torch.Tensor  # [len(rows)] int64, filled by an async copy
     done: torch.cuda.Event | None  # None on the CPU, where everything is synchronous
     indices: list[int] = field(default_factory=list)  # output index each sampled token fills
+    logprobs: SampledLogprobs | None = None  # of the rows that asked (indices into `rows`)
 
 
 class ModelRunner:
@@ -111,10 +114,20 @@ class ModelRunner:
     def launch(self, plan: StepPlan, prev: Launched | None = None) -> Launched:
         """Queue the step's forward pass and sampling; nothing waits for the device."""
         batch = self.build_batch(plan, prev)
+        prompt_lp = (
+            None if plan.is_decode else PromptLogprobTargets.build(plan.reqs, plan.extend_lens)
+        )
+        if prompt_lp is not None:
+            batch.extra_indices = torch.tensor(prompt_lp.positions, dtype=torch.int64).to(
+                self.device, non_blocking=True
+            )
         if self.graphs is not None and self.graphs.can_run(batch):
             logits = self.graphs.replay(batch)
         else:
             logits = self.model(batch)  # [bs, vocab]
+        if prompt_lp is not None:
+            assert batch.extra_hidden is not None
+            prompt_lp.compute(batch.extra_hidden, self.model.lm_head)
         rows = [i for i in range(len(plan.reqs)) if plan.samples(i)]
         if not rows:
             empty = torch.empty(0, dtype=torch.int64)
@@ -124,23 +137,36 @@ class ModelRunner:
         else:
             idx = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
             picked = logits.index_select(0, idx)[:, : self.sample_vocab]
-        grammars = [plan.reqs[i].grammar for i in rows]
+        reqs = [plan.reqs[i] for i in rows]
+        # Raw logprobs are taken before masks and penalties change the logits in place.
+        want_lp = SampledLogprobs.want(reqs)
+        raw_lp = None
+        if want_lp:
+            at = torch.tensor(want_lp, dtype=torch.int64).to(self.device, non_blocking=True)
+            raw_lp = torch.log_softmax(picked.index_select(0, at).float(), dim=-1)
+        grammars = [r.grammar for r in reqs]
         if any(g is not None for g in grammars):
             # The forward pass is queued on the device: filling the masks on the host now
             # overlaps it. Masks are applied to the full-width logits, then cut.
             picked = self._masked(logits, rows, grammars, len(rows) == len(plan.reqs))
-        st = SamplingTensors.build(
-            [plan.reqs[i].sampling for i in rows], picked.shape[-1], picked.device
-        )
-        gens = [plan.reqs[i].generator(self.device) for i in rows]
-        tokens = sample(picked.float(), st, self.generator, gens)
+        picked = picked.float()
+        processor = LogitsProcessor.build(reqs, picked.shape[-1], picked.device)
+        if processor is not None:
+            processor.apply(picked)  # in place: the logits are this step's alone
+        st = SamplingTensors.build([r.sampling for r in reqs], picked.shape[-1], picked.device)
+        gens = [r.generator(self.device) for r in reqs]
+        tokens = sample(picked, st, self.generator, gens)
+        lps = None
+        if raw_lp is not None:
+            ks = [reqs[k].sampling.top_logprobs for k in want_lp]
+            lps = SampledLogprobs.compute(raw_lp, tokens, want_lp, ks)
         if not self.cuda:
-            return Launched(plan, rows, tokens, tokens, None)
+            return Launched(plan, rows, tokens, tokens, None, logprobs=lps)
         host = torch.empty(len(rows), dtype=torch.int64, pin_memory=True)
         host.copy_(tokens, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
-        return Launched(plan, rows, tokens, host, done)
+        return Launched(plan, rows, tokens, host, done, logprobs=lps)
 
     def _masked(
         self, logits: torch.Tensor, rows: list[int], grammars: list[Any], all_rows: bool

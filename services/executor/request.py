@@ -15,6 +15,15 @@ from shared.messages.schedule import TokenizedRequest
 PENDING = -1
 
 
+@dataclass
+class TokenLogprob:
+    """One token's log probability and its position's most likely alternatives."""
+
+    logprob: float
+    top_ids: list[int] = field(default_factory=list)
+    top_logprobs: list[float] = field(default_factory=list)
+
+
 @dataclass(eq=False)  # identity: the batch lists look requests up with `in` and `remove`
 class Req:
     rid: str
@@ -39,6 +48,9 @@ class Req:
     grammar: RequestGrammar | None = None  # structured output: the request's matcher
     forced_tokens: int = 0  # output tokens appended by jump-forward (forward passes saved)
     _generator: torch.Generator | None = None  # a seeded request's own random stream
+    out_logprobs: dict[int, TokenLogprob] = field(default_factory=dict)  # output index ->
+    prompt_logprobs: dict[int, TokenLogprob] = field(default_factory=dict)  # prompt position ->
+    prompt_logprobs_sent: bool = False
 
     def generator(self, device: torch.device) -> torch.Generator | None:
         """The request's own generator when it has a seed (made on first use)."""
@@ -69,6 +81,22 @@ class Req:
     @property
     def all_len(self) -> int:
         return len(self.input_ids) + len(self.output_ids)
+
+    def prompt_logprob_span(self) -> tuple[int, int]:
+        """Prompt positions [first, end) whose logprobs are still to be computed; empty when
+        none are wanted (the first token has none: nothing predicts it)."""
+        start = self.sampling.logprob_start_len
+        if start < 0 or self.prompt_logprobs_sent:
+            return 0, 0
+        return max(start, 1), len(self.input_ids)
+
+    @property
+    def match_limit(self) -> int:
+        """How many leading tokens may come from the prefix cache: all but the last one, and
+        none whose position a prompt logprob still needs computed."""
+        first, end = self.prompt_logprob_span()
+        limit = self.all_len - 1
+        return min(limit, first - 1) if end > first else limit
 
     @property
     def kv_len(self) -> int:
@@ -106,12 +134,15 @@ class Req:
             return  # finished (or aborted) while this token was in flight
         self.output_ids[index] = token
         n = index + 1
-        if token in self.stop_ids and n >= self.sampling.min_new_tokens:
+        # A stop token counts only after min_new_tokens others (the sampler masks it before).
+        if token in self.stop_ids and index >= self.sampling.min_new_tokens:
             self.finish, self.matched_stop_token = "stop", token
         elif len(self.input_ids) + n >= self.limit_len:
             self.finish = "length"
         if self.finish is not None:
             del self.output_ids[n:]
+            for i in [i for i in self.out_logprobs if i >= n]:
+                del self.out_logprobs[i]
 
     @property
     def resolved_len(self) -> int:

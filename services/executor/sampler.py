@@ -83,8 +83,9 @@ def filter_probs(
     ranks = torch.arange(probs.shape[-1], device=probs.device)[None, :]
     sorted_p = sorted_p.masked_fill(ranks >= top_k[:, None], 0.0)
     kept = sorted_p / sorted_p.sum(dim=-1, keepdim=True)
-    # Drop a token when the tokens before it already reach top_p.
+    # Drop a token when the tokens before it already reach top_p. top_p = 1 is off: the float
+    # cumsum can reach 1 before the tail, which would cut that row's tail in a filtered batch.
     before = kept.cumsum(dim=-1) - kept
-    sorted_p = sorted_p.masked_fill(before >= top_p[:, None], 0.0)
+    sorted_p = sorted_p.masked_fill((before >= top_p[:, None]) & (top_p[:, None] < 1), 0.0)
     sorted_p = sorted_p.masked_fill(sorted_p < (min_p * sorted_p[:, 0])[:, None], 0.0)
     return torch.zeros_like(probs).scatter_(-1, idx, sorted_p)

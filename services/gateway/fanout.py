@@ -1,9 +1,14 @@
-"""Answering an OpenAI request with `n` samples: one request per sample on the bus, merged
-into one response whose `choices[i]` is sample i (streamed chunks carry their index).
+"""Answering one HTTP request from the replies of one or more bus requests: a batch of
+prompts, each with `group` samples (OpenAI `n` / `best_of`, native `n`), merged into one
+response whose `choices[i]` is job i (streamed chunks carry their index).
 
-Usage counts the prompt once and every sample's completion tokens, as OpenAI does; cached
-prompt tokens are the most any sample took from the cache (the samples arrive together, the
-first computes the prompt and the others reuse it).
+The first reply of every job is awaited before any header is sent, so an early Failure is a
+plain JSON error with its status; a Failure or a timeout after the headers becomes an SSE
+error event; every stream ends with `data: [DONE]`; a vanished client aborts every job.
+
+Usage counts each prompt once and every sample's completion tokens, as OpenAI does; cached
+prompt tokens are, per prompt, the most any of its samples took from the cache (the samples
+arrive together, the first computes the prompt and the others reuse it).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from aiohttp import web
 
 from services.gateway.dispatch import ClientGone, Pending, client_gone
 from services.gateway.errors import ApiError
+from services.gateway.logprob_format import cumulative_logprob
 from services.gateway.responses import DONE, SSE_HEADERS, Accumulated, json_response, send_events
 from shared.messages.reply import Delta, Failure, ReplyMessage, Usage
 
@@ -23,27 +29,53 @@ log = logging.getLogger(__name__)
 
 
 class ManyRenderer(Protocol):
-    def head_many(self, n: int) -> list[Any]: ...
-    def delta_at(self, index: int, d: Delta, acc: Accumulated) -> list[Any]: ...
-    def tail(self, acc: Accumulated) -> list[Any]: ...
-    def body_many(self, accs: list[Accumulated]) -> Any: ...
+    def head_many(self, n: int) -> list[Any]:
+        """SSE events sent right after the headers."""
+        ...
+
+    def delta_at(self, index: int, d: Delta, acc: Accumulated) -> list[Any]:
+        """SSE events for one delta of job `index` (`acc` already includes it)."""
+        ...
+
+    def tail(self, usage: Usage) -> list[Any]:
+        """SSE events after the last job's final delta, before [DONE]."""
+        ...
+
+    def body_many(self, accs: list[Accumulated], usage: Usage) -> Any:
+        """The non-streaming response."""
+        ...
 
 
-def total_usage(accs: list[Accumulated]) -> Accumulated:
-    first = accs[0].usage
-    merged = Accumulated()
-    merged.usage = Usage(
-        prompt_tokens=first.prompt_tokens,
+def total_usage(accs: list[Accumulated], group: int = 1) -> Usage:
+    groups = [accs[i : i + group] for i in range(0, len(accs), group)]
+    return Usage(
+        prompt_tokens=sum(g[0].usage.prompt_tokens for g in groups),
         completion_tokens=sum(a.usage.completion_tokens for a in accs),
-        cached_tokens=max(a.usage.cached_tokens for a in accs),
+        cached_tokens=sum(max(a.usage.cached_tokens for a in g) for g in groups),
     )
-    return merged
+
+
+def best_of(accs: list[Accumulated], group: int, keep: int) -> list[Accumulated]:
+    """The `keep` samples of each group with the highest cumulative logprob, best first."""
+    if keep >= group:
+        return accs
+    out = []
+    for i in range(0, len(accs), group):
+        ranked = sorted(accs[i : i + group], key=lambda a: -cumulative_logprob(a.logprobs))
+        out += ranked[:keep]
+    return out
 
 
 async def respond_many(
-    request: web.Request, pendings: list[Pending], renderer: ManyRenderer, stream: bool
+    request: web.Request,
+    pendings: list[Pending],
+    renderer: ManyRenderer,
+    stream: bool,
+    group: int = 1,
+    keep: int | None = None,
 ) -> web.StreamResponse:
-    """Like responses.respond, over several samples; always closes every pending."""
+    """Answer `request` from every pending's replies; always closes every pending. With
+    `keep` < `group` (best_of, never streamed) only the best samples are returned."""
     headers = {"X-Request-Id": pendings[0].rid}
     accs = [Accumulated() for _ in pendings]
     resp: web.StreamResponse | None = None
@@ -55,11 +87,13 @@ async def respond_many(
         if not stream:
             for acc, p, m in zip(accs, pendings, firsts, strict=True):
                 await _collect(request, p, acc, m)
-            return json_response(renderer.body_many(accs), headers=headers)
+            chosen = best_of(accs, group, group if keep is None else keep)
+            body = renderer.body_many(chosen, total_usage(accs, group))
+            return json_response(body, headers=headers)
         resp = web.StreamResponse(headers={**SSE_HEADERS, **headers})
         await resp.prepare(request)
         await send_events(resp, renderer.head_many(len(pendings)))
-        await _stream_many(request, pendings, renderer, resp, accs, firsts)
+        await _stream_many(request, pendings, renderer, resp, accs, firsts, group)
         await resp.write(DONE)
         await resp.write_eof()
         return resp
@@ -98,6 +132,7 @@ async def _stream_many(
     resp: web.StreamResponse,
     accs: list[Accumulated],
     firsts: list[ReplyMessage],
+    group: int,
 ) -> None:
     """Relay every sample's replies as they come; the first error ends the stream."""
     queue: asyncio.Queue[tuple[int, ReplyMessage | ApiError]] = asyncio.Queue()
@@ -133,7 +168,7 @@ async def _stream_many(
             if message.finish_reason is not None:
                 left -= 1
                 if not left:
-                    events += renderer.tail(total_usage(accs))
+                    events += renderer.tail(total_usage(accs, group))
             await send_events(resp, events)
     finally:
         for t in tasks:

@@ -7,12 +7,15 @@ from typing import Any
 from aiohttp import web
 
 from services.gateway import validation
+from services.gateway.dispatch import Pending
 from services.gateway.errors import error_body
+from services.gateway.fanout import respond_many
+from services.gateway.logprob_format import native_logprobs
 from services.gateway.protocol import GenerateBody
-from services.gateway.responses import Accumulated, json_response, respond, traceparent
+from services.gateway.responses import Accumulated, json_response, traceparent
 from services.gateway.state import STATE
 from shared.bus import TRANSIENT
-from shared.messages.reply import Delta
+from shared.messages.reply import Delta, Usage
 from shared.service import live_instances
 
 # The services a request passes through: /health is ok only when each has a live instance.
@@ -20,48 +23,71 @@ PIPELINE = ("tokenizer", "grammar", "scheduler", "executor", "detokenizer")
 
 
 class NativeRenderer:
-    """Every streamed object is cumulative: the whole text and ids so far, as SGLang sends."""
+    """SGLang's shapes. Every streamed object is cumulative (the whole text and ids so far);
+    a batch or `n` > 1 answers a list, and its streamed objects carry their `index`."""
 
-    def __init__(self, rid: str) -> None:
-        self.rid = rid
+    def __init__(self, rids: list[str], many: bool, logprobs: bool, with_text: bool) -> None:
+        self.rids, self.many = rids, many
+        self.logprobs, self.with_text = logprobs, with_text
 
-    def _object(self, acc: Accumulated) -> dict[str, Any]:
+    def _object(self, index: int, acc: Accumulated) -> dict[str, Any]:
         finish = None
         if acc.finish_reason is not None:
             finish = {"type": acc.finish_reason, "matched": acc.matched_stop}
-        return {
-            "text": acc.text,
-            "output_ids": acc.token_ids,
-            "meta_info": {
-                "id": self.rid,
-                "prompt_tokens": acc.usage.prompt_tokens,
-                "completion_tokens": acc.usage.completion_tokens,
-                "cached_tokens": acc.usage.cached_tokens,
-                "finish_reason": finish,
-            },
+        meta: dict[str, Any] = {
+            "id": self.rids[index],
+            "prompt_tokens": acc.usage.prompt_tokens,
+            "completion_tokens": acc.usage.completion_tokens,
+            "cached_tokens": acc.usage.cached_tokens,
+            "finish_reason": finish,
         }
+        if self.logprobs:
+            out, out_top = native_logprobs(acc.logprobs, self.with_text)
+            inp, inp_top = native_logprobs(acc.prompt_logprobs, self.with_text)
+            meta.update(
+                output_token_logprobs=out,
+                output_top_logprobs=out_top,
+                input_token_logprobs=inp,
+                input_top_logprobs=inp_top,
+            )
+        obj: dict[str, Any] = {"text": acc.text, "output_ids": acc.token_ids, "meta_info": meta}
+        if self.many:
+            obj["index"] = index
+        return obj
 
-    def head(self) -> list[Any]:
+    def head_many(self, n: int) -> list[Any]:
         return []
 
-    def delta(self, d: Delta, acc: Accumulated) -> list[Any]:
+    def delta_at(self, index: int, d: Delta, acc: Accumulated) -> list[Any]:
         if not d.text and not d.token_ids and d.finish_reason is None:
             return []
-        return [self._object(acc)]
+        return [self._object(index, acc)]
 
-    def tail(self, acc: Accumulated) -> list[Any]:
+    def tail(self, usage: Usage) -> list[Any]:
         return []
 
-    def body(self, acc: Accumulated) -> Any:
-        return self._object(acc)
+    def body_many(self, accs: list[Accumulated], usage: Usage) -> Any:
+        objects = [self._object(i, a) for i, a in enumerate(accs)]
+        return objects if self.many else objects[0]
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     body = validation.decode(await request.read(), GenerateBody)
-    job = validation.native_job(body)
-    pending = await state.dispatcher.submit(job, traceparent(request))
-    return await respond(request, pending, NativeRenderer(pending.rid), job.stream)
+    jobs, many = validation.native_jobs(body)
+    parent = traceparent(request)
+    pendings: list[Pending] = []
+    try:
+        for job in jobs:
+            pendings.append(await state.dispatcher.submit(job, parent))
+    except BaseException:
+        for p in pendings:
+            p.close()
+        raise
+    renderer = NativeRenderer(
+        [p.rid for p in pendings], many, body.return_logprob, body.return_text_in_logprobs
+    )
+    return await respond_many(request, pendings, renderer, body.stream)
 
 
 async def health(request: web.Request) -> web.StreamResponse:

@@ -61,10 +61,9 @@ class _OpenAIParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     stop: str | list[str] | None = None
     seed: int | None = None
     user: str | None = None
-    # known, refused unless neutral
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
     # extensions that vLLM and SGLang accept too (the openai client sends them via extra_body)
     top_k: int | None = None
     min_p: float | None = None
@@ -79,8 +78,8 @@ class _OpenAIParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class CompletionBody(_OpenAIParams, kw_only=True):
-    """POST /v1/completions. `prompt`: a string or a list of token ids (a list holding one
-    string or one token list is accepted too; batches of prompts are refused)."""
+    """POST /v1/completions. `prompt`: a string, a list of strings, a list of token ids, or
+    a list of token-id lists; each prompt of a batch gets `n` choices."""
 
     prompt: str | list[str | int | list[int]]
     max_tokens: int | None = 16  # OpenAI's default for completions
@@ -127,10 +126,10 @@ class NativeSamplingBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     spaces_between_special_tokens: bool = True
     seed: int | None = None
     n: int = 1
-    # known, refused unless neutral
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    logit_bias: dict[str, float] | None = None
     # structured output, at most one of them
     json_schema: str | dict[str, Any] | None = None  # JSON text or the schema object itself
     regex: str | None = None
@@ -139,11 +138,15 @@ class NativeSamplingBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
 
 
 class GenerateBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """POST /generate: exactly one of `text` and `input_ids`."""
+    """POST /generate: exactly one of `text` (a string, or a list of them for a batch) and
+    `input_ids` (a list of ids, or a list of such lists); checked in validation.py."""
 
-    text: str | None = None
-    input_ids: list[int] | None = None
+    text: str | list[str] | None = None
+    input_ids: list[Any] | None = None
     sampling_params: NativeSamplingBody = msgspec.field(default_factory=NativeSamplingBody)
     stream: bool = False
-    rid: str | None = None
+    rid: str | list[str] | None = None
     return_logprob: bool = False
+    top_logprobs_num: int = 0
+    logprob_start_len: int = -1  # >= 0: prompt logprobs from this position on
+    return_text_in_logprobs: bool = False

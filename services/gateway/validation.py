@@ -56,6 +56,7 @@ class Job:
     include_usage: bool = False  # stream_options.include_usage
     rid: str | None = None  # chosen by the client (/generate only)
     constraint: Constraint | None = None  # structured output
+    echo: bool = False  # OpenAI completions: the prompt's text comes back before the output
 
 
 def decode(body: bytes, type_: type[T]) -> T:
@@ -66,86 +67,180 @@ def decode(body: bytes, type_: type[T]) -> T:
         raise from_decode_error(e) from None
 
 
-def completion_job(body: CompletionBody, served_model: str) -> Job:
+def completion_jobs(body: CompletionBody, served_model: str) -> list[Job]:
+    """One job per prompt (a list of prompts is a batch); `n` / `best_of` fan out later."""
     check_model(body.model, served_model)
     _check_openai_common(body)
-    unsupported(body.echo, "echo")
-    unsupported(body.logprobs is not None, "logprobs")
-    unsupported(bool(body.suffix), "suffix")
-    if body.best_of is not None and body.best_of != 1:
-        raise invalid("best_of must be 1 (best_of > 1 is not supported yet)", "best_of")
-    return Job(
-        prompt=completion_prompt(body.prompt),
-        sampling=_openai_sampling(body, body.max_tokens, "max_tokens"),
-        stream=body.stream,
-        include_usage=bool(body.stream_options and body.stream_options.include_usage),
-        constraint=response_format_constraint(body.response_format),
+    if body.suffix:
+        raise invalid(
+            "suffix is not supported: this server has no fill-in-the-middle mode", "suffix"
+        )
+    _check_range(
+        "logprobs",
+        body.logprobs or 0,
+        0 <= (body.logprobs or 0) <= MAX_LOGPROBS,
+        f"between 0 and {MAX_LOGPROBS}",
     )
+    best_of_count(body)
+    sampling = _openai_sampling(body, body.max_tokens, "max_tokens")
+    if body.logprobs is not None:
+        sampling = msgspec.structs.replace(
+            sampling,
+            return_logprob=True,
+            top_logprobs=body.logprobs,
+            # echo with logprobs covers the prompt too, as OpenAI's API does
+            logprob_start_len=0 if body.echo else -1,
+        )
+    return [
+        Job(
+            prompt=p,
+            sampling=sampling,
+            stream=body.stream,
+            include_usage=bool(body.stream_options and body.stream_options.include_usage),
+            constraint=response_format_constraint(body.response_format),
+            echo=body.echo,
+        )
+        for p in completion_prompts(body.prompt)
+    ]
+
+
+def best_of_count(body: CompletionBody) -> int:
+    """How many samples to generate per prompt: `best_of`, of which the `n` with the highest
+    cumulative logprob are returned (OpenAI's rule: best_of >= n, and no streaming)."""
+    n = body.n or 1
+    if body.best_of is None:
+        return n
+    if not n <= body.best_of <= MAX_N:
+        raise invalid(f"best_of must be between n ({n}) and {MAX_N}, got {body.best_of}", "best_of")
+    if body.stream and body.best_of > n:
+        raise invalid("best_of > n cannot be streamed: set stream to false", "best_of")
+    return body.best_of
 
 
 def chat_job(body: ChatBody, served_model: str) -> Job:
     check_model(body.model, served_model)
     _check_openai_common(body)
-    unsupported(body.logprobs, "logprobs")
-    unsupported(bool(body.top_logprobs), "top_logprobs")
     unsupported(bool(body.tools), "tools")
     unsupported(body.tool_choice not in (None, "none", "auto"), "tool_choice")
+    if body.top_logprobs is not None:
+        _check_range(
+            "top_logprobs",
+            body.top_logprobs,
+            0 <= body.top_logprobs <= MAX_LOGPROBS,
+            f"between 0 and {MAX_LOGPROBS}",
+        )
+        if not body.logprobs:
+            raise invalid("top_logprobs needs logprobs set to true", "top_logprobs")
     max_tokens, max_name = body.max_tokens, "max_tokens"
     if body.max_completion_tokens is not None:
         max_tokens, max_name = body.max_completion_tokens, "max_completion_tokens"
+    sampling = _openai_sampling(body, max_tokens, max_name)
+    if body.logprobs:
+        sampling = msgspec.structs.replace(
+            sampling, return_logprob=True, top_logprobs=body.top_logprobs or 0
+        )
     return Job(
         prompt=chat_prompt(body.messages),
-        sampling=_openai_sampling(body, max_tokens, max_name),
+        sampling=sampling,
         stream=body.stream,
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
         constraint=response_format_constraint(body.response_format),
     )
 
 
-def native_job(body: GenerateBody) -> Job:
+def native_jobs(body: GenerateBody) -> tuple[list[Job], bool]:
+    """The jobs of a /generate body, and whether it was a batch (a list of prompts): one job
+    per prompt, each `sampling_params.n` times, prompt-major, as SGLang orders them."""
     s = body.sampling_params
-    unsupported(body.return_logprob, "return_logprob")
-    if s.n != 1:
-        raise _bad_n(s.n, "sampling_params.n")
-    unsupported(s.presence_penalty != 0.0, "sampling_params.presence_penalty")
-    unsupported(s.frequency_penalty != 0.0, "sampling_params.frequency_penalty")
-    unsupported(s.repetition_penalty != 1.0, "sampling_params.repetition_penalty")
-    if body.rid is not None and not RID_PATTERN.match(body.rid):
-        raise invalid("rid must be 1 to 128 characters of letters, digits and ._:-", "rid")
-    return Job(
-        prompt=native_prompt(body),
-        sampling=_native_sampling(s),
-        stream=body.stream,
-        rid=body.rid,
-        constraint=native_constraint(s),
+    if not 1 <= s.n <= MAX_N:
+        raise invalid(
+            f"sampling_params.n must be between 1 and {MAX_N}, got {s.n}", "sampling_params.n"
+        )
+    _check_range(
+        "top_logprobs_num",
+        body.top_logprobs_num,
+        0 <= body.top_logprobs_num <= MAX_LOGPROBS,
+        f"between 0 and {MAX_LOGPROBS}",
     )
+    _check_range(
+        "logprob_start_len",
+        body.logprob_start_len,
+        body.logprob_start_len >= -1,
+        "-1 (no prompt logprobs) or a prompt position >= 0",
+    )
+    prompts, batched = native_prompts(body)
+    rids = native_rids(body.rid, len(prompts), batched)
+    sampling = _native_sampling(s)
+    if body.return_logprob:
+        sampling = msgspec.structs.replace(
+            sampling,
+            return_logprob=True,
+            top_logprobs=body.top_logprobs_num,
+            logprob_start_len=body.logprob_start_len,
+        )
+    constraint = native_constraint(s)
+    jobs = []
+    for prompt, rid in zip(prompts, rids, strict=True):
+        job = Job(
+            prompt=prompt, sampling=sampling, stream=body.stream, rid=rid, constraint=constraint
+        )
+        for i, sample in enumerate(samples(job, s.n)):
+            # SGLang names the samples of a client-chosen rid rid, rid-1, rid-2, ...
+            jobs.append(sample if i == 0 or rid is None else replace(sample, rid=f"{rid}-{i}"))
+    return jobs, batched or s.n > 1
+
+
+def native_rids(rid: str | list[str] | None, count: int, batched: bool) -> list[str | None]:
+    if rid is None:
+        return [None] * count
+    rids = rid if isinstance(rid, list) else [rid]
+    if isinstance(rid, list) != batched or len(rids) != count:
+        raise invalid("rid must be a string for one prompt, or a list with one per prompt", "rid")
+    for i, r in enumerate(rids):
+        if not RID_PATTERN.match(r):
+            at = f"rid[{i}]" if batched else "rid"
+            raise invalid(f"{at} must be 1 to 128 characters of letters, digits and ._:-", at)
+    if len(set(rids)) != len(rids):
+        raise invalid("rid must not repeat within a batch", "rid")
+    return list(rids)
 
 
 # --- prompts ---
 
 
-def completion_prompt(prompt: str | list[str | int | list[int]]) -> Prompt:
+MAX_BATCH = 64  # prompts in one request
+
+
+def completion_prompts(prompt: str | list[str | int | list[int]]) -> list[Prompt]:
+    """A string, a list of strings, a list of token ids, or a list of token-id lists."""
     if isinstance(prompt, str):
-        if not prompt:
-            raise invalid("prompt must not be empty", "prompt")
-        return TextPrompt(text=prompt)
+        return [TextPrompt(text=_nonempty(prompt, "prompt"))]
     if not prompt:
         raise invalid("prompt must not be empty", "prompt")
     if all(isinstance(x, int) for x in prompt):
-        return TokenPrompt(input_ids=token_ids(prompt, "prompt"))
-    if len(prompt) > 1:
-        raise invalid(
-            "prompt must be a string or a list of token ids; batches of prompts are not "
-            "supported yet (send one request per prompt)",
-            "prompt",
-        )
-    only = prompt[0]
-    if isinstance(only, str):
-        return completion_prompt(only)
-    assert isinstance(only, list)  # the decoder admits only str | int | list[int]
-    if not only:
-        raise invalid("prompt must not be empty", "prompt")
-    return TokenPrompt(input_ids=token_ids(only, "prompt[0]"))
+        return [TokenPrompt(input_ids=token_ids(prompt, "prompt"))]
+    if len(prompt) > MAX_BATCH:
+        raise invalid(f"prompt may hold at most {MAX_BATCH} prompts", "prompt")
+    out: list[Prompt] = []
+    for i, p in enumerate(prompt):
+        at = f"prompt[{i}]"
+        if isinstance(p, str):
+            out.append(TextPrompt(text=_nonempty(p, at)))
+        elif isinstance(p, list):
+            out.append(TokenPrompt(input_ids=token_ids(_nonempty(p, at), at)))
+        else:
+            raise invalid(
+                f"{at} must be a string or a list of token ids (the list mixes "
+                "token ids with prompts)",
+                at,
+            )
+    return out
+
+
+def _nonempty(value: Any, param: str) -> Any:
+    if not value:
+        raise invalid(f"{param} must not be empty", param)
+    return value
 
 
 def chat_prompt(messages: list[ChatMessageBody]) -> ChatPrompt:
@@ -185,16 +280,32 @@ def message_text(content: str | list[dict[str, Any]] | None, at: str) -> str:
     return "\n".join(texts)
 
 
-def native_prompt(body: GenerateBody) -> Prompt:
+def native_prompts(body: GenerateBody) -> tuple[list[Prompt], bool]:
+    """The prompts of /generate, and whether they came as a batch (a list)."""
     if body.text is not None and body.input_ids is not None:
         raise invalid("give either text or input_ids, not both", "input_ids")
     if body.input_ids is not None:
-        if not body.input_ids:
-            raise invalid("input_ids must not be empty", "input_ids")
-        return TokenPrompt(input_ids=token_ids(body.input_ids, "input_ids"))
+        ids = _nonempty(body.input_ids, "input_ids")
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            return [TokenPrompt(input_ids=token_ids(ids, "input_ids"))], False
+        if len(ids) > MAX_BATCH:
+            raise invalid(f"input_ids may hold at most {MAX_BATCH} prompts", "input_ids")
+        out: list[Prompt] = []
+        for i, p in enumerate(ids):
+            at = f"input_ids[{i}]"
+            if not isinstance(p, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in p
+            ):
+                raise invalid(f"{at} must be a list of token ids", at)
+            out.append(TokenPrompt(input_ids=token_ids(_nonempty(p, at), at)))
+        return out, True
+    if isinstance(body.text, list):
+        if len(_nonempty(body.text, "text")) > MAX_BATCH:
+            raise invalid(f"text may hold at most {MAX_BATCH} prompts", "text")
+        return [TextPrompt(text=_nonempty(t, f"text[{i}]")) for i, t in enumerate(body.text)], True
     if not body.text:
         raise invalid("text (or input_ids) is required and must not be empty", "text")
-    return TextPrompt(text=body.text)
+    return [TextPrompt(text=body.text)], False
 
 
 def token_ids(ids: Sequence[Any], param: str) -> list[int]:
@@ -284,12 +395,7 @@ def unsupported(given: bool, param: str) -> None:
 
 
 MAX_N = 16  # parallel samples of one OpenAI request
-
-
-def _bad_n(n: int, param: str) -> Exception:
-    if n < 1:
-        return invalid(f"{param} must be at least 1, got {n}", param)
-    return invalid("n > 1 is not supported yet", param)
+MAX_LOGPROBS = 20  # top alternatives per position (OpenAI's and vLLM's bound)
 
 
 def samples(job: Job, n: int | None) -> list[Job]:
@@ -312,10 +418,6 @@ def samples(job: Job, n: int | None) -> list[Job]:
 def _check_openai_common(body: CompletionBody | ChatBody) -> None:
     if body.n is not None and not 1 <= body.n <= MAX_N:
         raise invalid(f"n must be between 1 and {MAX_N}, got {body.n}", "n")
-    unsupported(bool(body.presence_penalty), "presence_penalty")
-    unsupported(bool(body.frequency_penalty), "frequency_penalty")
-    unsupported(bool(body.logit_bias), "logit_bias")
-    unsupported(body.repetition_penalty not in (None, 1.0), "repetition_penalty")
 
 
 def _openai_sampling(
@@ -336,6 +438,10 @@ def _openai_sampling(
         skip_special_tokens=body.skip_special_tokens,
         spaces_between_special_tokens=body.spaces_between_special_tokens,
         seed=body.seed,
+        repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        presence_penalty=body.presence_penalty or 0.0,
+        logit_bias=body.logit_bias,
     )
 
 
@@ -354,6 +460,10 @@ def _native_sampling(s: NativeSamplingBody) -> SamplingParams:
         skip_special_tokens=s.skip_special_tokens,
         spaces_between_special_tokens=s.spaces_between_special_tokens,
         seed=s.seed,
+        repetition_penalty=s.repetition_penalty,
+        frequency_penalty=s.frequency_penalty,
+        presence_penalty=s.presence_penalty,
+        logit_bias=s.logit_bias,
     )
 
 
@@ -372,6 +482,10 @@ def sampling_params(
     skip_special_tokens: bool,
     spaces_between_special_tokens: bool,
     seed: int | None,
+    repetition_penalty: float = 1.0,
+    frequency_penalty: float = 0.0,
+    presence_penalty: float = 0.0,
+    logit_bias: dict[str, float] | None = None,
 ) -> SamplingParams:
     """Range-check sampling controls; `name(field)` is the field as the client spelled it."""
     if max_new_tokens is not None and not 1 <= max_new_tokens <= MAX_TOKENS_LIMIT:
@@ -390,6 +504,17 @@ def sampling_params(
     _check_range(name("top_p"), top_p, 0 < top_p <= 1, "in (0, 1]")
     _check_range(name("top_k"), top_k, top_k == -1 or top_k >= 1, "-1 (off) or >= 1")
     _check_range(name("min_p"), min_p, 0 <= min_p <= 1, "in [0, 1]")
+    for field, value in (
+        ("frequency_penalty", frequency_penalty),
+        ("presence_penalty", presence_penalty),
+    ):
+        _check_range(name(field), value, -2 <= value <= 2, "between -2 and 2")
+    _check_range(
+        name("repetition_penalty"),
+        repetition_penalty,
+        0 < repetition_penalty <= 2,
+        "in (0, 2] (1 is off)",
+    )
     if seed is not None and not -(2**63) <= seed < 2**64:  # must fit the wire's 64 bits
         raise invalid(f"{name('seed')} must fit in 64 bits, got {seed}", name("seed"))
     return SamplingParams(
@@ -405,7 +530,27 @@ def sampling_params(
         skip_special_tokens=skip_special_tokens,
         spaces_between_special_tokens=spaces_between_special_tokens,
         seed=seed,
+        repetition_penalty=repetition_penalty,
+        frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty,
+        logit_bias=logit_biases(logit_bias, name("logit_bias")),
     )
+
+
+MAX_LOGIT_BIAS = 1024  # entries
+
+
+def logit_biases(bias: dict[str, float] | None, param: str) -> dict[int, float]:
+    """OpenAI's `logit_bias`: token ids as strings -> a bias in [-100, 100]."""
+    out: dict[int, float] = {}
+    if len(bias or {}) > MAX_LOGIT_BIAS:
+        raise invalid(f"{param} may hold at most {MAX_LOGIT_BIAS} entries", param)
+    for key, value in (bias or {}).items():
+        if not key.isdigit() or int(key) >= 2**31:
+            raise invalid(f"{param} keys must be token ids, got {key!r}", param)
+        _check_range(f"{param}[{key}]", value, -100 <= value <= 100, "between -100 and 100")
+        out[int(key)] = float(value)
+    return out
 
 
 def _check_range(param: str, value: float, ok: bool, allowed: str) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.messages.common import ErrorInfo
+from shared.messages.common import ErrorInfo, SamplingParams
 from shared.messages.tokenize import ChatPrompt, GenerateRequest, TextPrompt, TokenPrompt
 from shared.model_files import ModelSource, eos_token_ids, load_tokenizer, read_context_length
 
@@ -65,6 +65,35 @@ class Tokenization:
             raise PromptError(f"the chat template rejected these messages: {e}", "messages") from e
         # The template already wrote the special tokens (BOS included) as text.
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def check_sampling(self, s: SamplingParams, prompt_len: int) -> None:
+        """What only the tokenizer can check: token ids against the vocabulary, positions
+        against the prompt."""
+        for t in s.logit_bias:
+            if not 0 <= t < self.vocab_size:
+                raise PromptError(
+                    f"logit_bias has token id {t}, outside the vocabulary [0, {self.vocab_size})",
+                    "logit_bias",
+                )
+        for t in s.stop_token_ids:
+            if t >= self.vocab_size:
+                raise PromptError(
+                    f"stop_token_ids has token id {t}, outside the vocabulary "
+                    f"[0, {self.vocab_size})",
+                    "stop_token_ids",
+                )
+        if s.logprob_start_len >= prompt_len:
+            raise PromptError(
+                f"logprob_start_len ({s.logprob_start_len}) must be less than the prompt's "
+                f"length ({prompt_len} tokens)",
+                "logprob_start_len",
+            )
+
+    def prompt_text(self, req: GenerateRequest, ids: list[int]) -> str:
+        """The prompt as the client sees it echoed: its own text, or its ids decoded."""
+        if isinstance(req.prompt, TextPrompt):
+            return req.prompt.text
+        return str(self.tokenizer.decode(ids, skip_special_tokens=False))
 
     def max_new_tokens(self, req: GenerateRequest, prompt_len: int) -> int:
         room = self.context_length - prompt_len

@@ -54,10 +54,16 @@ def handle(tok: Tokenization, req: GenerateRequest, partitions: int) -> list[tup
     try:
         ids = tok.encode_prompt(req)
         max_new = tok.max_new_tokens(req, len(ids))
+        tok.check_sampling(req.sampling, len(ids))
     except PromptError as e:
         return [(trace.reply_to, Failure(rid=trace.rid, error=e.info))]
     detok = constants.detok_stream(constants.detok_partition(trace.rid, partitions))
-    register = DetokRegister(trace=trace, prompt_tokens=len(ids), sampling=req.sampling)
+    register = DetokRegister(
+        trace=trace,
+        prompt_tokens=len(ids),
+        sampling=req.sampling,
+        echo_text=tok.prompt_text(req, ids) if req.echo else None,
+    )
     tokenized = TokenizedRequest(
         trace=trace,
         input_ids=ids,

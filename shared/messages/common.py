@@ -23,6 +23,15 @@ class SamplingParams(msgspec.Struct, kw_only=True, frozen=True):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     seed: int | None = None
+    # Penalties (vLLM's semantics): repetition over prompt + output, the others over output.
+    repetition_penalty: float = 1.0  # logit / p where positive, logit * p where negative
+    frequency_penalty: float = 0.0  # minus penalty * times the token was generated
+    presence_penalty: float = 0.0  # minus penalty once the token was generated
+    logit_bias: dict[int, float] = {}  # token id -> added to its logit
+    # Log probabilities of the model's raw distribution (before penalties, masks, temperature).
+    return_logprob: bool = False  # of each sampled token
+    top_logprobs: int = 0  # and of the k most likely tokens at each position
+    logprob_start_len: int = -1  # >= 0: also of the prompt tokens from this position on
 
 
 class Trace(msgspec.Struct, kw_only=True, frozen=True):

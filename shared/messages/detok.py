@@ -16,6 +16,19 @@ class DetokRegister(msgspec.Struct, tag="register", array_like=True, kw_only=Tru
     trace: Trace
     prompt_tokens: int
     sampling: SamplingParams
+    echo_text: str | None = None  # the prompt as text, sent back first (OpenAI `echo`)
+
+
+class LogprobBlock(msgspec.Struct, array_like=True, gc=False, kw_only=True, frozen=True):
+    """Log probabilities of consecutive tokens: `logprobs[i]` is that of `token_ids[i]`, and
+    `top_ids[i]` / `top_logprobs[i]` the most likely tokens at that position (empty unless
+    asked for). `start` is the position of the first token in its sequence."""
+
+    start: int
+    token_ids: list[int]
+    logprobs: list[float | None]  # None: a prompt's first token (nothing predicts it)
+    top_ids: list[list[int]] = []
+    top_logprobs: list[list[float]] = []
 
 
 class TokenDelta(
@@ -28,6 +41,8 @@ class TokenDelta(
     finish: str | None = None  # "stop" | "length" | "abort"
     cached_tokens: int = 0
     matched_stop_token: int | None = None
+    logprobs: LogprobBlock | None = None  # of `token_ids`, when the request asked
+    prompt_logprobs: LogprobBlock | None = None  # on the first delta, when the request asked
 
 
 class StepOutput(

@@ -13,6 +13,24 @@ class Usage(msgspec.Struct, kw_only=True, frozen=True):
     cached_tokens: int = 0
 
 
+class TopLogprob(msgspec.Struct, array_like=True, gc=False, kw_only=True, frozen=True):
+    token_id: int
+    token: str  # the token's text on its own
+    bytes: list[int]  # its UTF-8 bytes (a token may hold part of a character)
+    logprob: float
+
+
+class TokenLogprob(msgspec.Struct, array_like=True, gc=False, kw_only=True, frozen=True):
+    """One token of the prompt or output with its log probability (None for a prompt's first
+    token, which nothing predicts) and the most likely alternatives at its position."""
+
+    token_id: int
+    token: str
+    bytes: list[int]
+    logprob: float | None
+    top: list[TopLogprob] = []
+
+
 class Delta(msgspec.Struct, tag="delta", kw_only=True, frozen=True, omit_defaults=True):
     """New text (possibly empty) and tokens of one request; `finish_reason` on the last one."""
 
@@ -22,6 +40,9 @@ class Delta(msgspec.Struct, tag="delta", kw_only=True, frozen=True, omit_default
     usage: Usage
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     matched_stop: str | int | None = None  # the stop string or stop token that ended it
+    logprobs: list[TokenLogprob] = []  # one per token id, when the request asked
+    prompt_logprobs: list[TokenLogprob] = []  # on the first delta, when the request asked
+    echo_text: str | None = None  # the prompt's text, on the first delta (OpenAI `echo`)
 
 
 class Failure(msgspec.Struct, tag="failure", kw_only=True, frozen=True):

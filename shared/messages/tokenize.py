@@ -35,6 +35,7 @@ class GenerateRequest(msgspec.Struct, tag="generate", kw_only=True, frozen=True)
     sampling: SamplingParams
     stream: bool = False
     constraint: Constraint | None = None  # structured output (routed through the grammar service)
+    echo: bool = False  # send the prompt's text back before the output (OpenAI `echo`)
 
 
 class AbortRequest(msgspec.Struct, tag="abort", kw_only=True, frozen=True):

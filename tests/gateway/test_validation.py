@@ -9,7 +9,13 @@ import pytest
 
 from services.gateway.errors import ApiError, from_decode_error
 from services.gateway.protocol import ChatBody, CompletionBody, GenerateBody
-from services.gateway.validation import chat_job, completion_job, decode, native_job
+from services.gateway.validation import (
+    Job,
+    chat_job,
+    completion_jobs,
+    decode,
+    native_jobs,
+)
 from shared.messages.common import (
     ChoiceConstraint,
     EbnfConstraint,
@@ -22,6 +28,18 @@ from shared.messages.tokenize import ChatMessage, ChatPrompt, TextPrompt, TokenP
 MODEL = "m"
 
 
+def completion_job(body: CompletionBody, model: str) -> Job:
+    jobs = completion_jobs(body, model)
+    assert len(jobs) == 1
+    return jobs[0]
+
+
+def native_job(body: GenerateBody) -> Job:
+    jobs, many = native_jobs(body)
+    assert len(jobs) == 1 and not many
+    return jobs[0]
+
+
 def refusal(body: bytes, type_: type, model: str = MODEL) -> ApiError:
     with pytest.raises(ApiError) as e:
         parsed: Any = decode(body, type_)
@@ -30,7 +48,7 @@ def refusal(body: bytes, type_: type, model: str = MODEL) -> ApiError:
         elif type_ is ChatBody:
             chat_job(parsed, model)
         else:
-            native_job(parsed)
+            native_jobs(parsed)
     assert e.value.status == 400
     return e.value
 
@@ -69,9 +87,19 @@ def test_completion_prompt_forms(prompt: str, expected: object) -> None:
     assert job.prompt == expected
 
 
-@pytest.mark.parametrize("prompt", ['[1, "a"]', "[[1], [2]]", "[[]]"])
-def test_completion_prompt_refusals(prompt: str) -> None:
-    assert refusal(b'{"prompt": %s}' % prompt.encode(), CompletionBody).param == "prompt"
+@pytest.mark.parametrize(
+    ("prompt", "param"),
+    [('[1, "a"]', "prompt[0]"), ("[[1], []]", "prompt[1]"), ("[]", "prompt"), ('""', "prompt")],
+)
+def test_completion_prompt_refusals(prompt: str, param: str) -> None:
+    assert refusal(b'{"prompt": %s}' % prompt.encode(), CompletionBody).param == param
+
+
+def test_completion_batch_of_prompts() -> None:
+    body = decode(b'{"prompt": ["a", [5, 6]], "n": 2, "echo": true}', CompletionBody)
+    jobs = completion_jobs(body, MODEL)
+    assert [j.prompt for j in jobs] == [TextPrompt(text="a"), TokenPrompt(input_ids=[5, 6])]
+    assert all(j.echo for j in jobs)
 
 
 def test_chat_job() -> None:
@@ -113,9 +141,29 @@ def test_native_defaults_follow_sglang() -> None:
         (b'{"prompt": "a", "min_tokens": 20, "max_tokens": 10}', "min_tokens"),
         (b'{"prompt": "a", "stop": ["x", ""]}', "stop"),
         (b'{"prompt": "a", "stop_token_ids": [-1]}', "stop_token_ids[0]"),
-        (b'{"prompt": "a", "best_of": 2}', "best_of"),
-        (b'{"prompt": "a", "logit_bias": {"5": 1.0}}', "logit_bias"),
-        (b'{"prompt": "a", "repetition_penalty": 1.2}', "repetition_penalty"),
+        (b'{"prompt": "a", "best_of": 0}', "best_of"),
+        (b'{"prompt": "a", "n": 3, "best_of": 2}', "best_of"),
+        (b'{"prompt": "a", "best_of": 17}', "best_of"),
+        (b'{"prompt": "a", "best_of": 2, "stream": true}', "best_of"),
+        (b'{"prompt": "a", "logit_bias": {"x": 1.0}}', "logit_bias"),
+        (b'{"prompt": "a", "logit_bias": {"-3": 1.0}}', "logit_bias"),
+        (b'{"prompt": "a", "logit_bias": {"5": 101}}', "logit_bias[5]"),
+        (b'{"prompt": "a", "repetition_penalty": 2.5}', "repetition_penalty"),
+        (b'{"prompt": "a", "repetition_penalty": 0}', "repetition_penalty"),
+        (b'{"prompt": "a", "presence_penalty": -2.1}', "presence_penalty"),
+        (b'{"prompt": "a", "frequency_penalty": 2.1}', "frequency_penalty"),
+        (b'{"prompt": "a", "top_p": 0}', "top_p"),
+        (b'{"prompt": "a", "top_p": 1.5}', "top_p"),
+        (b'{"prompt": "a", "top_k": 0}', "top_k"),
+        (b'{"prompt": "a", "top_k": -2}', "top_k"),
+        (b'{"prompt": "a", "min_p": 1.5}', "min_p"),
+        (b'{"prompt": "a", "temperature": -0.5}', "temperature"),
+        (b'{"prompt": "a", "max_tokens": 0}', "max_tokens"),
+        (b'{"prompt": "a", "n": 0}', "n"),
+        (b'{"prompt": "a", "n": 17}', "n"),
+        (b'{"prompt": "a", "logprobs": 21}', "logprobs"),
+        (b'{"prompt": "a", "logprobs": -1}', "logprobs"),
+        (b'{"prompt": "a", "suffix": "z"}', "suffix"),
         (b'{"prompt": "a", "seed": 99999999999999999999999}', "seed"),
     ],
 )
@@ -139,8 +187,21 @@ def test_completion_refusals(body: bytes, param: str) -> None:
             "messages[0].tool_calls",
         ),
         (
-            b'{"messages": [{"role": "user", "content": "a"}], "frequency_penalty": 1}',
+            b'{"messages": [{"role": "user", "content": "a"}], "frequency_penalty": 3}',
             "frequency_penalty",
+        ),
+        (
+            b'{"messages": [{"role": "user", "content": "a"}], "top_logprobs": 2}',
+            "top_logprobs",
+        ),
+        (
+            b'{"messages": [{"role": "user", "content": "a"}], "logprobs": true,'
+            b' "top_logprobs": 21}',
+            "top_logprobs",
+        ),
+        (
+            b'{"messages": [{"role": "user", "content": "a"}], "max_completion_tokens": 0}',
+            "max_completion_tokens",
         ),
     ],
 )
@@ -148,13 +209,87 @@ def test_chat_refusals(body: bytes, param: str) -> None:
     assert refusal(body, ChatBody).param == param
 
 
-def test_neutral_values_of_unsupported_parameters_pass() -> None:
+def test_neutral_values_pass() -> None:
     body = (
         b'{"messages": [{"role": "user", "content": "a"}], "presence_penalty": 0, "n": 1,'
         b' "logprobs": false, "tool_choice": "none", "response_format": {"type": "text"},'
         b' "logit_bias": {}, "repetition_penalty": 1.0, "user": "u"}'
     )
     assert chat_job(decode(body, ChatBody), MODEL).sampling == SamplingParams()
+
+
+def test_sampling_pipeline_parameters_reach_the_job() -> None:
+    body = (
+        b'{"prompt": "a", "presence_penalty": 0.5, "frequency_penalty": -1,'
+        b' "repetition_penalty": 1.3, "logit_bias": {"7": -100, "9": 2.5}, "logprobs": 3,'
+        b' "echo": true, "min_tokens": 2, "seed": 4}'
+    )
+    s = completion_job(decode(body, CompletionBody), MODEL).sampling
+    assert (s.presence_penalty, s.frequency_penalty, s.repetition_penalty) == (0.5, -1.0, 1.3)
+    assert s.logit_bias == {7: -100.0, 9: 2.5}
+    assert (s.return_logprob, s.top_logprobs, s.logprob_start_len) == (True, 3, 0)
+    assert (s.min_new_tokens, s.seed) == (2, 4)
+    chat = b'{"messages": [{"role": "user", "content": "a"}], "logprobs": true, "top_logprobs": 4}'
+    c = chat_job(decode(chat, ChatBody), MODEL).sampling
+    assert (c.return_logprob, c.top_logprobs, c.logprob_start_len) == (True, 4, -1)
+
+
+def test_native_batch_and_n() -> None:
+    body = (
+        b'{"text": ["a", "b"], "rid": ["r1", "r2"], "return_logprob": true,'
+        b' "top_logprobs_num": 2, "logprob_start_len": 0, "sampling_params": {"n": 2, "seed": 1}}'
+    )
+    jobs, many = native_jobs(decode(body, GenerateBody))
+    assert many
+    assert [j.rid for j in jobs] == ["r1", "r1-1", "r2", "r2-1"]
+    assert [j.prompt for j in jobs] == [TextPrompt(text=t) for t in "aabb"]
+    assert [j.sampling.seed for j in jobs] == [1, 2, 1, 2]
+    assert all(j.sampling.top_logprobs == 2 and j.sampling.logprob_start_len == 0 for j in jobs)
+    ids, many = native_jobs(decode(b'{"input_ids": [[1, 2], [3]]}', GenerateBody))
+    assert many and [j.prompt for j in ids] == [
+        TokenPrompt(input_ids=[1, 2]),
+        TokenPrompt(input_ids=[3]),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b'{"text": "a", "sampling_params": {"n": 0}}', "sampling_params.n"),
+        (b'{"text": "a", "sampling_params": {"n": 17}}', "sampling_params.n"),
+        (b'{"text": "a", "top_logprobs_num": 21}', "top_logprobs_num"),
+        (b'{"text": "a", "logprob_start_len": -2}', "logprob_start_len"),
+        (b'{"text": ["a", "b"], "rid": "r"}', "rid"),
+        (b'{"text": ["a", "b"], "rid": ["r", "r"]}', "rid"),
+        (b'{"text": "a", "rid": "bad rid"}', "rid"),
+        (b'{"text": []}', "text"),
+        (b'{"text": ["a", ""]}', "text[1]"),
+        (b'{"input_ids": [[1], [true]]}', "input_ids[1]"),
+        (b'{"input_ids": [[1], 2]}', "input_ids[1]"),
+        (
+            b'{"text": "a", "sampling_params": {"repetition_penalty": 0}}',
+            "sampling_params.repetition_penalty",
+        ),
+        (
+            b'{"text": "a", "sampling_params": {"presence_penalty": 9}}',
+            "sampling_params.presence_penalty",
+        ),
+        (
+            b'{"text": "a", "sampling_params": {"logit_bias": {"1": -101}}}',
+            "sampling_params.logit_bias[1]",
+        ),
+        (b'{"text": "a", "sampling_params": {"top_p": 0}}', "sampling_params.top_p"),
+        (b'{"text": "a", "sampling_params": {"min_p": -0.1}}', "sampling_params.min_p"),
+        (b'{"text": "a", "sampling_params": {"top_k": 0}}', "sampling_params.top_k"),
+        (b'{"text": "a", "sampling_params": {"temperature": -1}}', "sampling_params.temperature"),
+        (
+            b'{"text": "a", "sampling_params": {"max_new_tokens": 0}}',
+            "sampling_params.max_new_tokens",
+        ),
+    ],
+)
+def test_native_refusals(body: bytes, param: str) -> None:
+    assert refusal(body, GenerateBody).param == param
 
 
 # --- structured output ---

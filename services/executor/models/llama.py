@@ -118,6 +118,8 @@ class LlamaModel(nn.Module):
         assert residual is not None
         # Only last tokens feed the LM head; the norm is per token, so select first.
         last = batch.last_token_indices()
+        if batch.extra_indices is not None:
+            last = torch.cat([last, batch.extra_indices])
         out, _ = self.norm(x[last], residual[last])
         return out
 
@@ -143,4 +145,8 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         self.backend.init_forward_metadata(batch)
-        return self.lm_head(self.model(batch)).float()
+        h = self.model(batch)
+        if batch.extra_indices is not None:
+            batch.extra_hidden = h[batch.batch_size :]
+            h = h[: batch.batch_size]
+        return self.lm_head(h).float()
