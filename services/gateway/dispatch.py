@@ -61,6 +61,7 @@ class Dispatcher:
             sampling=job.sampling,
             stream=job.stream,
             constraint=job.constraint,
+            echo=job.echo,
         )
         try:
             await publish(self.r, constants.TOKENIZE_STREAM, request, constants.WORK_STREAM_MAXLEN)
