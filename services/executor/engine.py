@@ -108,7 +108,10 @@ class Engine:
         plan = self.policy.plan()
         launched = None
         if plan is not None:
-            launched = self.runner.launch(plan, prev=self.inflight)
+            # A grammar's mask needs the in-flight step's tokens: sample after they land,
+            # while this step's forward pass runs.
+            defer = self.inflight is not None and any(r.grammar is not None for r in plan.reqs)
+            launched = self.runner.launch(plan, prev=self.inflight, sample=not defer)
             self.overlapped_steps += self.inflight is not None
             launched.indices = [plan.reqs[i].add_pending() for i in launched.rows]
             result.forward_tokens = sum(plan.extend_lens)
@@ -116,6 +119,8 @@ class Engine:
             self.step_no += 1
         if self.inflight is not None:
             self._finish(self.inflight, finished)
+        if launched is not None and launched.logits is not None and launched.rows:
+            self.runner.sample(launched)
         self.inflight = launched
         if launched is not None and not self.overlap:
             self._finish(launched, finished)
@@ -140,8 +145,9 @@ class Engine:
             and not p.waiting
             and not p.prefilling
             and p.mem.available() >= 2 * len(p.running)
-            # A grammar's next mask, and penalties, need the last token: no launching ahead.
-            and not any(r.grammar is not None or needs_history(r.sampling) for r in p.running)
+            # Penalties need the last token's value; a grammar whose next text is forced
+            # wants a jump-forward step, which cannot be launched ahead of that token.
+            and not any(needs_history(r.sampling) or r.jump_wanted for r in p.running)
         )
 
     def _finish(self, launched: Launched, finished: list[Req]) -> None:
@@ -247,8 +253,8 @@ class Engine:
         by_stream: dict[str, list[TokenDelta]] = defaultdict(list)
         seen: set[str] = set()
         for req in (*self._touched, *finished):
-            if req.rid in seen:
-                continue
+            if req.rid in seen or req.finish_sent:
+                continue  # a finished request may be touched again by a step in flight
             seen.add(req.rid)
             upto = req.resolved_len
             new = req.output_ids[req.sent : upto]
@@ -264,6 +270,7 @@ class Engine:
                 req.prompt_logprobs_sent = True
                 req.prompt_logprobs.clear()
             req.sent = upto
+            req.finish_sent = req.finish is not None
             by_stream[req.detok_stream].append(
                 TokenDelta(
                     rid=req.rid,

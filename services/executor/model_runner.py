@@ -35,6 +35,7 @@ class Launched:
     done: torch.cuda.Event | None  # None on the CPU, where everything is synchronous
     indices: list[int] = field(default_factory=list)  # output index each sampled token fills
     logprobs: SampledLogprobs | None = None  # of the rows that asked (indices into `rows`)
+    logits: torch.Tensor | None = None  # until the step is sampled
 
 
 class ModelRunner:
@@ -111,8 +112,11 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def launch(self, plan: StepPlan, prev: Launched | None = None) -> Launched:
-        """Queue the step's forward pass and sampling; nothing waits for the device."""
+    def launch(self, plan: StepPlan, prev: Launched | None = None, sample: bool = True) -> Launched:
+        """Queue the step's forward pass and, unless `sample` is False, its sampling; nothing
+        waits for the device. Deferred sampling (`sample(launched)` later) lets the host learn
+        the previous step's tokens, and fill grammar masks from them, while this step's
+        forward pass runs."""
         batch = self.build_batch(plan, prev)
         prompt_lp = (
             None if plan.is_decode else PromptLogprobTargets.build(plan.reqs, plan.extend_lens)
@@ -129,9 +133,18 @@ class ModelRunner:
             assert batch.extra_hidden is not None
             prompt_lp.compute(batch.extra_hidden, self.model.lm_head)
         rows = [i for i in range(len(plan.reqs)) if plan.samples(i)]
-        if not rows:
-            empty = torch.empty(0, dtype=torch.int64)
-            return Launched(plan, rows, empty.to(self.device), empty, None)
+        empty = torch.empty(0, dtype=torch.int64)
+        launched = Launched(plan, rows, empty.to(self.device), empty, None, logits=logits)
+        if rows and sample:
+            self.sample(launched)
+        return launched
+
+    @torch.inference_mode()
+    def sample(self, launched: Launched) -> None:
+        """Queue the sampling of a launched step: masks, processors, the draw, logprobs."""
+        plan, rows, logits = launched.plan, launched.rows, launched.logits
+        assert logits is not None, "sampled twice"
+        launched.logits = None
         if len(rows) == len(plan.reqs):
             picked = logits[:, : self.sample_vocab]
         else:
@@ -144,7 +157,8 @@ class ModelRunner:
         if want_lp:
             at = torch.tensor(want_lp, dtype=torch.int64).to(self.device, non_blocking=True)
             raw_lp = torch.log_softmax(picked.index_select(0, at).float(), dim=-1)
-        grammars = [r.grammar for r in reqs]
+        # A request that finished while this step was in flight samples a discarded token.
+        grammars = [r.grammar if r.finish is None else None for r in reqs]
         if any(g is not None for g in grammars):
             # The forward pass is queued on the device: filling the masks on the host now
             # overlaps it. Masks are applied to the full-width logits, then cut.
@@ -156,17 +170,17 @@ class ModelRunner:
         st = SamplingTensors.build([r.sampling for r in reqs], picked.shape[-1], picked.device)
         gens = [r.generator(self.device) for r in reqs]
         tokens = sample(picked, st, self.generator, gens)
-        lps = None
         if raw_lp is not None:
             ks = [reqs[k].sampling.top_logprobs for k in want_lp]
-            lps = SampledLogprobs.compute(raw_lp, tokens, want_lp, ks)
+            launched.logprobs = SampledLogprobs.compute(raw_lp, tokens, want_lp, ks)
+        launched.tokens = tokens
         if not self.cuda:
-            return Launched(plan, rows, tokens, tokens, None, logprobs=lps)
-        host = torch.empty(len(rows), dtype=torch.int64, pin_memory=True)
-        host.copy_(tokens, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
-        return Launched(plan, rows, tokens, host, done, logprobs=lps)
+            launched.host = tokens
+            return
+        launched.host = torch.empty(len(rows), dtype=torch.int64, pin_memory=True)
+        launched.host.copy_(tokens, non_blocking=True)
+        launched.done = torch.cuda.Event()
+        launched.done.record()
 
     def _masked(
         self, logits: torch.Tensor, rows: list[int], grammars: list[Any], all_rows: bool
@@ -189,6 +203,7 @@ class ModelRunner:
 
     def wait(self, launched: Launched) -> list[int | None]:
         """The sampled token of each request of the step, None for unfinished chunks."""
+        assert launched.logits is None or not launched.rows, "waiting on an unsampled step"
         if launched.done is not None:
             launched.done.synchronize()
         out: list[int | None] = [None] * len(launched.plan.reqs)

@@ -93,7 +93,10 @@ def check(c: Constraint, text: str) -> None:
         assert re.fullmatch(r"[0-9()+\-]+", text) and text.count("(") == text.count(")"), text
 
 
-def test_every_finished_output_satisfies_its_constraint(setup: Setup, tiny_dir: Path) -> None:
+@pytest.mark.parametrize("overlap", [False, True])
+def test_every_finished_output_satisfies_its_constraint(
+    setup: Setup, tiny_dir: Path, overlap: bool
+) -> None:
     constraints: list[Constraint] = [JsonSchemaConstraint(schema=json.dumps(s)) for s in SCHEMAS]
     constraints += [RegexConstraint(pattern=p) for p in REGEXES]
     constraints += [EbnfConstraint(grammar=SUMS), ChoiceConstraint(choices=CHOICES)]
@@ -103,8 +106,10 @@ def test_every_finished_output_satisfies_its_constraint(setup: Setup, tiny_dir: 
     ]
     # Batched with unconstrained requests, which must stay unconstrained.
     free = [make_request(f"u{i}", [9, 10, 11], max_new=30, ignore_eos=True) for i in range(4)]
-    run = Run(setup.engine(tiny_dir))
+    run = Run(setup.engine(tiny_dir, overlap=overlap))
     run.go({0: [*reqs[:20], *free[:2]], 3: [*reqs[20:], *free[2:]]})
+    # With overlap, constrained steps launch before the previous tokens are known too.
+    assert (run.engine.overlapped_steps > 0) == overlap
     completed = 0
     for i, c in enumerate(constraints):
         finish = run.finish[f"c{i}"]
@@ -142,13 +147,14 @@ FORCED = {
 }
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 def test_jump_forward_same_output_fewer_forward_passes(
-    setup: Setup, tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+    setup: Setup, tiny_dir: Path, monkeypatch: pytest.MonkeyPatch, overlap: bool
 ) -> None:
     c = JsonSchemaConstraint(schema=json.dumps(FORCED))
 
     def run(jump: bool) -> tuple[list[int], int, int]:
-        engine = setup.engine(tiny_dir)
+        engine = setup.engine(tiny_dir, overlap=overlap)
         if not jump:
             monkeypatch.setattr(RequestGrammar, "jump_forward", lambda self, limit: [])
         r = Run(engine)

@@ -147,6 +147,29 @@ def test_mask_allows_exactly_what_xgrammar_accepts(
     assert not any(t >= TINY_VOCAB_SIZE for t in want)  # padding ids are never allowed
 
 
+def test_many_rows_fill_together_exactly(grammars: Grammars) -> None:
+    """Several matchers fill their rows in one batched (threaded) call, beside rows without
+    a grammar and a grammar whose mask was computed early (complete, a stop may follow)."""
+    cases: list[tuple[Constraint, str]] = [
+        (JsonSchemaConstraint(schema=json.dumps(PERSON)), '{"name": "the'),
+        (RegexConstraint(pattern=WORDS), "then"),
+        (RegexConstraint(pattern="a+"), "aa"),  # complete: its mask is cached
+        (ChoiceConstraint(choices=CHOICES), "na"),
+        (EbnfConstraint(grammar=SUMS), "(1+"),
+    ]
+    gs: list[RequestGrammar | None] = []
+    for c, prefix in cases:
+        g = grammars.new(c)
+        for t in grammars.tok.tokenizer.encode(prefix, add_special_tokens=False):
+            g.accept(t)
+        gs += [g, None]
+    bitmask = grammars.backend.allocate_bitmask(len(gs))
+    assert fill_bitmask(gs, bitmask) == list(range(0, len(gs), 2))
+    for i, row in enumerate(gs):
+        want = accepted_by_xgrammar(row) if row is not None else set(range(MODEL_VOCAB))
+        assert allowed(bitmask, i) == want, i
+
+
 def test_eos_is_allowed_only_where_the_grammar_accepts(grammars: Grammars) -> None:
     g = grammars.new(RegexConstraint(pattern="a+b?"))
     bitmask = grammars.backend.allocate_bitmask(1)
