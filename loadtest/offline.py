@@ -145,6 +145,14 @@ def run_throughput(engine: Engine, a: argparse.Namespace) -> dict[str, Any]:
         "ttft_ms_median": 1000 * statistics.median(ttft) if ttft else float("nan"),
         "ttft_ms_mean": 1000 * statistics.fmean(ttft) if ttft else float("nan"),
         "stopped_at_time_limit": d.stopped,
+        # Where the time went: each step's wall time is charged to its kind (with overlap a
+        # step's time is mostly the device finishing the previous one).
+        "extend_steps": d.extend_steps,
+        "decode_steps": d.decode_steps,
+        "extend_s": d.extend_s,
+        "decode_s": d.decode_s,
+        "decode_batch_mean": d.decode_bs_sum / d.decode_steps if d.decode_steps else 0.0,
+        "overlapped_steps": engine.overlapped_steps,
     }
 
 
@@ -154,6 +162,11 @@ class Drained:
     steps: int = 0
     finished: int = 0
     stopped: bool = False  # the time limit ended the run; the counts are what got done
+    extend_steps: int = 0
+    decode_steps: int = 0
+    extend_s: float = 0.0
+    decode_s: float = 0.0
+    decode_bs_sum: int = 0
     first_token_at: dict[str, float] = field(default_factory=dict)
 
 
@@ -168,9 +181,17 @@ def drain(engine: Engine, reqs: list[TokenizedRequest], time_limit: float = 0.0)
             out.stopped = True
             for rid in list(engine.reqs):
                 engine.submit(AbortRequest(rid=rid, reason="time limit"))
+        before = time.perf_counter()
         result = engine.step()
         out.steps += 1
         now = time.perf_counter()
+        if result.is_decode:
+            out.decode_steps += 1
+            out.decode_s += now - before
+            out.decode_bs_sum += result.forward_tokens
+        elif result.forward_tokens:
+            out.extend_steps += 1
+            out.extend_s += now - before
         for _, msg in result.outputs:
             if not isinstance(msg, StepOutput):
                 raise RuntimeError(f"request failed: {msg}")

@@ -67,15 +67,20 @@ def correctness() -> dict[str, Any]:
                 ["latency", "--model", str(path), "--max-total-tokens", "65536", *extra]
             )
             engine = offline.make_engine(args)
-            reqs = [offline.request(f"p{i}", p, 64) for i, p in enumerate(prompts)]
+            reqs = [with_logprobs(offline.request(f"p{i}", p, 64)) for i, p in enumerate(prompts)]
             tokens: dict[str, list[int]] = {r.trace.rid: [] for r in reqs}
+            lps: dict[str, list[float]] = {r.trace.rid: [] for r in reqs}
             for r in reqs:
                 engine.submit(r)
             while engine.has_work():
                 for _, msg in engine.step().outputs:
                     for d in getattr(msg, "deltas", []):
                         tokens[d.rid] += d.token_ids
+                        if d.logprobs is not None:
+                            lps[d.rid] += [x for x in d.logprobs.logprobs if x is not None]
             ours[graphs] = [tokens[f"p{i}"] for i in range(len(prompts))]
+            if graphs:
+                our_lps = [lps[f"p{i}"] for i in range(len(prompts))]
             del engine
         matches, flips = 0, []
         for i, p in enumerate(prompts):
@@ -96,7 +101,19 @@ def correctness() -> dict[str, Any]:
                     logits = hf(torch.tensor([p + ref[:same]], device="cuda")).logits[0, -1]
                 top2 = logits.float().topk(2).values
                 flips.append({"prompt": i, "position": same, "top2_gap": float(top2[0] - top2[1])})
+        # Logit-level agreement along our own tokens: HF's logprob of each token we chose,
+        # teacher-forced, against ours (both raw log-softmax of bf16 logits).
+        worst = 0.0
+        for i, p in enumerate(prompts):
+            with torch.no_grad():
+                seq = torch.tensor([p + ours[True][i]], device="cuda")
+                ref_lp = torch.log_softmax(hf(seq).logits[0].float(), dim=-1)
+            idx = torch.tensor(ours[True][i], device="cuda")
+            want = ref_lp[len(p) - 1 : -1].gather(1, idx[:, None]).squeeze(1)
+            got_lp = torch.tensor(our_lps[i], device="cuda")
+            worst = max(worst, float((want - got_lp).abs().max()))
         out[arch] = {
+            "max_abs_logprob_diff_vs_hf": worst,
             "prompts": len(prompts),
             "identical_64_tokens": matches,
             "flips": flips,
@@ -105,6 +122,14 @@ def correctness() -> dict[str, Any]:
         del hf
         torch.cuda.empty_cache()
     return out
+
+
+def with_logprobs(r: Any) -> Any:
+    import msgspec
+
+    return msgspec.structs.replace(
+        r, sampling=msgspec.structs.replace(r.sampling, return_logprob=True, top_logprobs=2)
+    )
 
 
 def decode_batch1(profile_dir: str = "") -> dict[str, Any]:
