@@ -226,6 +226,8 @@ def decode_attention(
     sm_scale: float,
     out: torch.Tensor | None = None,
     block_n: int | None = None,
+    num_stages: int = 2,
+    num_warps: int = 4,
 ) -> torch.Tensor:
     """Attention of each request's one query over its context; returns `out`.
 
@@ -235,6 +237,7 @@ def decode_attention(
     (num_kv_splits is clamped to 1..workspace.max_kv_splits; see `num_kv_splits_for`).
     A request with seq_len 0 gets zeros. workspace: at least bs rows, num_heads, head_dim.
     block_n: keys per inner step (a power of two >= 16, default 32).
+    num_stages, num_warps: stage 1's software pipelining depth and warps per program.
     """
     op = "decode_attention"
     num_heads, head_dim, num_kv_heads = check_attention_inputs(
@@ -280,6 +283,11 @@ def decode_attention(
         block_n = 32  # measured on an H200 (bf16, head dim 128): a little ahead of 64
     if block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f"{op}: block_n must be a power of two >= 16, got {block_n}")
+    if not 1 <= num_stages <= 8 or num_warps not in (1, 2, 4, 8, 16):
+        raise ValueError(
+            f"{op}: num_stages must be 1 to 8 and num_warps a power of two up to 16, "
+            f"got {num_stages} and {num_warps}"
+        )
     group = num_heads // num_kv_heads
     head_blocks = triton.cdiv(group, _BLOCK_H)
     max_splits = workspace.max_kv_splits
@@ -314,8 +322,8 @@ def decode_attention(
         BLOCK_N=block_n,
         BLOCK_D=block_d,
         DOT_PRECISION=dot_precision(q.dtype),
-        num_warps=4,
-        num_stages=2,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
     _decode_stage2_kernel[(bs, num_heads)](
         ws_out,

@@ -4,7 +4,7 @@
 
 Each section runs in its own process (fresh GPU memory) with its own time limit; results go to
 DIR/gpu_bench.json (DIR: --out, else $OUT, else results/) and a short table is printed last.
-Sections: roofline, correctness, decode1, peer, offline, heavy, online.
+Sections: roofline, correctness, decode1, peer, heavy, structured, offline, online, profile.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ SECTIONS = [
     "structured",
     "offline",
     "online",
+    "profile",
 ]
 # Seconds per section; together they fit one ten-minute command.
 TIME_LIMITS = {
@@ -38,6 +39,7 @@ TIME_LIMITS = {
     "structured": 120,
     "offline": 230,
     "online": 240,
+    "profile": 300,
 }
 OFFLINE_RUN_S = 130  # the 500-prompt run stops here and reports what it finished
 
@@ -63,6 +65,10 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         return sections.decode_heavy_offline()
     if name == "online":
         return sections.online(str(out_dir))
+    if name == "profile":
+        from loadtest.gpu.profile import profile_section
+
+        return profile_section()
     raise SystemExit(f"unknown section {name!r}; known: {', '.join(SECTIONS)}")
 
 

@@ -151,8 +151,10 @@ def run_throughput(engine: Engine, a: argparse.Namespace) -> dict[str, Any]:
         "decode_steps": d.decode_steps,
         "extend_s": d.extend_s,
         "decode_s": d.decode_s,
+        "extend_tokens": d.extend_tokens,  # more than the input when retraction recomputes
         "decode_batch_mean": d.decode_bs_sum / d.decode_steps if d.decode_steps else 0.0,
         "overlapped_steps": engine.overlapped_steps,
+        "retractions": engine.policy.num_retracted,
     }
 
 
@@ -166,6 +168,7 @@ class Drained:
     decode_steps: int = 0
     extend_s: float = 0.0
     decode_s: float = 0.0
+    extend_tokens: int = 0
     decode_bs_sum: int = 0
     first_token_at: dict[str, float] = field(default_factory=dict)
 
@@ -192,6 +195,7 @@ def drain(engine: Engine, reqs: list[TokenizedRequest], time_limit: float = 0.0)
         elif result.forward_tokens:
             out.extend_steps += 1
             out.extend_s += now - before
+            out.extend_tokens += result.forward_tokens
         for _, msg in result.outputs:
             if not isinstance(msg, StepOutput):
                 raise RuntimeError(f"request failed: {msg}")
