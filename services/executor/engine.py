@@ -135,19 +135,21 @@ class Engine:
         return result
 
     def _can_overlap(self) -> bool:
-        """Launch the next step before the in-flight one's tokens are known only in steady
-        decoding: nothing to admit, and no retraction possible (it needs every token)."""
+        """Launch the next step before the in-flight one's tokens are known, unless the next
+        plan might need them on the host. Prompt chunks and admissions do not: a request whose
+        last chunk is in flight gets its sampled token on the device, and the policy's lists
+        trail the device by that one step (a request finishing in flight wastes one token).
+        Retraction does (it keeps every token), so there must be room for two decode steps."""
         p = self.policy
         return (
             self.overlap
             and self.inflight is not None
-            and self.inflight.plan.is_decode
-            and not p.waiting
-            and not p.prefilling
-            and p.mem.available() >= 2 * len(p.running)
+            and p.mem.available() >= 2 * (len(p.running) + len(p.prefilling))
             # Penalties need the last token's value; a grammar whose next text is forced
             # wants a jump-forward step, which cannot be launched ahead of that token.
-            and not any(needs_history(r.sampling) or r.jump_wanted for r in p.running)
+            and not any(
+                needs_history(r.sampling) or r.jump_wanted for r in (*p.running, *p.prefilling)
+            )
         )
 
     def _finish(self, launched: Launched, finished: list[Req]) -> None:

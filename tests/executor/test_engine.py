@@ -131,21 +131,23 @@ def test_requests_join_the_running_batch(
     assert max(run.batch_sizes) >= 3
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("chunk", [1, 4, 7])
 def test_chunked_prefill_gives_the_same_tokens(
-    tiny_dir: Path, hf_model: torch.nn.Module, chunk: int
+    tiny_dir: Path, hf_model: torch.nn.Module, chunk: int, overlap: bool
 ) -> None:
     ps = prompts(4, seed=2)
-    run = Run(make_engine(tiny_dir, max_prefill_tokens=chunk))
+    run = Run(make_engine(tiny_dir, overlap=overlap, max_prefill_tokens=chunk))
     run.go({0: [make_request(f"r{i}", p, max_new=12) for i, p in enumerate(ps)]})
     assert [run.tokens[f"r{i}"] for i in range(4)] == expected(hf_model, ps, 12)
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 def test_retraction_under_memory_pressure_keeps_outputs(
-    tiny_dir: Path, hf_model: torch.nn.Module
+    tiny_dir: Path, hf_model: torch.nn.Module, overlap: bool
 ) -> None:
     ps = prompts(6, seed=4)
-    engine = make_engine(tiny_dir, max_total_tokens=90)
+    engine = make_engine(tiny_dir, overlap=overlap, max_total_tokens=90)
     run = Run(engine)
     run.go({0: [make_request(f"r{i}", p, max_new=60, ignore_eos=True) for i, p in enumerate(ps)]})
     assert engine.policy.num_retracted > 0, "the pool was meant to force retractions"
@@ -159,6 +161,31 @@ def test_retraction_under_memory_pressure_keeps_outputs(
             for _ in range(60):
                 ids.append(int(hf_model(torch.tensor([ids])).logits[0, -1].argmax()))
         assert run.tokens[f"r{i}"] == ids[len(p) :]
+
+
+def test_overlap_goes_on_while_requests_wait_and_prefill(
+    tiny_dir: Path, hf_model: torch.nn.Module
+) -> None:
+    """More requests than may run at once, prompts prefilled in chunks: steps are launched
+    ahead of the previous step's tokens while others wait or prefill, and every output is
+    still transformers' own."""
+    ps = prompts(8, seed=5)
+    engine = make_engine(tiny_dir, overlap=True, max_running_requests=3, max_prefill_tokens=6)
+    overlapped_while_busy = 0
+    original = engine.runner.launch
+
+    def launch(plan: Any, prev: Any = None, sample: bool = True) -> Any:
+        nonlocal overlapped_while_busy
+        p = engine.policy
+        if prev is not None and (p.waiting or p.prefilling or not plan.is_decode):
+            overlapped_while_busy += 1
+        return original(plan, prev=prev, sample=sample)
+
+    engine.runner.launch = launch  # type: ignore[method-assign]
+    run = Run(engine)
+    run.go({0: [make_request(f"r{i}", p, max_new=16) for i, p in enumerate(ps)]})
+    assert overlapped_while_busy > 0
+    assert [run.tokens[f"r{i}"] for i in range(8)] == expected(hf_model, ps, 16)
 
 
 @pytest.mark.parametrize("overlap", [False, True])
