@@ -36,22 +36,30 @@ def check_tensor(
     dims names the dimensions for the message, e.g. "[num_tokens, num_heads, head_dim]".
     last_contiguous: the last dimension must have stride 1 (other strides are passed on).
     """
+    # Called for every tensor of every launch (about a thousand per prefill of a large
+    # model): the passing path is kept to plain comparisons, messages only on failure.
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dim() != len(shape) or any(
-        want is not None and got != want for got, want in zip(t.shape, shape, strict=True)
-    ):
-        want_str = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
-        raise ValueError(f"{op}: {name} must have shape {dims} = {want_str}, got {tuple(t.shape)}")
+    got = t.shape
+    if len(got) != len(shape):
+        _bad_shape(op, name, got, shape, dims)
+    for g, want in zip(got, shape):  # noqa: B905 (lengths are equal)
+        if want is not None and g != want:
+            _bad_shape(op, name, got, shape, dims)
     if t.dtype not in dtypes:
         names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
         raise TypeError(f"{op}: {name} must be one of {names}, got {t.dtype}")
-    if last_contiguous and t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
+    if last_contiguous and got and got[-1] > 1 and t.stride(-1) != 1:
         raise ValueError(
             f"{op}: {name} must be contiguous in its last dimension, got strides {t.stride()}"
         )
     if device is not None and t.device != device:
         raise ValueError(f"{op}: {name} is on {t.device}, expected {device}")
+
+
+def _bad_shape(op: str, name: str, got: torch.Size, shape: Sequence[int | None], dims: str) -> None:
+    want_str = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+    raise ValueError(f"{op}: {name} must have shape {dims} = {want_str}, got {tuple(got)}")
 
 
 def check_device(op: str, t: torch.Tensor) -> None:
