@@ -219,6 +219,18 @@ class Engine:
                 param="max_tokens",
             )
             return RequestFailed(rid=rid, error=err)
+        vocab = self.runner.vocab_size
+        if msg.input_ids and not 0 <= min(msg.input_ids) <= max(msg.input_ids) < vocab:
+            # The tokenizer checks ids against its own vocabulary; a model whose embedding
+            # is smaller would index out of range and take the whole batch down with it.
+            bad = next(t for t in msg.input_ids if not 0 <= t < vocab)
+            err = ErrorInfo(
+                status=400,
+                message=f"input_ids holds token id {bad}, outside this model's vocabulary "
+                f"[0, {vocab})",
+                param="input_ids",
+            )
+            return RequestFailed(rid=rid, error=err)
         self._seq += 1
         req = Req.from_message(msg, self._seq, self.context_length)
         if msg.grammar_key:

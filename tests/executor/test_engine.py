@@ -261,3 +261,22 @@ def test_seeded_request_is_reproducible_in_any_batch(tiny_dir: Path) -> None:
     assert busy.tokens["a"] == alone.tokens["a"]
     assert len(alone.tokens["a"]) == 20
     assert busy.tokens["b"] != busy.tokens["a"]  # another seed, another stream
+
+
+def test_token_id_outside_the_model_vocabulary_fails_only_that_request(tiny_dir: Path) -> None:
+    """A tokenizer larger than the model's embedding would let such ids through: the request
+    gets a 400 naming input_ids, and the batch it would have joined runs on."""
+    engine = make_engine(tiny_dir)
+    vocab = engine.runner.vocab_size
+    run = Run(engine)
+    run.go(
+        {
+            0: [
+                make_request("ok", [1, 2, 3], max_new=8, ignore_eos=True),
+                make_request("bad", [1, vocab, 3], max_new=8),
+            ]
+        }
+    )
+    assert run.finish == {"ok": "length"}
+    err = run.failed["bad"].error
+    assert err.status == 400 and err.param == "input_ids" and str(vocab) in err.message
