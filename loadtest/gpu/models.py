@@ -33,16 +33,78 @@ LLAMA_3_1_8B: dict[str, Any] = {
 }
 
 
-def llama8b_dir(root: Path) -> Path:
-    """config.json of Llama-3.1-8B and a small byte-level tokenizer (ids < 300, all inside
-    the real vocabulary): enough for dummy-weight serving, where text content is irrelevant."""
-    from tests.executor.helpers import make_tokenizer
+WORD_VOCAB_SIZE = 32000
 
-    path = root / "llama-3.1-8b-dummy"
+
+def llama8b_dir(root: Path, tokenizer: str = "bytes") -> Path:
+    """config.json of Llama-3.1-8B and a small tokenizer whose ids all lie inside the real
+    vocabulary: enough for dummy-weight serving, where text content is irrelevant.
+
+    "bytes": byte-level BPE (about 300 ids), which can spell any text: structured output.
+    "words": one id per word, WORD_VOCAB_SIZE of them, each of which decodes to text, as
+    nearly every token of a real model's vocabulary does. Random byte tokens do not: half of
+    them are pieces of a UTF-8 character, which streams hold back until it is complete, so
+    streamed chunks would carry two tokens each and inter-token latency would read double.
+    """
+    path = root / f"llama-3.1-8b-dummy-{tokenizer}"
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(LLAMA_3_1_8B, indent=1))
-    make_tokenizer().save_pretrained(path)
+    if tokenizer == "bytes":
+        from tests.executor.helpers import make_tokenizer
+
+        make_tokenizer().save_pretrained(path)
+    elif tokenizer == "words":
+        make_word_tokenizer().save_pretrained(path)
+    else:
+        raise ValueError(f"tokenizer must be 'bytes' or 'words', got {tokenizer!r}")
     return path
+
+
+def make_word_tokenizer() -> Any:
+    """A word-level tokenizer: loadtest.textgen's words and punctuation, then made-up words
+    up to WORD_VOCAB_SIZE ids, so the benchmark prompts tokenize without unknown words."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from loadtest import textgen
+
+    specials = ["<unk>", "<s>", "</s>"]
+    words: list[str] = []
+    for group in (
+        textgen.ADJECTIVES,
+        textgen.NOUNS,
+        textgen.VERBS,
+        textgen.ADVERBS,
+        textgen.NAMES,
+        textgen.CONNECTORS,
+        *([p.split() for p in (*textgen.PLACES, *textgen.TIMES, *textgen.TEMPLATES)]),
+    ):
+        for w in group:
+            for piece in pre_tokenizers.Whitespace().pre_tokenize_str(w):
+                words.append(piece[0])
+    words += [w.lower() for w in words] + [w.capitalize() for w in words]
+    words += list(".,;:?!'\"-()")
+    vocab: dict[str, int] = {}
+    for w in [*specials, *words]:
+        if not w.startswith("{"):
+            vocab.setdefault(w, len(vocab))
+    syllables = ["ka", "lo", "mi", "ru", "te", "sa", "no", "vi", "de", "po", "zu", "ri"]
+    i = 0
+    while len(vocab) < WORD_VOCAB_SIZE:
+        n, parts = i, []
+        while True:
+            parts.append(syllables[n % len(syllables)])
+            n //= len(syllables)
+            if n == 0:
+                break
+        vocab.setdefault("".join(parts) + "x", len(vocab))
+        i += 1
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
 
 
 def weight_bytes(config: dict[str, Any]) -> int:

@@ -322,7 +322,7 @@ def online(log_dir: str) -> dict[str, Any]:
     from loadtest.flags import build_parser
 
     root = Path(tempfile.mkdtemp())
-    model = llama8b_dir(root)
+    model = llama8b_dir(root, tokenizer="words")
     port = 18000
     log = Path(log_dir) / "serve_online.log"
     proc = _serve(model, log, port)
@@ -337,7 +337,28 @@ def online(log_dir: str) -> dict[str, Any]:
         "--seed",
         "1",
     ]
+
+    def run(*flags: str) -> Any:
+        return asyncio.run(serving.benchmark(build_parser().parse_args([*base, *flags])))
+
     try:
+        # The floor under TTFT through the stack: one 2,048-token prompt at a time.
+        alone = run(
+            "--dataset-name",
+            "random",
+            "--num-prompts",
+            "8",
+            "--max-concurrency",
+            "1",
+            "--random-input-len",
+            "2048",
+            "--random-output-len",
+            "2",
+            "--random-range-ratio",
+            "1.0",
+            "--warmup-requests",
+            "2",
+        )
         latency = asyncio.run(
             serving.benchmark(
                 build_parser().parse_args(
@@ -388,4 +409,8 @@ def online(log_dir: str) -> dict[str, Any]:
             proc.wait(timeout=60)
         except Exception:
             proc.kill()
-    return {"latency_1rps": latency.to_json(), "decode_heavy": heavy.to_json()}
+    return {
+        "ttft_alone_2048": alone.to_json(),
+        "latency_1rps": latency.to_json(),
+        "decode_heavy": heavy.to_json(),
+    }
