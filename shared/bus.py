@@ -95,12 +95,16 @@ async def publish_many(
     items: Sequence[tuple[str, msgspec.Struct]],
     maxlen: int | None = None,
     checkpoint: tuple[str, bytes | str] | None = None,
+    expiring: Sequence[tuple[str, bytes, float]] = (),
 ) -> None:
     """XADD several messages in one round trip, in order. With `checkpoint=(key, entry_id)`
     the messages and SET key entry_id happen atomically (MULTI), so a reader that resumes
-    from its checkpoint neither loses nor repeats what it published."""
+    from its checkpoint neither loses nor repeats what it published. `expiring` keys
+    `(key, value, ttl_s)` are set in the same round trip, before the messages."""
     limit = constants.INSTANCE_STREAM_MAXLEN if maxlen is None else maxlen
     pipe = r.pipeline(transaction=checkpoint is not None)
+    for key, value, ttl_s in expiring:
+        pipe.set(key, value, px=max(1, int(ttl_s * 1000)))
     for stream, message in items:
         pipe.xadd(stream, {FIELD: _encoder.encode(message)}, maxlen=limit, approximate=True)
     if checkpoint is not None:

@@ -22,6 +22,13 @@ LIVE_PREFIX = f"{PREFIX}:live"
 LIVE_TTL_S = 10.0
 HEARTBEAT_INTERVAL_S = 0.5
 
+# Requests in flight, readable by every gateway (POST /abort_request): f"{RID_PREFIX}:{rid}"
+# holds the rids of the HTTP call that dispatched it, until the call ends or its timeout.
+RID_PREFIX = f"{PREFIX}:rid"
+
+# The scheduler leader's instance id, a key with a TTL its leader refreshes.
+SCHEDULER_LEADER_KEY = f"{PREFIX}:leader:scheduler"
+
 # Streams trimmed with MAXLEN ~ so Redis memory stays bounded.
 WORK_STREAM_MAXLEN = 100_000
 INSTANCE_STREAM_MAXLEN = 20_000
@@ -48,6 +55,10 @@ def reply_stream(gateway_id: str) -> str:
 def grammar_cache_key(key: str) -> str:
     """Redis key of one compiled grammar (or of its compile error)."""
     return f"{GRAMMAR_CACHE_PREFIX}:{key}"
+
+
+def rid_key(rid: str) -> str:
+    return f"{RID_PREFIX}:{rid}"
 
 
 def live_key(service: str, instance: str) -> str:

@@ -104,6 +104,20 @@ def read_context_length(source: ModelSource) -> int:
     raise ModelNotFoundError(f"{source.path}/config.json has no max_position_embeddings")
 
 
+def read_architecture(source: ModelSource) -> str:
+    """The architecture as the checkpoint names it (config.json's `architectures[0]`, else its
+    `model_type`; a GGUF's `general.architecture`), for display; "" when it names none."""
+    if source.kind == "gguf":
+        import gguf
+
+        field = gguf.GGUFReader(source.path).fields.get("general.architecture")
+        return str(field.contents()) if field is not None else ""
+    with open(os.path.join(source.path, "config.json")) as f:
+        cfg = json.load(f)
+    archs = cfg.get("architectures") or []
+    return str(archs[0]) if archs else str(cfg.get("model_type", ""))
+
+
 def read_vocab_size(source: ModelSource) -> int:
     """Rows of the model's embedding (its logits' width), without loading weights. It may be
     larger than the tokenizer's vocabulary (padded for the GPU)."""

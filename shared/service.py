@@ -1,6 +1,7 @@
 """The skeleton every service runs in.
 
-- a liveness key refreshed every HEARTBEAT_INTERVAL_S with a TTL (plus load, for executors);
+- a liveness key refreshed every HEARTBEAT_INTERVAL_S with a TTL (plus load, for executors,
+  and the model's description, for tokenizers);
 - every task it starts is kept and its result checked: one crashing stops the service loudly;
 - SIGTERM / SIGINT set `stopping`: workers finish what they hold, then the rest is cancelled.
 """
@@ -22,7 +23,7 @@ import redis.asyncio as aioredis
 
 from shared import constants
 from shared.bus import TRANSIENT, connect
-from shared.messages.heartbeat import ExecutorLoad, Heartbeat
+from shared.messages.heartbeat import ExecutorLoad, Heartbeat, ModelInfo
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +40,14 @@ class Service:
         redis_url: str,
         load: Callable[[], ExecutorLoad | None] | None = None,
         drain_timeout_s: float = 10.0,
+        model: ModelInfo | None = None,
     ) -> None:
         self.name, self.instance = name, instance or default_instance_id()
         self.r: aioredis.Redis = connect(redis_url)
         self.stopping = asyncio.Event()
         self.started = time.time()
         self._load = load
+        self._model = model  # sent with every heartbeat (tokenizers)
         self.drain_timeout_s = drain_timeout_s
         self._encoder = msgspec.msgpack.Encoder()
 
@@ -69,6 +72,7 @@ class Service:
             started=self.started,
             ts=time.time(),
             executor=self._load() if self._load else None,
+            model=self._model,
         )
 
     async def beat_once(self) -> None:

@@ -14,8 +14,8 @@ from shared.messages.detok import (
     DetokMessage,
     DetokRegister,
     LogprobBlock,
+    RequestAborted,
     RequestFailed,
-    StepOutput,
     TokenDelta,
 )
 from shared.messages.reply import Delta, Failure, TokenLogprob, TopLogprob, Usage
@@ -124,11 +124,17 @@ class Detokenizer:
                 return []
             self.finished[msg.rid] = time.monotonic()
             return [(state.trace.reply_to, Failure(rid=msg.rid, error=msg.error))]
-        return self._on_step(msg, schedule_stream)
+        if isinstance(msg, RequestAborted):
+            # The same ending as an executor's abort before the request's first token.
+            ending = TokenDelta(rid=msg.rid, token_ids=[], finish="abort")
+            return self._on_deltas([ending], schedule_stream)
+        return self._on_deltas(msg.deltas, schedule_stream)
 
-    def _on_step(self, step: StepOutput, schedule_stream: str) -> list[tuple[str, Struct]]:
+    def _on_deltas(
+        self, deltas: list[TokenDelta], schedule_stream: str
+    ) -> list[tuple[str, Struct]]:
         out: list[tuple[str, Struct]] = []
-        for d in step.deltas:
+        for d in deltas:
             state = self.states.get(d.rid)
             if state is None:
                 continue  # finished by a stop string already, or aborted

@@ -6,17 +6,21 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable, Sequence
 
+import msgspec
 import redis.asyncio as aioredis
 from aiohttp import web
 
+from services.gateway.background import Background
 from services.gateway.errors import ApiError, invalid
+from services.gateway.inflight import Inflight
 from services.gateway.replies import ReplyRouter
 from services.gateway.validation import Job
 from shared import constants
-from shared.bus import TRANSIENT, publish
-from shared.messages.common import Trace
-from shared.messages.reply import Failure, ReplyMessage
+from shared.bus import TRANSIENT, publish, publish_many
+from shared.messages.common import ErrorInfo, Trace
+from shared.messages.reply import Delta, Failure, GenerationReply, ReplyMessage
 from shared.messages.tokenize import AbortRequest, GenerateRequest
 
 log = logging.getLogger(__name__)
@@ -41,62 +45,103 @@ class Dispatcher:
     ) -> None:
         self.r, self.router, self.reply_to = r, router, reply_to
         self.request_timeout_s, self.max_inflight = request_timeout_s, max_inflight
-        self._aborts: set[asyncio.Task[None]] = set()  # abort publications still in flight
+        self.background = Background()  # abort publications, registry clean-up
+        self.inflight = Inflight(r, self.background)
 
-    async def submit(self, job: Job, traceparent: str) -> Pending:
-        """Register a reply queue for the request, then publish it to the tokenizer."""
+    async def submit(
+        self, jobs: list[Job], traceparent: str, timeout_s: float | None = None
+    ) -> list[Pending]:
+        """Register a reply queue for each job, then publish them all to the tokenizer (and
+        record them in the in-flight registry) in one round trip. The jobs are one HTTP call:
+        an abort of any of them aborts them all."""
         if self.router.failed is not None:
             raise ApiError(503, "the gateway lost its reply stream", type="server_error")
-        if len(self.router.queues) >= self.max_inflight:
+        if len(self.router.queues) + len(jobs) > self.max_inflight:
             raise ApiError(503, f"too many requests in flight (limit {self.max_inflight})")
-        rid = job.rid or uuid.uuid4().hex
-        if rid in self.router.queues:
-            raise invalid(f"rid {rid!r} is already in flight", "rid")
-        queue = self.router.register(rid)
-        deadline = time.time() + self.request_timeout_s
-        trace = Trace(rid=rid, reply_to=self.reply_to, deadline=deadline, traceparent=traceparent)
-        request = GenerateRequest(
-            trace=trace,
-            prompt=job.prompt,
-            sampling=job.sampling,
-            stream=job.stream,
-            constraint=job.constraint,
-            echo=job.echo,
-        )
+        rids = [job.rid or uuid.uuid4().hex for job in jobs]
+        for rid in rids:
+            if rid in self.router.queues:
+                raise invalid(f"rid {rid!r} is already in flight", "rid")
+        if len(set(rids)) != len(rids):  # a client's rid "a-1" beside the samples of "a"
+            raise invalid(
+                "the request's rids (with their samples' rid-1, rid-2, ...) repeat", "rid"
+            )
+        timeout_s = self.request_timeout_s if timeout_s is None else timeout_s
+        deadline = time.time() + timeout_s
+        trace = Trace(rid="", reply_to=self.reply_to, deadline=deadline, traceparent=traceparent)
+        requests = [
+            GenerateRequest(
+                trace=msgspec.structs.replace(trace, rid=rid),
+                prompt=job.prompt,
+                sampling=job.sampling,
+                stream=job.stream,
+                constraint=job.constraint,
+                echo=job.echo,
+            )
+            for rid, job in zip(rids, jobs, strict=True)
+        ]
+        queues = [self.router.register(rid) for rid in rids]
+        self.inflight.add(rids)
         try:
-            await publish(self.r, constants.TOKENIZE_STREAM, request, constants.WORK_STREAM_MAXLEN)
-        except asyncio.CancelledError:  # it may have gone out: take it back
-            self.router.unregister(rid)
-            self.abort(rid, "client disconnected")
+            await publish_many(
+                self.r,
+                [(constants.TOKENIZE_STREAM, req) for req in requests],
+                maxlen=constants.WORK_STREAM_MAXLEN,
+                expiring=self.inflight.registry_keys(rids, timeout_s),
+            )
+        except BaseException as e:
+            for rid in rids:
+                self.router.unregister(rid)
+                self.inflight.release(rid)
+                if isinstance(e, asyncio.CancelledError):  # it may have gone out: take it back
+                    self.abort(rid, "client disconnected")
+            if isinstance(e, TRANSIENT):
+                raise ApiError(503, f"cannot reach the request bus: {e}") from e
             raise
-        except TRANSIENT as e:
+        return [Pending(self, rid, q, timeout_s) for rid, q in zip(rids, queues, strict=True)]
+
+    async def call(
+        self, build: Callable[[Trace], msgspec.Struct], timeout_s: float
+    ) -> ReplyMessage:
+        """One request the tokenizer answers with one message (tokenize, detokenize): publish
+        `build(trace)`, wait for its reply. A Failure raises its ApiError; no answer within
+        `timeout_s` is a 504."""
+        if self.router.failed is not None:
+            raise ApiError(503, "the gateway lost its reply stream", type="server_error")
+        rid = f"call-{uuid.uuid4().hex}"
+        trace = Trace(rid=rid, reply_to=self.reply_to, deadline=time.time() + timeout_s)
+        queue = self.router.register(rid)
+        try:
+            try:
+                await publish(
+                    self.r, constants.TOKENIZE_STREAM, build(trace), constants.WORK_STREAM_MAXLEN
+                )
+            except TRANSIENT as e:
+                raise ApiError(503, f"cannot reach the request bus: {e}") from e
+            try:
+                reply = await asyncio.wait_for(queue.get(), timeout_s)
+            except asyncio.TimeoutError:
+                raise ApiError(504, f"no tokenizer answered within {timeout_s:g}s") from None
+        finally:
             self.router.unregister(rid)
-            raise ApiError(503, f"cannot reach the request bus: {e}") from e
-        except BaseException:
-            self.router.unregister(rid)
-            raise
-        return Pending(self, rid, queue, self.request_timeout_s)
+        if isinstance(reply, Failure):
+            raise ApiError.from_info(reply.error)
+        return reply
 
     def abort(self, rid: str, reason: str) -> None:
         """Publish an AbortRequest in the background (safe to call from a cancelled handler)."""
-        task = asyncio.create_task(self._publish_abort(rid, reason), name=f"abort-{rid}")
-        self._aborts.add(task)
-        task.add_done_callback(self._abort_done)
+        self.background.spawn(self.publish_aborts([rid], reason), name=f"abort-{rid}")
 
-    async def _publish_abort(self, rid: str, reason: str) -> None:
-        log.info("aborting %s: %s", rid, reason)
-        abort = AbortRequest(rid=rid, reason=reason)
-        await publish(self.r, constants.SCHEDULE_STREAM, abort, constants.WORK_STREAM_MAXLEN)
-
-    def _abort_done(self, task: asyncio.Task[None]) -> None:
-        self._aborts.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("publishing %s failed: %r", task.get_name(), task.exception())
+    async def publish_aborts(self, rids: Sequence[str], reason: str) -> None:
+        """Abort requests wherever they are: the scheduler forwards each to its executor, or
+        ends it when it arrives if it has not yet (see services/scheduler/router.py)."""
+        log.info("aborting %s: %s", ", ".join(rids), reason)
+        aborts = [(constants.SCHEDULE_STREAM, AbortRequest(rid=rid, reason=reason)) for rid in rids]
+        await publish_many(self.r, aborts, maxlen=constants.WORK_STREAM_MAXLEN)
 
     async def close(self) -> None:
-        """Let the aborts already started reach Redis."""
-        if self._aborts:
-            await asyncio.wait(self._aborts, timeout=5.0)
+        """Let the aborts and clean-ups already started reach Redis."""
+        await self.background.wait(5.0)
 
 
 class Pending:
@@ -114,7 +159,7 @@ class Pending:
         self.finished = False
         self.abort_reason = "gateway dropped the request"
 
-    async def next(self, request: web.BaseRequest | None = None) -> ReplyMessage:
+    async def next(self, request: web.BaseRequest | None = None) -> GenerationReply:
         """The next reply. Raises ApiError(504) past the deadline, ClientGone if `request`'s
         connection is closed."""
         loop = asyncio.get_running_loop()
@@ -132,13 +177,17 @@ class Pending:
                     raise ClientGone() from None
         return self._seen(self.queue.get_nowait())
 
-    def _seen(self, message: ReplyMessage) -> ReplyMessage:
+    def _seen(self, message: ReplyMessage) -> GenerationReply:
+        if not isinstance(message, Delta | Failure):  # only a bug could route one here
+            info = ErrorInfo(status=500, message="unexpected reply", type="server_error")
+            message = Failure(rid=self.rid, error=info)
         if isinstance(message, Failure) or message.finish_reason is not None:
             self.finished = True
         return message
 
     def close(self) -> None:
         self.dispatcher.router.unregister(self.rid)
+        self.dispatcher.inflight.release(self.rid)
         if not self.finished:
             self.dispatcher.abort(self.rid, self.abort_reason)
 

@@ -23,7 +23,7 @@ from services.gateway.dispatch import ClientGone, Pending, client_gone
 from services.gateway.errors import ApiError
 from services.gateway.logprob_format import cumulative_logprob
 from services.gateway.responses import DONE, SSE_HEADERS, Accumulated, json_response, send_events
-from shared.messages.reply import Delta, Failure, ReplyMessage, Usage
+from shared.messages.reply import Delta, Failure, GenerationReply, Usage
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ async def respond_many(
 
 
 async def _collect(
-    request: web.Request, p: Pending, acc: Accumulated, message: ReplyMessage
+    request: web.Request, p: Pending, acc: Accumulated, message: GenerationReply
 ) -> None:
     while True:
         if isinstance(message, Failure):
@@ -131,14 +131,14 @@ async def _stream_many(
     renderer: ManyRenderer,
     resp: web.StreamResponse,
     accs: list[Accumulated],
-    firsts: list[ReplyMessage],
+    firsts: list[GenerationReply],
     group: int,
 ) -> None:
     """Relay every sample's replies as they come; the first error ends the stream."""
-    queue: asyncio.Queue[tuple[int, ReplyMessage | ApiError]] = asyncio.Queue()
+    queue: asyncio.Queue[tuple[int, GenerationReply | ApiError]] = asyncio.Queue()
 
-    async def pump(i: int, p: Pending, first: ReplyMessage) -> None:
-        message: ReplyMessage = first
+    async def pump(i: int, p: Pending, first: GenerationReply) -> None:
+        message: GenerationReply = first
         while True:
             await queue.put((i, message))
             if isinstance(message, Failure) or message.finish_reason is not None:

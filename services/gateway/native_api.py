@@ -7,7 +7,6 @@ from typing import Any
 from aiohttp import web
 
 from services.gateway import validation
-from services.gateway.dispatch import Pending
 from services.gateway.errors import error_body
 from services.gateway.fanout import respond_many
 from services.gateway.logprob_format import native_logprobs
@@ -76,14 +75,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     body = validation.decode(await request.read(), GenerateBody)
     jobs, many = validation.native_jobs(body)
     parent = traceparent(request)
-    pendings: list[Pending] = []
-    try:
-        for job in jobs:
-            pendings.append(await state.dispatcher.submit(job, parent))
-    except BaseException:
-        for p in pendings:
-            p.close()
-        raise
+    pendings = await state.dispatcher.submit(jobs, parent)
     renderer = NativeRenderer(
         [p.rid for p in pendings], many, body.return_logprob, body.return_text_in_logprobs
     )

@@ -9,7 +9,6 @@ import msgspec
 from aiohttp import web
 
 from services.gateway import validation
-from services.gateway.dispatch import Pending
 from services.gateway.errors import ApiError
 from services.gateway.fanout import respond_many
 from services.gateway.openai_render import ChatRenderer, CompletionRenderer
@@ -36,15 +35,7 @@ async def _answer(
             replace(j, sampling=msgspec.structs.replace(j.sampling, return_logprob=True))
             for j in expanded
         ]
-    parent = traceparent(request)
-    pendings: list[Pending] = []
-    try:
-        for j in expanded:
-            pendings.append(await state.dispatcher.submit(j, parent))
-    except BaseException:
-        for p in pendings:
-            p.close()
-        raise
+    pendings = await state.dispatcher.submit(expanded, traceparent(request))
     renderer.id = f"{renderer.id}-{pendings[0].rid}"
     return await respond_many(request, pendings, renderer, jobs[0].stream, group, keep)
 

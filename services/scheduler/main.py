@@ -23,7 +23,7 @@ from shared.service import Service, default_instance_id, live_instances, run_asy
 
 log = logging.getLogger(__name__)
 
-LEADER_KEY = f"{constants.PREFIX}:leader:scheduler"
+LEADER_KEY = constants.SCHEDULER_LEADER_KEY
 LEADER_TTL_S = 3.0
 
 

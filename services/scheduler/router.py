@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from msgspec import Struct
 
 from shared.messages.common import ErrorInfo
-from shared.messages.detok import RequestFailed
+from shared.messages.detok import RequestAborted, RequestFailed
 from shared.messages.heartbeat import ExecutorLoad, Heartbeat
 from shared.messages.schedule import TokenizedRequest
 from shared.messages.tokenize import AbortRequest
@@ -78,7 +78,7 @@ class Router:
         if rid in self.assigned:
             return []  # redelivered: already sent
         if self.early_aborts.pop(rid, None) is not None:
-            return [(req.detok_stream, RequestFailed(rid=rid, error=_aborted()))]
+            return [(req.detok_stream, RequestAborted(rid=rid))]
         if req.trace.deadline < now:
             err = ErrorInfo(status=504, message="the request's deadline passed", type="timeout")
             return [(req.detok_stream, RequestFailed(rid=rid, error=err))]
@@ -115,7 +115,7 @@ class Router:
     def abort(self, msg: AbortRequest, now: float | None = None) -> list[tuple[str, Struct]]:
         a = self.assigned.get(msg.rid)
         if a is None:
-            # Not here yet (still tokenizing): refuse it when it arrives.
+            # Not here yet (being tokenized or compiled): end it when it arrives.
             now = time.time() if now is None else now
             self.early_aborts[msg.rid] = now + 600.0
             return []
@@ -131,7 +131,3 @@ class Router:
         for rid, until in list(self.early_aborts.items()):
             if until < now:
                 del self.early_aborts[rid]
-
-
-def _aborted() -> ErrorInfo:
-    return ErrorInfo(status=499, message="the request was aborted", type="aborted")

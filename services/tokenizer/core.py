@@ -5,8 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from shared.messages.common import ErrorInfo, SamplingParams
-from shared.messages.tokenize import ChatPrompt, GenerateRequest, TextPrompt, TokenPrompt
-from shared.model_files import ModelSource, eos_token_ids, load_tokenizer, read_context_length
+from shared.messages.heartbeat import ModelInfo
+from shared.messages.tokenize import ChatPrompt, GenerateRequest, Prompt, TextPrompt, TokenPrompt
+from shared.model_files import (
+    ModelSource,
+    eos_token_ids,
+    load_tokenizer,
+    read_architecture,
+    read_context_length,
+)
 
 
 class PromptError(Exception):
@@ -25,22 +32,32 @@ class Tokenization:
         self.eos_token_ids = eos_token_ids(source, self.tokenizer)
         self.vocab_size = len(self.tokenizer)
 
-    def encode_prompt(self, req: GenerateRequest) -> list[int]:
-        prompt = req.prompt
+    def model_info(self) -> ModelInfo:
+        return ModelInfo(
+            path=self.source.path,
+            name=self.source.name,
+            architecture=read_architecture(self.source),
+            context_length=self.context_length,
+            vocab_size=self.vocab_size,
+            eos_token_ids=self.eos_token_ids,
+            has_chat_template=bool(getattr(self.tokenizer, "chat_template", None)),
+        )
+
+    def encode(self, prompt: Prompt) -> tuple[list[int], str]:
+        """The prompt's token ids, and the request field they came from (for errors). No
+        length checks: `encode_prompt` adds them for generation."""
         if isinstance(prompt, TextPrompt):
             ids = self.tokenizer.encode(prompt.text, add_special_tokens=prompt.add_special_tokens)
-            param = "prompt"
-        elif isinstance(prompt, TokenPrompt):
-            ids, param = list(prompt.input_ids), "input_ids"
-            bad = [t for t in ids if not 0 <= t < self.vocab_size]
-            if bad:
-                raise PromptError(
-                    f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})", param
-                )
-        elif isinstance(prompt, ChatPrompt):
-            ids, param = self.apply_chat_template(prompt), "messages"
-        else:  # pragma: no cover - the tagged union has no other members
-            raise PromptError(f"unknown prompt kind {type(prompt).__name__}", "prompt")
+            return list(ids), "prompt"
+        if isinstance(prompt, TokenPrompt):
+            self.check_ids(prompt.input_ids, "input_ids")
+            return list(prompt.input_ids), "input_ids"
+        if isinstance(prompt, ChatPrompt):
+            return self.apply_chat_template(prompt), "messages"
+        raise PromptError(f"unknown prompt kind {type(prompt).__name__}", "prompt")
+
+    def encode_prompt(self, req: GenerateRequest) -> list[int]:
+        ids, param = self.encode(req.prompt)
         if not ids:
             raise PromptError("the prompt is empty", param)
         if len(ids) >= self.context_length:
@@ -49,7 +66,20 @@ class Tokenization:
                 f"{self.context_length} tokens, which must also hold at least one output token",
                 param,
             )
-        return list(ids)
+        return ids
+
+    def check_ids(self, ids: list[int], param: str) -> None:
+        """Every id must name a token of the vocabulary; the error names the first bad one."""
+        for i, t in enumerate(ids):
+            if not 0 <= t < self.vocab_size:
+                raise PromptError(
+                    f"{param}[{i}] is token id {t}, outside the vocabulary [0, {self.vocab_size})",
+                    f"{param}[{i}]",
+                )
+
+    def decode(self, ids: list[int], skip_special_tokens: bool, param: str) -> str:
+        self.check_ids(ids, param)
+        return str(self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
 
     def apply_chat_template(self, prompt: ChatPrompt) -> list[int]:
         if not getattr(self.tokenizer, "chat_template", None):

@@ -68,4 +68,12 @@ class RequestFailed(msgspec.Struct, tag="failed", array_like=True, kw_only=True,
     error: ErrorInfo
 
 
-DetokMessage = DetokRegister | StepOutput | RequestFailed
+class RequestAborted(msgspec.Struct, tag="aborted", array_like=True, kw_only=True, frozen=True):
+    """An abort reached the scheduler before the request did: it ends, with finish reason
+    "abort" and no output, as if the executor had aborted it before its first token."""
+
+    rid: str
+    reason: str = "abort"
+
+
+DetokMessage = DetokRegister | StepOutput | RequestFailed | RequestAborted

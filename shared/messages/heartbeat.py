@@ -25,6 +25,19 @@ class ExecutorLoad(msgspec.Struct, kw_only=True, frozen=True):
     jump_forward_tokens: int = 0  # tokens appended without a forward pass each
 
 
+class ModelInfo(msgspec.Struct, kw_only=True, frozen=True):
+    """The served model as the tokenizer loaded it, in every tokenizer heartbeat, so the
+    gateway can describe it (GET /get_model_info) without loading anything itself."""
+
+    path: str  # the HF directory or .gguf file
+    name: str  # the served name
+    architecture: str  # as the checkpoint names it: config.json's, or GGUF general.architecture
+    context_length: int
+    vocab_size: int  # the tokenizer's ids, special tokens included
+    eos_token_ids: list[int]
+    has_chat_template: bool
+
+
 class Heartbeat(msgspec.Struct, kw_only=True, frozen=True):
     service: str
     instance: str
@@ -32,3 +45,4 @@ class Heartbeat(msgspec.Struct, kw_only=True, frozen=True):
     started: float
     ts: float
     executor: ExecutorLoad | None = None
+    model: ModelInfo | None = None  # tokenizers only

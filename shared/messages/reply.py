@@ -1,4 +1,5 @@
-"""rs:reply:{gateway} — text deltas and errors for the gateway instance that owns the request."""
+"""rs:reply:{gateway} — text deltas and errors for the gateway instance that owns the request,
+and the answers to its tokenize / detokenize calls. Every message names its request's rid."""
 
 from __future__ import annotations
 
@@ -50,4 +51,21 @@ class Failure(msgspec.Struct, tag="failure", kw_only=True, frozen=True):
     error: ErrorInfo
 
 
-ReplyMessage = Delta | Failure
+class TokenizeResult(msgspec.Struct, tag="tokenized", kw_only=True, frozen=True):
+    """The answer to a TokenizeRequest."""
+
+    rid: str
+    token_ids: list[int]
+    max_model_len: int  # the tokenizer's context length
+
+
+class DetokenizeResult(msgspec.Struct, tag="detokenized", kw_only=True, frozen=True):
+    """The answer to a DetokenizeRequest."""
+
+    rid: str
+    text: str
+
+
+# What a generation's replies can be (Pending.next narrows to this).
+GenerationReply = Delta | Failure
+ReplyMessage = Delta | Failure | TokenizeResult | DetokenizeResult

@@ -1,4 +1,9 @@
-"""rs:tokenize — requests from a gateway to the tokenizer replicas."""
+"""rs:tokenize — requests from a gateway to the tokenizer replicas.
+
+GenerateRequest starts a generation; TokenizeRequest and DetokenizeRequest are calls the
+tokenizer answers at once on the gateway's reply stream (POST /tokenize, /detokenize), so the
+gateway never loads the tokenizer itself.
+"""
 
 from __future__ import annotations
 
@@ -45,4 +50,21 @@ class AbortRequest(msgspec.Struct, tag="abort", kw_only=True, frozen=True):
     reason: str = "abort"
 
 
-TokenizeMessage = GenerateRequest | AbortRequest
+class TokenizeRequest(msgspec.Struct, tag="tokenize", kw_only=True, frozen=True):
+    """The token ids of a prompt, answered with a `reply.TokenizeResult` (or a Failure).
+    No length check: the client asks in order to check lengths itself."""
+
+    trace: Trace
+    prompt: TextPrompt | ChatPrompt
+
+
+class DetokenizeRequest(msgspec.Struct, tag="detokenize", kw_only=True, frozen=True):
+    """The text of token ids, answered with a `reply.DetokenizeResult` (or a Failure naming
+    the first id outside the vocabulary)."""
+
+    trace: Trace
+    token_ids: list[int]
+    skip_special_tokens: bool = False
+
+
+TokenizeMessage = GenerateRequest | AbortRequest | TokenizeRequest | DetokenizeRequest

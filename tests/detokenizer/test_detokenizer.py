@@ -9,8 +9,8 @@ import pytest
 from services.detokenizer.core import Detokenizer
 from services.detokenizer.incremental import IncrementalDetokenizer
 from shared.messages.common import SamplingParams, Trace
-from shared.messages.detok import DetokRegister, StepOutput, TokenDelta
-from shared.messages.reply import Delta
+from shared.messages.detok import DetokRegister, RequestAborted, StepOutput, TokenDelta
+from shared.messages.reply import Delta, Usage
 from shared.messages.tokenize import AbortRequest
 from tests.executor.helpers import EOS_ID, make_tokenizer
 
@@ -85,6 +85,22 @@ def test_eos_is_counted_but_not_shown(tok: Any) -> None:
     assert reply.text == "ok" and reply.finish_reason == "stop" and reply.matched_stop == EOS_ID
     assert reply.usage.completion_tokens == len(ids) + 1 and reply.usage.prompt_tokens == 5
     assert "b" not in d.states
+
+
+def test_an_abort_before_the_executor_ends_the_request_with_no_output(tok: Any) -> None:
+    d = Detokenizer(tok)
+    d.handle(register("early"), "s")
+    ((stream, reply),) = d.handle(RequestAborted(rid="early"), "s")
+    assert stream == "reply:early"
+    assert reply == Delta(
+        rid="early",
+        text="",
+        token_ids=[],
+        usage=Usage(prompt_tokens=5, completion_tokens=0),
+        finish_reason="abort",
+    )
+    assert "early" not in d.states and "early" in d.finished
+    assert d.handle(RequestAborted(rid="early"), "s") == []  # redelivered: answered once
 
 
 def test_registration_is_idempotent_and_unknown_rids_ignored(tok: Any) -> None:

@@ -2,7 +2,9 @@
 
 It reads GenerateRequests from rs:tokenize and answers on the reply stream named in each
 request's trace with a script chosen by the prompt's text (see SCRIPTS), and records every
-AbortRequest it sees on rs:schedule.
+AbortRequest it sees on rs:schedule, ending the aborted request with finish reason "abort" as
+the executor would. Its "tokenizer" maps text to its UTF-8 bytes: /tokenize of "hé" is
+[104, 195, 169], and /detokenize refuses ids above 255 (a text "silent" gets no answer).
 """
 
 from __future__ import annotations
@@ -17,14 +19,23 @@ import redis.asyncio as aioredis
 from shared import constants
 from shared.bus import GroupConsumer, publish
 from shared.messages.common import ErrorInfo
-from shared.messages.reply import Delta, Failure, ReplyMessage, Usage
+from shared.messages.reply import (
+    Delta,
+    DetokenizeResult,
+    Failure,
+    ReplyMessage,
+    TokenizeResult,
+    Usage,
+)
 from shared.messages.schedule import ScheduleMessage
 from shared.messages.tokenize import (
     AbortRequest,
     ChatPrompt,
+    DetokenizeRequest,
     GenerateRequest,
     TextPrompt,
     TokenizeMessage,
+    TokenizeRequest,
     TokenPrompt,
 )
 
@@ -84,6 +95,20 @@ SCRIPTS: dict[str, Callable[[str], list[Step]]] = {
 }
 
 
+def byte_tokenizer(call: TokenizeRequest | DetokenizeRequest) -> ReplyMessage | None:
+    rid = call.trace.rid
+    if isinstance(call, DetokenizeRequest):
+        bad = next((i for i, t in enumerate(call.token_ids) if t > 255), None)
+        if bad is not None:
+            return failure(rid, 400, "outside the vocabulary", f"tokens[{bad}]")
+        return DetokenizeResult(rid=rid, text=bytes(call.token_ids).decode(errors="replace"))
+    prompt = call.prompt
+    text = prompt.text if isinstance(prompt, TextPrompt) else prompt.messages[-1].content
+    if text == "silent":
+        return None
+    return TokenizeResult(rid=rid, token_ids=list(text.encode()), max_model_len=64)
+
+
 def prompt_key(req: GenerateRequest) -> str:
     p = req.prompt
     if isinstance(p, TextPrompt):
@@ -125,6 +150,10 @@ class FakeBackend:
                 if isinstance(e.message, GenerateRequest):
                     self.requests.append(e.message)
                     self._tasks.append(asyncio.create_task(self._answer(e.message)))
+                elif isinstance(e.message, TokenizeRequest | DetokenizeRequest):
+                    answer = byte_tokenizer(e.message)
+                    if answer is not None:
+                        await publish(self.r, e.message.trace.reply_to, answer)
             await consumer.ack([e.id for e in entries])
 
     async def _answer(self, req: GenerateRequest) -> None:
@@ -140,8 +169,16 @@ class FakeBackend:
         await consumer.ensure_group()
         while True:
             entries = await consumer.read(block_ms=50)
-            self.aborts += [e.message for e in entries if isinstance(e.message, AbortRequest)]
+            for e in entries:
+                if isinstance(e.message, AbortRequest):
+                    self.aborts.append(e.message)
+                    await self._end_aborted(e.message.rid)
             await consumer.ack([e.id for e in entries])
+
+    async def _end_aborted(self, rid: str) -> None:
+        req = next((q for q in self.requests if q.trace.rid == rid), None)
+        if req is not None:
+            await publish(self.r, req.trace.reply_to, delta(rid, "", [], 1, finish_reason="abort"))
 
     async def wait_for_abort(self, rid: str, timeout: float = 3.0) -> AbortRequest:
         return await _poll(lambda: next((a for a in self.aborts if a.rid == rid), None), timeout)

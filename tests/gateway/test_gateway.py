@@ -6,20 +6,14 @@ import asyncio
 import json
 import signal
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import openai
 import pytest
 import redis.asyncio as aioredis
-from aiohttp import web
 
-from services.gateway.app import bound_port, build_app, start_site
 from services.gateway.main import Gateway, build_parser
-from services.gateway.state import STATE, GatewaySettings, GatewayState
 from shared import constants
 from shared.bus import publish
 from shared.messages.common import ChoiceConstraint, JsonSchemaConstraint, SamplingParams
@@ -27,10 +21,10 @@ from shared.messages.reply import Delta, Usage
 from shared.messages.tokenize import ChatMessage, ChatPrompt, TextPrompt, TokenPrompt
 from shared.service import Service
 from tests.gateway.fake_backend import FakeBackend
+from tests.gateway.helpers import MODEL, Running, read_sse, wait_until
 
 pytestmark = pytest.mark.redis
 
-MODEL = "test-model"
 USAGE = {
     "prompt_tokens": 5,
     "completion_tokens": 3,
@@ -38,74 +32,6 @@ USAGE = {
     "prompt_tokens_details": {"cached_tokens": 2},
 }
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
-
-
-@dataclass
-class Running:
-    url: str
-    state: GatewayState
-    runner: web.AppRunner
-
-
-@pytest.fixture
-async def backend(aredis: aioredis.Redis) -> AsyncIterator[FakeBackend]:
-    fake = FakeBackend(aredis)
-    await fake.start()
-    yield fake
-    await fake.stop()
-
-
-@pytest.fixture
-async def start_gateway(
-    redis_url: str, backend: FakeBackend
-) -> AsyncIterator[Callable[..., Awaitable[Running]]]:
-    runners: list[web.AppRunner] = []
-
-    async def start(timeout: float = 5.0) -> Running:
-        settings = GatewaySettings(
-            redis_url=redis_url,
-            instance_id=f"gw-{uuid.uuid4().hex[:8]}",
-            model_name=MODEL,
-            request_timeout_s=timeout,
-        )
-        app = await build_app(settings)
-        runner = await start_site(app, "127.0.0.1", 0, shutdown_timeout=2.0)
-        runners.append(runner)
-        return Running(f"http://127.0.0.1:{bound_port(runner)}", app[STATE], runner)
-
-    yield start
-    for runner in runners:
-        await runner.cleanup()
-
-
-@pytest.fixture
-async def gw(start_gateway: Callable[..., Awaitable[Running]]) -> Running:
-    return await start_gateway()
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-async def read_sse(resp: aiohttp.ClientResponse) -> list[Any]:
-    """The payloads of a whole SSE body, checking the `data: ...\\n\\n` framing."""
-    raw = (await resp.read()).decode()
-    assert raw.endswith("\n\n")
-    events: list[Any] = []
-    for block in raw[:-2].split("\n\n"):
-        assert block.startswith("data: "), block
-        payload = block.removeprefix("data: ")
-        events.append(payload if payload == "[DONE]" else json.loads(payload))
-    return events
-
-
-async def wait_until(check: Callable[[], bool], timeout: float = 3.0) -> None:
-    until = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < until, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 # --- OpenAI API ---

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from services.scheduler.router import Router
 from shared.messages.common import SamplingParams, Trace
-from shared.messages.detok import RequestFailed
+from shared.messages.detok import RequestAborted, RequestFailed
 from shared.messages.heartbeat import ExecutorLoad, Heartbeat
 from shared.messages.schedule import TokenizedRequest
 from shared.messages.tokenize import AbortRequest
@@ -74,12 +74,15 @@ def test_abort_goes_to_the_executor_holding_the_request() -> None:
     assert r.abort(AbortRequest(rid="a")) == [("rs:exec:e1", AbortRequest(rid="a"))]
 
 
-def test_abort_before_arrival_refuses_the_request() -> None:
+def test_abort_before_arrival_ends_the_request_when_it_arrives() -> None:
     r = Router(max_queued=10)
     r.update_executors([beat("e1")])
     assert r.abort(AbortRequest(rid="early")) == []
-    _, msg = r.route(make_request("early"))[0]
-    assert isinstance(msg, RequestFailed) and msg.error.status == 499
+    ((stream, msg),) = r.route(make_request("early"))
+    # To its detokenizer, which ends it with finish reason "abort"; no executor sees it.
+    assert stream == make_request("early").detok_stream
+    assert msg == RequestAborted(rid="early")
+    assert "early" not in r.assigned and "early" not in r.early_aborts
 
 
 def test_lost_executor_fails_its_requests_only() -> None:

@@ -18,6 +18,7 @@ from shared.messages.common import (
 from shared.messages.detok import (
     DetokMessage,
     DetokRegister,
+    RequestAborted,
     RequestFailed,
     StepOutput,
     TokenDelta,
@@ -28,16 +29,25 @@ from shared.messages.grammar import (
     GrammarErrorEntry,
     GrammarMessage,
 )
-from shared.messages.heartbeat import ExecutorLoad, Heartbeat
-from shared.messages.reply import Delta, Failure, ReplyMessage, Usage
+from shared.messages.heartbeat import ExecutorLoad, Heartbeat, ModelInfo
+from shared.messages.reply import (
+    Delta,
+    DetokenizeResult,
+    Failure,
+    ReplyMessage,
+    TokenizeResult,
+    Usage,
+)
 from shared.messages.schedule import ExecutorMessage, FlushCache, TokenizedRequest
 from shared.messages.tokenize import (
     AbortRequest,
     ChatMessage,
     ChatPrompt,
+    DetokenizeRequest,
     GenerateRequest,
     TextPrompt,
     TokenizeMessage,
+    TokenizeRequest,
     TokenPrompt,
 )
 
@@ -141,6 +151,20 @@ CASES = [
         ),
     ),
     (DetokMessage, RequestFailed(rid="r1", error=ErrorInfo(status=503, message="full"))),
+    (DetokMessage, RequestAborted(rid="r1", reason="abort_request")),
+    (
+        TokenizeMessage,
+        TokenizeRequest(
+            trace=TRACE,
+            prompt=ChatPrompt(
+                messages=[ChatMessage(role="user", content="hi")], add_generation_prompt=False
+            ),
+        ),
+    ),
+    (TokenizeMessage, TokenizeRequest(trace=TRACE, prompt=TextPrompt(text="hé"))),
+    (TokenizeMessage, DetokenizeRequest(trace=TRACE, token_ids=[1, 2], skip_special_tokens=True)),
+    (ReplyMessage, TokenizeResult(rid="r1", token_ids=[1, 2], max_model_len=8)),
+    (ReplyMessage, DetokenizeResult(rid="r1", text="é 世界")),
     (
         ReplyMessage,
         Delta(
@@ -169,6 +193,25 @@ CASES = [
                 running=2,
                 free_kv_tokens=3,
                 total_kv_tokens=4,
+            ),
+        ),
+    ),
+    (
+        Heartbeat,
+        Heartbeat(
+            service="tokenizer",
+            instance="t0",
+            pid=1,
+            started=1.0,
+            ts=2.0,
+            model=ModelInfo(
+                path="/m",
+                name="m",
+                architecture="llama",
+                context_length=8,
+                vocab_size=10,
+                eos_token_ids=[2],
+                has_chat_template=False,
             ),
         ),
     ),
@@ -203,6 +246,12 @@ def test_requests_without_a_constraint_still_decode() -> None:
     msg = Codec[object](ExecutorMessage).decode(msgspec.msgpack.encode(old))
     assert isinstance(msg, TokenizedRequest)
     assert (msg.constraint, msg.grammar_key) == (None, "")
+
+
+def test_an_older_heartbeat_decodes_without_a_model() -> None:
+    old = {"service": "tokenizer", "instance": "t0", "pid": 1, "started": 1.0, "ts": 2.0}
+    beat = msgspec.msgpack.Decoder(Heartbeat).decode(msgspec.msgpack.encode(old))
+    assert beat.model is None and beat.executor is None
 
 
 def test_wrong_type_is_rejected() -> None:

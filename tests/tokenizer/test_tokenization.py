@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from services.tokenizer.core import Tokenization
-from services.tokenizer.main import handle
+from services.tokenizer.handlers import handle
 from shared.messages.common import RegexConstraint, SamplingParams, Trace
 from shared.messages.detok import DetokRegister
 from shared.messages.reply import Failure
@@ -80,7 +80,7 @@ def test_default_max_tokens_fills_the_context(tok: Tokenization) -> None:
     [
         (TextPrompt(text="x" * 80), 4, "prompt", "context length"),
         (TokenPrompt(input_ids=list(range(10))), 60, "max_tokens", "exceeds"),
-        (TokenPrompt(input_ids=[5, 9999]), 4, "input_ids", "outside the vocabulary"),
+        (TokenPrompt(input_ids=[5, 9999]), 4, "input_ids[1]", "outside the vocabulary"),
         (TextPrompt(text=""), 4, "prompt", "empty"),
     ],
 )

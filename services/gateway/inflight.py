@@ -1,0 +1,73 @@
+"""Which requests are in flight: this gateway's HTTP calls, and a registry in Redis that every
+gateway reads, so POST /abort_request reaches a request whichever gateway dispatched it.
+
+`constants.rid_key(rid)` holds the msgpack list of every rid dispatched by the same HTTP call
+(its `n` samples, its batch's other prompts): an abort of one rid aborts the whole call, which
+answers as one. The keys are set in the round trip that publishes the requests, with the
+requests' timeout as TTL, and deleted when the call ends (a crashed gateway's keys expire).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import msgspec
+import redis.asyncio as aioredis
+
+from services.gateway.background import Background
+from shared import constants
+from shared.bus import TRANSIENT
+
+log = logging.getLogger(__name__)
+
+_encode = msgspec.msgpack.encode
+_decode_rids = msgspec.msgpack.Decoder(list[str]).decode
+
+
+class Inflight:
+    def __init__(self, r: aioredis.Redis, background: Background) -> None:
+        self.r, self.background = r, background
+        self.calls: dict[str, tuple[str, ...]] = {}  # rid -> every rid of its HTTP call
+        self._released: list[str] = []  # rids whose registry keys are not deleted yet
+        self._deleting = False  # a delete task is running: it takes what is released meanwhile
+
+    def registry_keys(self, rids: Sequence[str], ttl_s: float) -> list[tuple[str, bytes, float]]:
+        """The `(key, value, ttl_s)` entries to set with the requests' publication."""
+        value = _encode(list(rids))
+        return [(constants.rid_key(rid), value, ttl_s) for rid in rids]
+
+    def add(self, rids: Sequence[str]) -> None:
+        call = tuple(rids)
+        for rid in call:
+            self.calls[rid] = call
+
+    def release(self, rid: str) -> None:
+        """The request ended here: forget it, and delete its key soon, in batches."""
+        if self.calls.pop(rid, None) is None:
+            return
+        self._released.append(rid)
+        if not self._deleting:
+            self._deleting = True
+            self.background.spawn(self._delete(), name="release-rids")
+
+    async def _delete(self) -> None:
+        try:
+            while self._released:
+                keys = [constants.rid_key(rid) for rid in self._released]
+                self._released.clear()
+                try:
+                    await self.r.delete(*keys)
+                except TRANSIENT as e:  # they expire by their TTL anyway
+                    log.warning("could not delete %d rid key(s): %s", len(keys), e)
+        finally:
+            self._deleting = False
+
+    async def lookup(self, rid: str) -> tuple[str, ...]:
+        """Every rid of the HTTP call that dispatched `rid`, from this gateway or from the
+        registry; empty when no gateway has it in flight."""
+        local = self.calls.get(rid)
+        if local is not None:
+            return local
+        raw = await self.r.get(constants.rid_key(rid))
+        return tuple(_decode_rids(raw)) if raw is not None else ()
