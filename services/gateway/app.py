@@ -9,7 +9,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from services.gateway import admin_api, native_api, openai_api
+from services.gateway import (
+    abort_api,
+    admin_api,
+    health_api,
+    info_api,
+    native_api,
+    openai_api,
+    openapi,
+    tokenize_api,
+)
 from services.gateway.dispatch import Dispatcher
 from services.gateway.errors import ApiError, default_type, error_body
 from services.gateway.replies import ReplyRouter
@@ -82,6 +91,11 @@ async def build_app(settings: GatewaySettings, r: aioredis.Redis | None = None) 
     openai_api.add_routes(app)
     native_api.add_routes(app)
     admin_api.add_routes(app)
+    health_api.add_routes(app)
+    abort_api.add_routes(app)
+    tokenize_api.add_routes(app)
+    info_api.add_routes(app)
+    openapi.add_routes(app)
     return app
 
 

@@ -57,7 +57,7 @@ def add_flags(p: EnvArgumentParser) -> None:
 class Gateway:
     """One gateway instance: the HTTP site plus its liveness key, drained on SIGTERM."""
 
-    def __init__(self, args: argparse.Namespace, model_name: str) -> None:
+    def __init__(self, args: argparse.Namespace, model_name: str, model_path: str = "") -> None:
         self.args = args
         # The Service's own drain outlasts the HTTP drain, so the site always shuts down itself.
         self.service = Service(
@@ -69,6 +69,7 @@ class Gateway:
             model_name=model_name,
             request_timeout_s=args.request_timeout,
             max_inflight=args.max_inflight,
+            model_path=model_path,
         )
         self.port: int | None = None  # the bound port, once serving
         self.serving = asyncio.Event()
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging("gateway", args.instance_id or default_instance_id(), args.log_level)
 
     async def run() -> None:
-        await Gateway(args, model.name).run()
+        await Gateway(args, model.name, model.path).run()
 
     run_async(run)
 

@@ -1,4 +1,4 @@
-"""SGLang-style native endpoints: POST /generate and GET /health."""
+"""SGLang's native generation endpoint: POST /generate."""
 
 from __future__ import annotations
 
@@ -7,18 +7,12 @@ from typing import Any
 from aiohttp import web
 
 from services.gateway import validation
-from services.gateway.errors import error_body
 from services.gateway.fanout import respond_many
 from services.gateway.logprob_format import native_logprobs
 from services.gateway.protocol import GenerateBody
-from services.gateway.responses import Accumulated, json_response, traceparent
+from services.gateway.responses import Accumulated, traceparent
 from services.gateway.state import STATE
-from shared.bus import TRANSIENT
 from shared.messages.reply import Delta, Usage
-from shared.service import live_instances
-
-# The services a request passes through: /health is ok only when each has a live instance.
-PIPELINE = ("tokenizer", "grammar", "scheduler", "executor", "detokenizer")
 
 
 class NativeRenderer:
@@ -82,29 +76,5 @@ async def generate(request: web.Request) -> web.StreamResponse:
     return await respond_many(request, pendings, renderer, body.stream)
 
 
-async def health(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE]
-
-    def unavailable(status: str, message: str, **extra: Any) -> web.Response:
-        body = {"status": status, **extra, **error_body(message, "service_unavailable", None, 503)}
-        return json_response(body, 503)
-
-    if state.draining:
-        return unavailable("draining", "the gateway is shutting down")
-    try:
-        await state.r.ping()
-        counts = {name: len(await live_instances(state.r, name)) for name in PIPELINE}
-    except TRANSIENT as e:
-        return unavailable("unavailable", f"redis is unreachable: {e}", missing=["redis"])
-    missing = [name for name, n in counts.items() if n == 0]
-    if missing:
-        message = f"no live instance of: {', '.join(missing)}"
-        return unavailable("unavailable", message, missing=missing, instances=counts)
-    return json_response(
-        {"status": "ok", "instances": counts, "inflight": len(state.router.queues)}
-    )
-
-
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/generate", generate)
-    app.router.add_get("/health", health)

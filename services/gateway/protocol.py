@@ -150,3 +150,31 @@ class GenerateBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     top_logprobs_num: int = 0
     logprob_start_len: int = -1  # >= 0: prompt logprobs from this position on
     return_text_in_logprobs: bool = False
+
+
+class TokenizeBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """POST /tokenize: exactly one of `text` (`prompt` is vLLM's name for it) and `messages`
+    (tokenized through the model's chat template, which writes its own special tokens, so
+    `add_special_tokens` applies to text only)."""
+
+    model: str | None = None
+    text: str | None = None
+    prompt: str | None = None
+    add_special_tokens: bool = True
+    messages: list[ChatMessageBody] | None = None
+    add_generation_prompt: bool = True
+
+
+class DetokenizeBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """POST /detokenize."""
+
+    model: str | None = None
+    tokens: list[int]
+    skip_special_tokens: bool = False
+
+
+class AbortBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """POST /abort_request: one `rid` (any gateway's), or `abort_all` of this gateway's."""
+
+    rid: str | None = None
+    abort_all: bool = False

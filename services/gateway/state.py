@@ -21,6 +21,7 @@ class GatewaySettings:
     request_timeout_s: float = 600.0
     max_inflight: int = 4096
     max_body_bytes: int = 32 * 1024 * 1024
+    model_path: str = ""  # the HF directory or .gguf file, as --model resolved here
 
 
 @dataclass

@@ -190,6 +190,11 @@ def native_jobs(body: GenerateBody) -> tuple[list[Job], bool]:
     return jobs, batched or s.n > 1
 
 
+def check_rid(rid: str, param: str) -> None:
+    if not RID_PATTERN.match(rid):
+        raise invalid(f"{param} must be 1 to 128 characters of letters, digits and ._:-", param)
+
+
 def native_rids(rid: str | list[str] | None, count: int, batched: bool) -> list[str | None]:
     if rid is None:
         return [None] * count
@@ -197,9 +202,7 @@ def native_rids(rid: str | list[str] | None, count: int, batched: bool) -> list[
     if isinstance(rid, list) != batched or len(rids) != count:
         raise invalid("rid must be a string for one prompt, or a list with one per prompt", "rid")
     for i, r in enumerate(rids):
-        if not RID_PATTERN.match(r):
-            at = f"rid[{i}]" if batched else "rid"
-            raise invalid(f"{at} must be 1 to 128 characters of letters, digits and ._:-", at)
+        check_rid(r, f"rid[{i}]" if batched else "rid")
     if len(set(rids)) != len(rids):
         raise invalid("rid must not repeat within a batch", "rid")
     return list(rids)

@@ -1,0 +1,104 @@
+"""GET /health (every service has a live instance) and GET or POST /health_generate (a real
+one-token generation through all of them)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from services.gateway.dispatch import ClientGone
+from services.gateway.errors import ApiError, error_body
+from services.gateway.responses import json_response, traceparent
+from services.gateway.state import STATE
+from services.gateway.validation import Job
+from shared.bus import TRANSIENT
+from shared.messages.common import SamplingParams
+from shared.messages.reply import Failure
+from shared.messages.tokenize import TextPrompt
+from shared.service import live_instances
+
+# The services a request passes through: /health is ok only when each has a live instance.
+PIPELINE = ("tokenizer", "grammar", "scheduler", "executor", "detokenizer")
+
+# The probe of /health_generate: a tiny prompt, one greedy token. Its timeout leaves room for
+# the probe to wait behind a long prefill on a busy CPU, and is short enough for a load
+# balancer's check.
+PROBE_PROMPT = "Hello"
+PROBE_TIMEOUT_S = 10.0
+
+
+def unavailable(status: str, message: str, **extra: Any) -> web.Response:
+    body = {"status": status, **extra, **error_body(message, "service_unavailable", None, 503)}
+    return json_response(body, 503)
+
+
+async def health(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    if state.draining:
+        return unavailable("draining", "the gateway is shutting down")
+    try:
+        await state.r.ping()
+        counts = {name: len(await live_instances(state.r, name)) for name in PIPELINE}
+    except TRANSIENT as e:
+        return unavailable("unavailable", f"redis is unreachable: {e}", missing=["redis"])
+    missing = [name for name, n in counts.items() if n == 0]
+    if missing:
+        message = f"no live instance of: {', '.join(missing)}"
+        return unavailable("unavailable", message, missing=missing, instances=counts)
+    return json_response(
+        {"status": "ok", "instances": counts, "inflight": len(state.router.queues)}
+    )
+
+
+async def health_generate(request: web.Request) -> web.StreamResponse:
+    """200 with the seconds one greedy token took through every service; 503 saying why not
+    (a service refused the probe, or no token came within PROBE_TIMEOUT_S)."""
+    state = request.app[STATE]
+    if state.draining:
+        return unavailable("draining", "the gateway is shutting down")
+    probe = Job(
+        prompt=TextPrompt(text=PROBE_PROMPT),
+        sampling=SamplingParams(max_new_tokens=1, temperature=0.0),
+        stream=False,
+        rid=f"health-{uuid.uuid4().hex}",
+    )
+    started = time.monotonic()
+    tokens: list[int] = []
+    try:
+        (pending,) = await state.dispatcher.submit(
+            [probe], traceparent(request), timeout_s=PROBE_TIMEOUT_S
+        )
+    except ApiError as e:
+        return unavailable("unavailable", f"the probe was not sent: {e.message}")
+    try:
+        while True:
+            reply = await pending.next(request)
+            if isinstance(reply, Failure):
+                return unavailable("unavailable", f"the probe failed: {reply.error.message}")
+            tokens += reply.token_ids
+            if reply.finish_reason is not None:
+                break
+    except ApiError:  # its deadline passed; closing it aborts it downstream
+        return unavailable("timeout", f"no token came back within {PROBE_TIMEOUT_S:g}s")
+    except ClientGone:
+        pending.abort_reason = "client disconnected"
+        return web.Response(status=499)
+    finally:
+        pending.close()
+    return json_response(
+        {
+            "status": "ok",
+            "latency_s": round(time.monotonic() - started, 4),
+            "token_ids": tokens,
+            "rid": pending.rid,
+        }
+    )
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/health", health)
+    app.router.add_get("/health_generate", health_generate)
+    app.router.add_post("/health_generate", health_generate)

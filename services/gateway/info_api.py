@@ -1,0 +1,115 @@
+"""GET /get_model_info and GET /get_server_info (SGLang's): what is served, and by whom.
+
+The gateway loads no model, so both read the services' heartbeats: tokenizers describe the
+model (shared/messages/heartbeat.py ModelInfo), executors report their context and load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from urllib.parse import urlsplit, urlunsplit
+
+import msgspec
+from aiohttp import web
+
+from services.gateway.errors import ApiError
+from services.gateway.health_api import PIPELINE
+from services.gateway.responses import json_response
+from services.gateway.state import STATE, GatewayState
+from shared import constants
+from shared.bus import TRANSIENT
+from shared.messages.heartbeat import Heartbeat
+from shared.service import live_instances
+
+
+async def _beats(state: GatewayState, services: tuple[str, ...]) -> dict[str, list[Heartbeat]]:
+    try:
+        return {name: await live_instances(state.r, name) for name in services}
+    except TRANSIENT as e:
+        raise ApiError(503, f"redis is unreachable: {e}") from e
+
+
+async def get_model_info(request: web.Request) -> web.StreamResponse:
+    """What a live tokenizer loaded; the context length is the executors' (they may serve less
+    than the checkpoint's, e.g. a sliding-window model), else the tokenizer's. Fields nobody
+    live can tell are null."""
+    state = request.app[STATE]
+    beats = await _beats(state, ("tokenizer", "executor"))
+    model = next((b.model for b in beats["tokenizer"] if b.model is not None), None)
+    contexts = [b.executor.context_length for b in beats["executor"] if b.executor is not None]
+    path = state.settings.model_path or (model.path if model is not None else None)
+    if contexts:
+        context: int | None = min(contexts)
+    else:
+        context = model.context_length if model is not None else None
+    return json_response(
+        {
+            "model_path": path,
+            "tokenizer_path": path,  # the tokenizer always comes with the model here
+            "served_model_name": state.settings.model_name,
+            "is_generation": True,
+            "context_length": context,
+            "architecture": model.architecture if model is not None else None,
+            "vocab_size": model.vocab_size if model is not None else None,
+            "eos_token_ids": model.eos_token_ids if model is not None else None,
+            "has_chat_template": model.has_chat_template if model is not None else None,
+        }
+    )
+
+
+def redact(url: str) -> str:
+    """A Redis URL without its password."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+async def get_server_info(request: web.Request) -> web.StreamResponse:
+    """This gateway's settings and state, every live service instance, each executor's load
+    from its last heartbeat, and the scheduler leader."""
+    state = request.app[STATE]
+    beats = await _beats(state, ("gateway", *PIPELINE))
+    try:
+        leader = await state.r.get(constants.SCHEDULER_LEADER_KEY)
+    except TRANSIENT as e:
+        raise ApiError(503, f"redis is unreachable: {e}") from e
+    settings = dataclasses.asdict(state.settings)
+    settings["redis_url"] = redact(state.settings.redis_url)
+    now = time.time()
+    return json_response(
+        {
+            "gateway": {
+                **settings,
+                "started": state.started,
+                "inflight": len(state.dispatcher.inflight.calls),
+                "draining": state.draining,
+            },
+            "scheduler_leader": leader.decode() if leader is not None else None,
+            "instances": {
+                name: [
+                    {
+                        "instance": b.instance,
+                        "pid": b.pid,
+                        "started": b.started,
+                        "heartbeat_age_s": round(now - b.ts, 3),
+                    }
+                    for b in sorted(found, key=lambda b: b.instance)
+                ]
+                for name, found in beats.items()
+            },
+            "executors": [
+                {"instance": b.instance, **msgspec.to_builtins(b.executor)}
+                for b in sorted(beats["executor"], key=lambda b: b.instance)
+                if b.executor is not None
+            ],
+        }
+    )
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/get_model_info", get_model_info)
+    app.router.add_get("/get_server_info", get_server_info)

@@ -1,0 +1,223 @@
+"""GET /openapi.json: an OpenAPI 3.1 description of the HTTP API.
+
+Request bodies are the JSON Schema of the msgspec structs the handlers decode (protocol.py),
+so the document cannot drift from what the gateway accepts; the operations and their prose
+are written here (a test checks that every route the app serves is listed).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from services.gateway.protocol import (
+    AbortBody,
+    ChatBody,
+    CompletionBody,
+    DetokenizeBody,
+    GenerateBody,
+    TokenizeBody,
+)
+
+REF = "#/components/schemas/{name}"
+ERROR = {"$ref": REF.format(name="Error")}
+# The body of every error response (errors.py error_body), OpenAI's shape.
+ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                "code": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+            },
+            "required": ["message", "type", "param", "code"],
+        }
+    },
+    "required": ["error"],
+}
+
+
+@dataclass(frozen=True)
+class Operation:
+    method: str
+    path: str
+    summary: str
+    ok: str  # what a 200 answers
+    body: type | None = None  # the request body's struct
+    errors: dict[int, str] = field(default_factory=dict)
+    streams: bool = False  # answers Server-Sent Events when the body asks (`stream`)
+
+
+BAD = {400: "invalid input; `error.param` names the field"}
+BUSY = {503: "queue full, no live executor, or the bus unreachable", 504: "timed out"}
+OPERATIONS = [
+    Operation(
+        "post",
+        "/v1/completions",
+        "OpenAI completions",
+        "a completion, or SSE chunks ending with `data: [DONE]`",
+        CompletionBody,
+        {**BAD, **BUSY},
+        streams=True,
+    ),
+    Operation(
+        "post",
+        "/v1/chat/completions",
+        "OpenAI chat completions, through the model's chat template",
+        "a chat completion, or SSE chunks ending with `data: [DONE]`",
+        ChatBody,
+        {**BAD, **BUSY},
+        streams=True,
+    ),
+    Operation("get", "/v1/models", "the served model (OpenAI list)", "a model list"),
+    Operation(
+        "get", "/v1/models/{model}", "one model (OpenAI)", "a model card", None, {404: "not served"}
+    ),
+    Operation(
+        "post",
+        "/generate",
+        "SGLang's native generation: text or token ids in, text and token ids out",
+        "one object, or a list for a batch or n > 1; SSE when streaming",
+        GenerateBody,
+        {**BAD, **BUSY},
+        streams=True,
+    ),
+    Operation(
+        "post",
+        "/abort_request",
+        "abort a request (any gateway's) by rid, or every request in flight here",
+        '`{"aborted": [rid, ...]}`; the aborted calls end with finish reason "abort"',
+        AbortBody,
+        {**BAD, 404: "no gateway has this rid in flight", 503: "the bus is unreachable"},
+    ),
+    Operation(
+        "post",
+        "/tokenize",
+        "the token ids of a text, or of chat messages through the chat template",
+        '`{"tokens": [...], "count": N, "max_model_len": M}`',
+        TokenizeBody,
+        {**BAD, 503: "the bus is unreachable", 504: "no tokenizer answered"},
+    ),
+    Operation(
+        "post",
+        "/detokenize",
+        "the text of token ids",
+        '`{"text": "..."}`',
+        DetokenizeBody,
+        {**BAD, 503: "the bus is unreachable", 504: "no tokenizer answered"},
+    ),
+    Operation(
+        "get",
+        "/get_model_info",
+        "the served model: path, name, context length, architecture, vocabulary",
+        "the model's description; fields no live service can tell are null",
+        errors={503: "redis is unreachable"},
+    ),
+    Operation(
+        "get",
+        "/get_server_info",
+        "this gateway's settings, every live service instance, the executors' load",
+        "the server's description",
+        errors={503: "redis is unreachable"},
+    ),
+    Operation(
+        "get",
+        "/health",
+        "every service has a live instance",
+        '`{"status": "ok", ...}`',
+        errors={503: "a service has no live instance, or redis is unreachable"},
+    ),
+    *(
+        Operation(
+            method,
+            "/health_generate",
+            "one greedy token through every service",
+            '`{"status": "ok", "latency_s": ...}`',
+            errors={503: "the probe failed or timed out"},
+        )
+        for method in ("get", "post")
+    ),
+    Operation(
+        "post",
+        "/flush_cache",
+        "empty every executor's prefix cache",
+        "the cache is empty",
+        errors={400: "requests are queued or running", 409: "requests arrived meanwhile"},
+    ),
+    Operation("get", "/openapi.json", "this document", "the OpenAPI document"),
+]
+
+_PARAM = re.compile(r"\{(\w+)\}")
+
+
+def _operation(op: Operation, body_ref: dict[str, Any] | None) -> dict[str, Any]:
+    ok: dict[str, Any] = {"application/json": {}}
+    if op.streams:
+        ok["text/event-stream"] = {}
+    out: dict[str, Any] = {
+        "summary": op.summary,
+        "operationId": re.sub(r"\W+", "_", f"{op.method}_{op.path.strip('/')}").strip("_"),
+        "responses": {
+            "200": {"description": op.ok, "content": ok},
+            **{
+                str(status): {
+                    "description": why,
+                    "content": {"application/json": {"schema": ERROR}},
+                }
+                for status, why in op.errors.items()
+            },
+        },
+    }
+    params = _PARAM.findall(op.path)
+    if params:
+        out["parameters"] = [
+            {"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
+            for p in params
+        ]
+    if body_ref is not None:
+        out["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": body_ref}},
+        }
+    return out
+
+
+def document() -> dict[str, Any]:
+    bodies = list(dict.fromkeys(op.body for op in OPERATIONS if op.body is not None))
+    refs, schemas = msgspec.json.schema_components(bodies, ref_template=REF)
+    ref_of = dict(zip(bodies, refs, strict=True))
+    paths: dict[str, dict[str, Any]] = {}
+    for op in OPERATIONS:
+        ref = ref_of[op.body] if op.body is not None else None
+        paths.setdefault(op.path, {})[op.method] = _operation(op, ref)
+    try:
+        release = version("radixserve")
+    except PackageNotFoundError:  # running from a checkout that was never installed
+        release = "0+unknown"
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "radixserve",
+            "version": release,
+            "description": "OpenAI-compatible and SGLang-style native endpoints.",
+        },
+        "paths": paths,
+        "components": {"schemas": {**schemas, "Error": ERROR_SCHEMA}},
+    }
+
+
+def add_routes(app: web.Application) -> None:
+    body = msgspec.json.encode(document())  # built once: it depends on nothing at runtime
+
+    async def openapi_json(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=body, content_type="application/json")
+
+    app.router.add_get("/openapi.json", openapi_json)

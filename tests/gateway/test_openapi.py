@@ -1,0 +1,81 @@
+"""GET /openapi.json describes every route the app serves, and is a valid OpenAPI 3.1
+document whose request bodies are the structs the handlers decode."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+from jsonschema import Draft202012Validator
+from openapi_spec_validator import validate
+
+from services.gateway.openapi import OPERATIONS, document
+from services.gateway.protocol import (
+    AbortBody,
+    ChatBody,
+    CompletionBody,
+    DetokenizeBody,
+    GenerateBody,
+    TokenizeBody,
+)
+from tests.gateway.helpers import Running
+
+
+def refs(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        found = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
+        return found + [r for v in node.values() for r in refs(v)]
+    if isinstance(node, list):
+        return [r for v in node for r in refs(v)]
+    return []
+
+
+@pytest.mark.redis
+async def test_every_route_is_described(gw: Running, http) -> None:
+    async with http.get(f"{gw.url}/openapi.json") as r:
+        assert r.status == 200 and r.content_type == "application/json"
+        doc = await r.json()
+    validate(doc)
+    assert doc["openapi"] == "3.1.0"
+    served = {
+        (route.method.lower(), route.resource.canonical)
+        for route in gw.runner.app.router.routes()
+        if route.method != "HEAD" and route.resource is not None
+    }
+    described = {(method, path) for path, ops in doc["paths"].items() for method in ops}
+    assert served == described
+    schemas = doc["components"]["schemas"]
+    for ref in refs(doc):
+        assert ref.startswith("#/components/schemas/") and ref.split("/")[-1] in schemas, ref
+
+
+# One valid body per struct: the struct and its schema must both take it, and both refuse it
+# with an unknown field added.
+EXAMPLES: dict[type, dict[str, Any]] = {
+    CompletionBody: {"prompt": [1, 2], "n": 2, "response_format": {"type": "json_object"}},
+    ChatBody: {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]},
+    GenerateBody: {"text": ["a", "b"], "sampling_params": {"max_new_tokens": 3}, "rid": ["x", "y"]},
+    TokenizeBody: {"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": False},
+    DetokenizeBody: {"tokens": [1, 2, 3]},
+    AbortBody: {"abort_all": True},
+}
+
+
+def test_request_bodies_are_the_decoded_structs() -> None:
+    doc = document()
+    bodies = {op.body for op in OPERATIONS if op.body is not None}
+    assert bodies == set(EXAMPLES)
+    for op in OPERATIONS:
+        if op.body is None:
+            continue
+        content = doc["paths"][op.path][op.method]["requestBody"]["content"]
+        ref = content["application/json"]["schema"]["$ref"]
+        assert ref == f"#/components/schemas/{op.body.__name__}"
+        schema = Draft202012Validator({"$ref": ref, "components": doc["components"]})
+        example = EXAMPLES[op.body]
+        msgspec.json.decode(msgspec.json.encode(example), type=op.body)
+        schema.validate(example)
+        with pytest.raises(msgspec.ValidationError):
+            msgspec.json.decode(msgspec.json.encode({**example, "bogus": 1}), type=op.body)
+        assert not schema.is_valid({**example, "bogus": 1})
