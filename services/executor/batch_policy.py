@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from services.executor.memory import KVManager
-from services.executor.request import Req
+from services.executor.request import PENDING, Req
 
 # Admission estimate: new_token_ratio * min(tokens left to generate, ESTIMATE_CLIP).
 ESTIMATE_CLIP = 4096
@@ -177,18 +177,24 @@ class BatchPolicy:
         reqs: list[Req] = []
         lens: list[int] = []
         budget = self.max_prefill_tokens
+        out_of_memory = False
         for req in self.prefilling:
             if budget <= 0:
                 break
+            if req.output_ids and req.output_ids[-1] == PENDING:
+                # Its last chunk is in flight (overlap): the token it samples starts its
+                # decoding, which a CUDA graph replays far cheaper than a one-token extend.
+                continue
             n = min(req.pending_len, budget, self.mem.available())
             if n <= 0:
+                out_of_memory = True
                 break
             self.mem.grow(req, n)
             reqs.append(req)
             lens.append(n)
             budget -= n
         if not reqs:
-            if self.prefilling and not self.running:
+            if out_of_memory and not self.running:
                 # Partly prefilled prompts hold the whole pool: give the youngest's slots to
                 # the others so at least one can finish.
                 victim = max(self.prefilling, key=lambda r: r.seq)

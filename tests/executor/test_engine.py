@@ -280,3 +280,26 @@ def test_token_id_outside_the_model_vocabulary_fails_only_that_request(tiny_dir:
     assert run.finish == {"ok": "length"}
     err = run.failed["bad"].error
     assert err.status == 400 and err.param == "input_ids" and str(vocab) in err.message
+
+
+def test_a_prompt_finished_in_flight_starts_decoding_not_a_one_token_extend(
+    tiny_dir: Path, hf_model: torch.nn.Module
+) -> None:
+    """With overlap the step after a prompt's last chunk is planned before its first token is
+    known; that token must go to a decode step (a graph replay on a GPU), never to an eager
+    one-token extend of its own."""
+    engine = make_engine(tiny_dir, overlap=True, max_prefill_tokens=8)
+    steps: list[tuple[bool, list[int]]] = []
+    original = engine.runner.launch
+
+    def launch(plan: Any, prev: Any = None, sample: bool = True) -> Any:
+        steps.append((plan.is_decode, list(plan.extend_lens)))
+        return original(plan, prev=prev, sample=sample)
+
+    engine.runner.launch = launch  # type: ignore[method-assign]
+    ps = prompts(8, seed=6)[-2:]  # 17 and 30 tokens: several chunks each
+    run = Run(engine)
+    run.go({0: [make_request(f"r{i}", p, max_new=10) for i, p in enumerate(ps)]})
+    assert [run.tokens[f"r{i}"] for i in range(2)] == expected(hf_model, ps, 10)
+    extends = [lens for is_decode, lens in steps if not is_decode]
+    assert sum(map(sum, extends)) == sum(map(len, ps)), f"extends beyond the prompts: {steps}"
