@@ -15,6 +15,7 @@ from services.executor.kv_pool import KVPool, ReqToTokenPool
 from services.executor.memory import KVManager
 from services.executor.model_config import ModelConfig
 from services.executor.model_runner import ModelRunner
+from services.executor.warmup import warm_up
 from services.executor.weights import load_model
 from shared.model_files import ModelSource
 
@@ -142,6 +143,9 @@ def build_engine(s: EngineSettings) -> Engine:
         slots,
         slots * kv_bytes_per_token(config, dtype) / 2**20,
     )
-    return Engine(
+    engine = Engine(
         s.name, s.stream, s.model.name, context, policy, runner, check_integrity=s.check_integrity
     )
+    if device.type == "cuda":
+        warm_up(engine)
+    return engine

@@ -303,3 +303,22 @@ def test_a_prompt_finished_in_flight_starts_decoding_not_a_one_token_extend(
     assert [run.tokens[f"r{i}"] for i in range(2)] == expected(hf_model, ps, 10)
     extends = [lens for is_decode, lens in steps if not is_decode]
     assert sum(map(sum, extends)) == sum(map(len, ps)), f"extends beyond the prompts: {steps}"
+
+
+def test_warm_up_runs_its_batches_and_leaves_the_engine_empty(tiny_dir: Path) -> None:
+    from services.executor.warmup import WARMUP_BATCHES, warm_up
+
+    engine = make_engine(tiny_dir, overlap=True)
+    launched: list[int] = []
+    original = engine.runner.launch
+
+    def launch(plan: Any, prev: Any = None, sample: bool = True) -> Any:
+        launched.append(sum(plan.extend_lens))
+        return original(plan, prev=prev, sample=sample)
+
+    engine.runner.launch = launch  # type: ignore[method-assign]
+    warm_up(engine)
+    assert sum(launched) >= sum(map(sum, WARMUP_BATCHES))
+    assert not engine.has_work() and not engine.reqs
+    kv, cache = engine.policy.kv, engine.policy.mem.cache
+    assert cache.total_size() == 0 and kv.num_free() == kv.num_slots

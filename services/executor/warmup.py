@@ -1,0 +1,60 @@
+"""Compile every kernel variant before the first request, so no client waits on the compiler.
+
+Triton compiles a kernel the first time it sees a new specialisation of its arguments:
+integers are specialised on being 1 and on being a multiple of 16, so a prefill of 16 tokens
+and one of 17 run different binaries. Each compile takes a few hundred milliseconds, which
+a first request, or the first batch of a benchmark, would otherwise pay on its first token.
+CUDA-graph capture already compiled the decode kernels; this runs prefills of the token and
+batch counts that cover the other specialisations, samples with and without filters, and
+then empties the prefix cache of what it computed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from services.executor.engine import Engine
+from shared.messages.common import SamplingParams, Trace
+from shared.messages.detok import RequestFailed
+from shared.messages.schedule import TokenizedRequest
+
+log = logging.getLogger(__name__)
+
+# (prompt lengths of one batch): 1, 16 and 17 tokens alone and together, and a batch of 16
+WARMUP_BATCHES: tuple[tuple[int, ...], ...] = ((1,), (16,), (17,), (1, 16, 17), (32,) * 16)
+
+
+def _request(rid: str, seed: int, length: int, vocab: int, sampled: bool) -> TokenizedRequest:
+    # Distinct prompts: shared prefixes would be computed once and reused from the cache.
+    ids = [(7919 * seed + 31 * i) % max(vocab - 1, 1) + 1 for i in range(length)]
+    sampling = (
+        SamplingParams(max_new_tokens=2, temperature=0.7, top_p=0.9, top_k=20, ignore_eos=True)
+        if sampled
+        else SamplingParams(max_new_tokens=2, temperature=0.0, ignore_eos=True)
+    )
+    return TokenizedRequest(
+        trace=Trace(rid=rid, reply_to="", deadline=time.time() + 600),
+        input_ids=ids,
+        sampling=sampling,
+        max_new_tokens=2,
+        eos_token_ids=[],
+        detok_stream="",
+    )
+
+
+def warm_up(engine: Engine) -> None:
+    """Run the warm-up batches to completion; raise if any of them fails."""
+    started = time.perf_counter()
+    vocab = engine.runner.vocab_size
+    seed = 0
+    for b, lengths in enumerate(WARMUP_BATCHES):
+        for i, n in enumerate(lengths):
+            seed += 1
+            engine.submit(_request(f"warmup-{b}-{i}", seed, n, vocab, sampled=i % 2 == 1))
+        while engine.has_work():
+            for _, msg in engine.step().outputs:
+                if isinstance(msg, RequestFailed):
+                    raise RuntimeError(f"warm-up request failed: {msg.error.message}")
+    engine.flush_cache()
+    log.info("kernels warmed up in %.1f s", time.perf_counter() - started)
