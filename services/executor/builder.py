@@ -15,6 +15,7 @@ from services.executor.kv_pool import KVPool, ReqToTokenPool
 from services.executor.memory import KVManager
 from services.executor.model_config import ModelConfig
 from services.executor.model_runner import ModelRunner
+from services.executor.models.linear import choose_gemv
 from services.executor.warmup import warm_up
 from services.executor.weights import load_model
 from shared.model_files import ModelSource
@@ -113,6 +114,8 @@ def build_engine(s: EngineSettings) -> Engine:
         s.max_prefill_tokens,
         s.schedule_policy,
     )
+    if device.type == "cuda" and dtype != torch.float32:
+        choose_gemv(model)  # before graphs capture the projections' kernels
     graphs = None
     if device.type == "cuda" and not s.disable_cuda_graph:
         if not hasattr(model.backend, "reserve_decode"):

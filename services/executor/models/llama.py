@@ -16,6 +16,7 @@ from services.executor.attention import AttentionBackend
 from services.executor.forward_batch import ForwardBatch
 from services.executor.model_config import ModelConfig
 from services.executor.models.layers import RMSNorm, Rope, RotaryEmbedding, SiluAndMulMLP
+from services.executor.models.linear import Linear
 
 # checkpoint module name -> (our fused module, shard index in it)
 STACKED = {
@@ -45,8 +46,8 @@ class LlamaAttention(nn.Module):
         self.head_dim = config.head_dim
         self.sizes = shard_rows(config, "qkv_proj")
         hidden = config.hidden_size
-        self.qkv_proj = nn.Linear(hidden, sum(self.sizes), bias=config.attention_bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=config.o_proj_bias)
+        self.qkv_proj = Linear(hidden, sum(self.sizes), bias=config.attention_bias)
+        self.o_proj = Linear(self.num_heads * self.head_dim, hidden, bias=config.o_proj_bias)
 
     def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Hook before RoPE; Llama has no q/k norm."""
@@ -134,7 +135,7 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.backend = backend
         self.model = LlamaModel(config, backend, self.attention_cls)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
 
     def tie_weights(self) -> None:

@@ -1,0 +1,79 @@
+"""gemv against its torch twin: every row count, odd sizes, strided rows, and bad arguments."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.gemv import MAX_M, gemv, gemv_ref
+from tests.kernels.helpers import ALL_DTYPES, DEVICE, poison, randn
+
+# fp32 sums in a different order than the reference's matmul, then one rounding to 16 bits.
+ROUNDING = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("m", range(1, MAX_M + 1))
+@pytest.mark.parametrize(("n", "k", "block_k"), [(8, 64, 64), (37, 100, 32), (130, 515, 128)])
+def test_matches_reference(m: int, n: int, k: int, block_k: int, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(m * 1000 + n + k)
+    x = randn(m, k, dtype=dtype, gen=gen)
+    w = randn(n, k, dtype=dtype, gen=gen, scale=0.1)
+    out = poison(torch.empty(m, n, dtype=dtype, device=DEVICE))
+    assert gemv(x, w, out=out, block_n=8, block_k=block_k) is out
+    tol = ROUNDING[dtype]
+    torch.testing.assert_close(out, gemv_ref(x, w), atol=tol, rtol=tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 4])
+@pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 14336), (4096, 4096)])
+def test_llama_8b_projection_shapes(m: int, n: int, k: int) -> None:
+    gen = torch.Generator().manual_seed(n + k)
+    x = randn(m, k, dtype=torch.bfloat16, gen=gen)
+    w = randn(n, k, dtype=torch.bfloat16, gen=gen, scale=0.02)
+    torch.testing.assert_close(gemv(x, w), gemv_ref(x, w), atol=1.6e-2, rtol=1.6e-2)
+
+
+def test_strided_rows_of_x_weight_and_out() -> None:
+    gen = torch.Generator().manual_seed(7)
+    x = randn(3, 80, dtype=torch.float32, gen=gen)[:, :64]  # row stride 80
+    w = randn(24, 96, dtype=torch.float32, gen=gen)[:, :64]  # row stride 96
+    out = poison(torch.empty(3, 40, dtype=torch.float32, device=DEVICE))[:, :24]
+    gemv(x, w, out=out, block_n=8, block_k=32)
+    torch.testing.assert_close(out, gemv_ref(x, w), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("x", "w", "error", "match"),
+    [
+        (torch.zeros(MAX_M + 1, 8), torch.zeros(4, 8), ValueError, r"1 to 4 rows"),
+        (torch.zeros(1, 8), torch.zeros(4, 9), ValueError, r"weight must have shape \[n, k\]"),
+        (torch.zeros(1, 8), torch.zeros(4, 8, dtype=torch.float16), TypeError, r"weight must be"),
+        (torch.zeros(8), torch.zeros(4, 8), ValueError, r"x must have shape \[m, k\]"),
+    ],
+)
+def test_rejects_bad_arguments(
+    x: torch.Tensor, w: torch.Tensor, error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        gemv(x.to(DEVICE), w.to(DEVICE))
+
+
+@pytest.mark.gpu
+def test_linear_takes_the_faster_kernel_and_computes_the_same() -> None:
+    """choose_gemv times both kernels on the device; whichever each row count got, the
+    projection's output is the matmul's."""
+    from services.executor.models.linear import Linear, choose_gemv
+
+    torch.manual_seed(0)
+    layers = torch.nn.Sequential(Linear(4096, 6144), Linear(14336, 4096)).to(DEVICE, torch.bfloat16)
+    saved = choose_gemv(layers)
+    assert set(saved) == {"6144x4096", "4096x14336"}
+    assert all(us >= 0 for us in saved.values())
+    for layer in layers:
+        assert isinstance(layer, Linear)
+        for m in range(1, MAX_M + 2):
+            x = torch.randn(m, layer.in_features, dtype=torch.bfloat16, device=DEVICE)
+            want = torch.nn.functional.linear(x, layer.weight, layer.bias)
+            torch.testing.assert_close(layer(x), want, atol=3e-2, rtol=3e-2)
