@@ -106,7 +106,7 @@ class PromptLogprobTargets:
         """`hidden`: the final hidden states at `positions`. Stores each request's logprobs
         (blocking: steps that carry prompt logprobs are rare and end the overlap)."""
         k = max(r.sampling.top_logprobs for r, _, _ in self.owners)
-        targets = torch.tensor(self.targets, dtype=torch.int64).to(hidden.device)
+        targets = torch.tensor(self.targets, dtype=torch.int64).to(hidden.device, non_blocking=True)
         chosen: list[float] = []
         top_vals: list[list[float]] = []
         top_ids: list[list[int]] = []

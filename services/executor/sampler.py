@@ -35,11 +35,19 @@ class SamplingTensors:
         need_filter = (
             any(k < vocab for k in top_k) or any(p < 1 for p in top_p) or any(m > 0 for m in min_p)
         )
+        # One copy for the four, and never a blocking one: `torch.tensor(..., device=cuda)`
+        # waits for the whole forward pass queued before it, and the host would stop
+        # preparing the next step until the device is done with this one.
+        bs = len(params)
+        host = torch.tensor([*temps, *top_p, *min_p, *top_k], dtype=torch.float32)
+        if device.type == "cuda":
+            host = host.pin_memory()
+        dev = host.to(device, non_blocking=True)
         return cls(
-            temperature=torch.tensor(temps, dtype=torch.float32, device=device),
-            top_p=torch.tensor(top_p, dtype=torch.float32, device=device),
-            top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
-            min_p=torch.tensor(min_p, dtype=torch.float32, device=device),
+            temperature=dev[:bs],
+            top_p=dev[bs : 2 * bs],
+            top_k=dev[3 * bs :].long(),  # exact: ids below 2**24
+            min_p=dev[2 * bs : 3 * bs],
             all_greedy=all_greedy,
             need_filter=need_filter,
         )
