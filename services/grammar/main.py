@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 
 MAX_INFLIGHT = 64  # requests one instance handles at once (most wait on Redis, not a compile)
 SUMMARY_INTERVAL_S = 30.0
+RECENT_ENTRIES = 256  # compiled grammars an instance remembers itself (see GrammarWorker)
 
 
 def add_flags(p: EnvArgumentParser) -> None:
@@ -80,6 +82,10 @@ class GrammarWorker:
             r, constants.GRAMMAR_STREAM, constants.GRAMMAR_GROUP, consumer_name, GrammarMessage
         )
         self._compiling: dict[str, asyncio.Future[GrammarCacheEntry]] = {}  # key -> in flight
+        # key -> entry this instance compiled lately. A request whose cache read went out
+        # before a concurrent compile of its key stored the entry, and came back after that
+        # compile finished, finds it here instead of compiling it a second time.
+        self._recent: OrderedDict[str, GrammarCacheEntry] = OrderedDict()
         self._decoder = msgspec.msgpack.Decoder(GrammarCacheEntry)
         self._encoder = msgspec.msgpack.Encoder()
 
@@ -145,11 +151,23 @@ class GrammarWorker:
         if pending is not None:  # another request is compiling it: share that compile
             self.stats.cache_hits += 1
             return await asyncio.shield(pending)
+        recent = self._recent.get(key)
+        if recent is not None:
+            # Stored again: Redis missed it, maybe because it expired, and executors load
+            # grammars from Redis.
+            await self.r.set(
+                constants.grammar_cache_key(key), self._encoder.encode(recent), px=self.cache_ttl_ms
+            )
+            self.stats.cache_hits += 1
+            return recent
         future: asyncio.Future[GrammarCacheEntry] = asyncio.get_running_loop().create_future()
         self._compiling[key] = future
         try:
             result = await self._compile_and_store(key, constraint)
             future.set_result(result)
+            self._recent[key] = result
+            while len(self._recent) > RECENT_ENTRIES:
+                self._recent.popitem(last=False)
             return result
         except BaseException as e:
             future.set_exception(e)

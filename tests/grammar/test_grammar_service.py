@@ -256,3 +256,20 @@ def test_keys_depend_on_kind_source_and_tokenizer(tok: GrammarTokenizer, tmp_pat
     assert compiler.key(RegexConstraint(pattern="a")) != compiler.key(EbnfConstraint(grammar="a"))
     other = GrammarTokenizer.load(resolve_model(str(write_tiny_model(tmp_path, vocab_size=300))))
     assert GrammarCompiler(other).key(SCHEMA) != compiler.key(SCHEMA)
+
+
+async def test_a_grammar_gone_from_redis_is_stored_again(
+    aredis: aioredis.Redis, start_worker: Start
+) -> None:
+    """Executors load compiled grammars from Redis: when the entry expired there, an answer
+    from the instance's own memory puts it back."""
+    worker = await start_worker("g1")
+    await submit(aredis, request(SCHEMA, "first"))
+    await wait_for(aredis, constants.SCHEDULE_STREAM, ScheduleMessage, "first")
+    key = constants.grammar_cache_key(worker.compiler.key(SCHEMA))
+    assert await aredis.delete(key) == 1
+    await submit(aredis, request(SCHEMA, "after-expiry"))
+    out = await wait_for(aredis, constants.SCHEDULE_STREAM, ScheduleMessage, "after-expiry")
+    assert isinstance(out, TokenizedRequest)
+    assert await aredis.exists(key) == 1
+    assert worker.stats.compiled == 1
