@@ -328,14 +328,11 @@ def online(log_dir: str) -> dict[str, Any]:
     port = 18000
     log = Path(log_dir) / "serve_online.log"
     proc = _serve(model, log, port)
-    # OpenAI completions: SSE deltas, as most clients stream. /generate streams SGLang's
-    # cumulative objects (all text and ids so far in every event), whose encoding and
-    # parsing grow with the output and load the client's event loop under concurrency.
     base = [
         "--base-url",
         f"http://127.0.0.1:{port}",
         "--backend",
-        "openai",
+        "radixserve",
         "--tokenizer",
         str(model),
         "--disable-tqdm",
