@@ -254,9 +254,11 @@ def test_native_batch_with_logprobs(tiny_stack: Stack, tiny_hf: torch.nn.Module)
         last[e["index"]] = e
     assert [last[i]["output_ids"] for i in (0, 1)] == [o["output_ids"] for o in plain]
     assert all(
+        # the same tokens computed in other batches: equal up to fp32 summation order
         math.isclose(
             last[i]["meta_info"]["output_token_logprobs"][-1][0],
             plain[i]["meta_info"]["output_token_logprobs"][-1][0],
+            abs_tol=2e-3,
         )
         for i in (0, 1)
     )
