@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -77,3 +79,26 @@ def test_linear_takes_the_faster_kernel_and_computes_the_same() -> None:
             x = torch.randn(m, layer.in_features, dtype=torch.bfloat16, device=DEVICE)
             want = torch.nn.functional.linear(x, layer.weight, layer.bias)
             torch.testing.assert_close(layer(x), want, atol=3e-2, rtol=3e-2)
+
+
+def test_linear_with_a_plan_runs_gemv_for_those_row_counts_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import kernels.gemv
+    from services.executor.models.linear import CANDIDATES, Linear
+
+    rows: list[int] = []
+
+    def counted(x: torch.Tensor, w: torch.Tensor, **kw: Any) -> torch.Tensor:
+        rows.append(x.shape[0])
+        return gemv(x, w, **kw)
+
+    monkeypatch.setattr(kernels.gemv, "gemv", counted)
+    torch.manual_seed(1)
+    layer = Linear(64, 40, bias=True).to(DEVICE)
+    layer.gemv_plan = {1: CANDIDATES[0], 3: CANDIDATES[2]}
+    for m in (1, 2, 3):
+        x = torch.randn(m, 64, device=DEVICE)
+        want = torch.nn.functional.linear(x, layer.weight, layer.bias)
+        torch.testing.assert_close(layer(x), want, atol=1e-4, rtol=1e-4)
+    assert rows == [1, 3]

@@ -10,7 +10,9 @@ the winner per row count. Without a choice (the CPU, tests) a `Linear` is nn.Lin
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +28,19 @@ class GemvConfig:
     num_warps: int
     num_stages: int
 
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """x @ weight.T through kernels/gemv with this launch configuration."""
+        from kernels.gemv import gemv
+
+        return gemv(
+            x,
+            weight,
+            block_n=self.block_n,
+            block_k=self.block_k,
+            num_warps=self.num_warps,
+            num_stages=self.num_stages,
+        )
+
 
 # Launch configurations tried against cuBLAS: rows per program x columns per step.
 CANDIDATES = (GemvConfig(8, 512, 4, 3), GemvConfig(16, 256, 4, 3), GemvConfig(4, 512, 4, 4))
@@ -39,24 +54,14 @@ class Linear(nn.Linear):
         self.gemv_plan: dict[int, GemvConfig] = {}  # rows of x -> the kernel's configuration
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        cfg = self.gemv_plan.get(x.shape[0]) if x.dim() == 2 else None
-        if cfg is None:
+        gemv = self.gemv_plan.get(x.shape[0]) if x.dim() == 2 else None
+        if gemv is None:
             return F.linear(x, self.weight, self.bias)
-        from kernels.gemv import gemv
-
-        out = gemv(
-            x,
-            self.weight,
-            block_n=cfg.block_n,
-            block_k=cfg.block_k,
-            num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
-        )
+        out = gemv(x, self.weight)
         return out if self.bias is None else out + self.bias
 
 
-def _time_us(fn: object, reps: int = 30) -> float:
-    assert callable(fn)
+def _time_us(fn: Callable[[], object], reps: int = 30) -> float:
     for _ in range(3):
         fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -68,45 +73,44 @@ def _time_us(fn: object, reps: int = 30) -> float:
     return 1000 * start.elapsed_time(end) / reps
 
 
+def _plan(weight: torch.Tensor) -> tuple[dict[int, GemvConfig], float]:
+    """The faster gemv configuration per row count, where one beats cuBLAS, and the
+    microseconds saved over row counts 1 to MAX_M."""
+    from kernels.gemv import MAX_M
+
+    plan: dict[int, GemvConfig] = {}
+    saved = 0.0
+    for m in range(1, MAX_M + 1):
+        x = torch.randn(m, weight.shape[1], dtype=weight.dtype, device=weight.device)
+        cublas_us = best_us = _time_us(partial(F.linear, x, weight))
+        for cfg in CANDIDATES:
+            try:
+                us = _time_us(partial(cfg, x, weight))
+            except Exception as e:  # e.g. out of shared memory on this GPU: skip it
+                log.warning("gemv %s does not run for %s: %s", cfg, tuple(weight.shape), e)
+                continue
+            if us < best_us:
+                best_us, plan[m] = us, cfg
+        saved += cublas_us - best_us
+    return plan, saved
+
+
 @torch.inference_mode()
 def choose_gemv(model: nn.Module) -> dict[str, float]:
     """Time cuBLAS and each gemv configuration for every distinct projection shape and row
     count; give each Linear the kernel where it wins. Returns microseconds saved per
-    `Linear` call shape, summed over row counts (for the log)."""
-    from kernels.gemv import MAX_M, gemv
+    weight shape ("NxK"), summed over row counts (for the log)."""
+    from kernels.gemv import MAX_M
 
-    layers = [m for m in model.modules() if isinstance(m, Linear) and m.weight.is_cuda]
     plans: dict[tuple[int, int, torch.dtype], dict[int, GemvConfig]] = {}
     saved: dict[str, float] = {}
-    for layer in layers:
+    for layer in model.modules():
+        if not isinstance(layer, Linear) or not layer.weight.is_cuda:
+            continue
         w = layer.weight
         key = (w.shape[0], w.shape[1], w.dtype)
         if key not in plans:
-            plans[key] = {}
-            for m in range(1, MAX_M + 1):
-                x = torch.randn(m, w.shape[1], dtype=w.dtype, device=w.device)
-                best_us = _time_us(lambda x=x, w=w: F.linear(x, w))
-                cublas_us = best_us
-                for cfg in CANDIDATES:
-                    try:
-                        us = _time_us(
-                            lambda x=x, w=w, cfg=cfg: gemv(
-                                x,
-                                w,
-                                block_n=cfg.block_n,
-                                block_k=cfg.block_k,
-                                num_warps=cfg.num_warps,
-                                num_stages=cfg.num_stages,
-                            )
-                        )
-                    except Exception as e:  # e.g. out of shared memory on this GPU: skip it
-                        log.warning("gemv %s does not run for %s: %s", cfg, key, e)
-                        continue
-                    if us < best_us:
-                        best_us, plans[key][m] = us, cfg
-                saved[f"{key[0]}x{key[1]}"] = saved.get(f"{key[0]}x{key[1]}", 0.0) + (
-                    cublas_us - best_us
-                )
+            plans[key], saved[f"{key[0]}x{key[1]}"] = _plan(w)
         layer.gemv_plan = dict(plans[key])
     for shape, us in saved.items():
         log.info("gemv for %s: %.1f us saved per call over row counts 1-%d", shape, us, MAX_M)
