@@ -189,17 +189,17 @@ def decode_attention_grid() -> list[dict[str, Any]]:
     from functools import partial
 
     from kernels.decode_attention import DecodeWorkspace, decode_attention, num_kv_splits_for
+    from services.executor.attention.triton_backend import TritonBackend
 
     heads, kv_heads, d = 32, 8, 128
-    sm = torch.cuda.get_device_properties(0).multi_processor_count
+    backend = TritonBackend()
     out: list[dict[str, Any]] = []
     for bs, ctx in ((1, 256), (1, 2048), (8, 1024), (64, 2048), (256, 1024), (256, 2048)):
         slots = bs * ctx + 1
         k = torch.randn(slots, kv_heads, d, dtype=torch.bfloat16, device="cuda")
         perm = torch.randperm(slots - 1, device="cuda")[: bs * ctx]
         seq = torch.full((bs,), ctx, dtype=torch.int64, device="cuda")
-        # the backend's cap: chunks enough to fill the SMs twice, a power of two, 8 to 32
-        cap = min(32, max(8, 1 << max(0, -(-2 * sm // (bs * kv_heads)) - 1).bit_length()))
+        cap = backend._split_cap(bs, kv_heads, torch.device("cuda"))  # the grid it launches
         base = {
             "q": torch.randn(bs, heads, d, dtype=torch.bfloat16, device="cuda"),
             "k_buffer": k,

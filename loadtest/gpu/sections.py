@@ -361,49 +361,35 @@ def online(log_dir: str) -> dict[str, Any]:
             "--warmup-requests",
             "2",
         )
-        latency = asyncio.run(
-            serving.benchmark(
-                build_parser().parse_args(
-                    [
-                        *base,
-                        "--dataset-name",
-                        "random",
-                        "--num-prompts",
-                        "100",
-                        "--request-rate",
-                        "1",
-                        "--random-input-len",
-                        "4096",
-                        "--random-output-len",
-                        "2048",
-                        "--random-range-ratio",
-                        "0.0",
-                        "--warmup-requests",
-                        "2",
-                    ]
-                )
-            )
+        latency = run(
+            "--dataset-name",
+            "random",
+            "--num-prompts",
+            "100",
+            "--request-rate",
+            "1",
+            "--random-input-len",
+            "4096",
+            "--random-output-len",
+            "2048",
+            "--random-range-ratio",
+            "0.0",
+            "--warmup-requests",
+            "2",
         )
-        heavy = asyncio.run(
-            serving.benchmark(
-                build_parser().parse_args(
-                    [
-                        *base,
-                        "--dataset-name",
-                        "random",
-                        "--num-prompts",
-                        "64",
-                        "--random-input-len",
-                        "128",
-                        "--random-output-len",
-                        "512",
-                        "--random-range-ratio",
-                        "1.0",
-                        "--warmup-requests",
-                        "2",
-                    ]
-                )
-            )
+        heavy = run(
+            "--dataset-name",
+            "random",
+            "--num-prompts",
+            "64",
+            "--random-input-len",
+            "128",
+            "--random-output-len",
+            "512",
+            "--random-range-ratio",
+            "1.0",
+            "--warmup-requests",
+            "2",
         )
     finally:
         proc.send_signal(signal.SIGINT)

@@ -220,10 +220,11 @@ class Engine:
             )
             return RequestFailed(rid=rid, error=err)
         vocab = self.runner.vocab_size
-        if msg.input_ids and not 0 <= min(msg.input_ids) <= max(msg.input_ids) < vocab:
-            # The tokenizer checks ids against its own vocabulary; a model whose embedding
-            # is smaller would index out of range and take the whole batch down with it.
-            bad = next(t for t in msg.input_ids if not 0 <= t < vocab)
+        # The tokenizer checks ids against its own vocabulary; a model whose embedding is
+        # smaller would index out of range and take the whole batch down with it.
+        ids = msg.input_ids
+        if ids and (min(ids) < 0 or max(ids) >= vocab):  # min/max: C loops, on every request
+            bad = next(t for t in ids if not 0 <= t < vocab)
             err = ErrorInfo(
                 status=400,
                 message=f"input_ids holds token id {bad}, outside this model's vocabulary "

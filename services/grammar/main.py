@@ -155,9 +155,7 @@ class GrammarWorker:
         if recent is not None:
             # Stored again: Redis missed it, maybe because it expired, and executors load
             # grammars from Redis.
-            await self.r.set(
-                constants.grammar_cache_key(key), self._encoder.encode(recent), px=self.cache_ttl_ms
-            )
+            await self._store(key, recent)
             self.stats.cache_hits += 1
             return recent
         future: asyncio.Future[GrammarCacheEntry] = asyncio.get_running_loop().create_future()
@@ -176,12 +174,15 @@ class GrammarWorker:
         finally:
             del self._compiling[key]
 
+    async def _store(self, key: str, entry: GrammarCacheEntry) -> None:
+        await self.r.set(
+            constants.grammar_cache_key(key), self._encoder.encode(entry), px=self.cache_ttl_ms
+        )
+
     async def _compile_and_store(self, key: str, constraint: Constraint) -> GrammarCacheEntry:
         loop = asyncio.get_running_loop()
         result = await loop.run_in_executor(self.pool, self.compiler.compile, constraint)
-        await self.r.set(
-            constants.grammar_cache_key(key), self._encoder.encode(result), px=self.cache_ttl_ms
-        )
+        await self._store(key, result)
         if isinstance(result, CompiledGrammarEntry):
             log.info(
                 "compiled %s grammar %s in %.1f ms (%d KiB cached)",
