@@ -7,7 +7,7 @@ import json
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import xgrammar as xgr
@@ -15,7 +15,7 @@ import xgrammar as xgr
 from loadtest import offline
 from loadtest.gpu.models import llama8b_dir
 from services.executor.engine import Engine
-from services.executor.grammar import GrammarBackend, RequestGrammar
+from services.executor.grammar import GrammarBackend
 from shared.grammar import (
     GrammarTokenizer,
     compile_constraint,
@@ -68,13 +68,34 @@ def _request(
     )
 
 
-def _timed(engine: Engine, reqs: list[TokenizedRequest]) -> tuple[float, int, int]:
+class Timed(NamedTuple):
+    seconds: float
+    tokens: int
+    steps: int
+    overlapped: int  # steps launched before the previous step's tokens reached the host
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "tok_s": self.tokens / self.seconds,
+            "steps": self.steps,
+            "overlapped_share": self.overlapped / max(1, self.steps),
+        }
+
+
+def _timed(engine: Engine, reqs: list[TokenizedRequest], jump_forward: bool = True) -> Timed:
+    assert engine.grammars is not None
+    engine.grammars.jump_forward = jump_forward
     torch.cuda.synchronize()
-    steps0 = engine.step_no
+    steps0, overlapped0 = engine.step_no, engine.overlapped_steps
     t0 = time.perf_counter()
     d = offline.drain(engine, reqs)
     torch.cuda.synchronize()
-    return time.perf_counter() - t0, d.tokens, engine.step_no - steps0
+    return Timed(
+        time.perf_counter() - t0,
+        d.tokens,
+        engine.step_no - steps0,
+        engine.overlapped_steps - overlapped0,
+    )
 
 
 def structured() -> dict[str, Any]:
@@ -107,38 +128,42 @@ def structured() -> dict[str, Any]:
     digits_key, digits_src = compile_schema(DIGITS)
     offline.drain(engine, [_request("r0", 4)])
 
-    saved = RequestGrammar.jump_forward
-    RequestGrammar.jump_forward = lambda self, limit: []  # type: ignore[method-assign]
-    c_s, c_tok, _ = _timed(
-        engine, [_request(f"c{i}", 400, digits_key, digits_src) for i in range(BATCH)]
+    # Masking alone (jump-forward off): the same tokens per step as unconstrained decoding.
+    c = _timed(
+        engine,
+        [_request(f"c{i}", 400, digits_key, digits_src) for i in range(BATCH)],
+        jump_forward=False,
     )
-    RequestGrammar.jump_forward = saved  # type: ignore[method-assign]
-    per_req = c_tok // BATCH
-    u_s, u_tok, _ = _timed(engine, [_request(f"u{i}", per_req) for i in range(BATCH)])
+    per_req = c.tokens // BATCH
+    u = _timed(engine, [_request(f"u{i}", per_req) for i in range(BATCH)])
+    # As served by default: forced ", " after each digit is appended, not decoded.
+    cj = _timed(engine, [_request(f"cj{i}", 400, digits_key, digits_src) for i in range(BATCH)])
     out["constrained_vs_unconstrained"] = {
         "batch": BATCH,
         "tokens_per_request": per_req,
-        "constrained_tok_s": c_tok / c_s,
-        "unconstrained_tok_s": u_tok / u_s,
-        "ratio": (c_tok / c_s) / (u_tok / u_s),
+        "constrained_tok_s": c.tokens / c.seconds,
+        "unconstrained_tok_s": u.tokens / u.seconds,
+        "ratio": (c.tokens / c.seconds) / (u.tokens / u.seconds),
+        "constrained": c.report(),
+        "unconstrained": u.report(),
+        "constrained_jump_forward": cj.report(),
+        "ratio_jump_forward": (cj.tokens / cj.seconds) / (u.tokens / u.seconds),
     }
     long_key, long_src = compile_schema(LONG_KEYS)
-    RequestGrammar.jump_forward = lambda self, limit: []  # type: ignore[method-assign]
-    p_s, p_tok, p_steps = _timed(
-        engine, [_request(f"p{i}", 600, long_key, long_src, seeded=True) for i in range(BATCH)]
-    )
-    RequestGrammar.jump_forward = saved  # type: ignore[method-assign]
-    j_s, j_tok, j_steps = _timed(
-        engine, [_request(f"j{i}", 600, long_key, long_src, seeded=True) for i in range(BATCH)]
-    )
+    longs = [_request(f"p{i}", 600, long_key, long_src, seeded=True) for i in range(BATCH)]
+    p = _timed(engine, longs, jump_forward=False)
+    longs = [_request(f"j{i}", 600, long_key, long_src, seeded=True) for i in range(BATCH)]
+    j = _timed(engine, longs)
     out["jump_forward"] = {
         "batch": BATCH,
-        "plain_s": p_s,
-        "jump_s": j_s,
-        "speedup": p_s / j_s,
-        "plain_steps": p_steps,
-        "jump_steps": j_steps,
-        "tokens_plain": p_tok,
-        "tokens_jump": j_tok,
+        "plain_s": p.seconds,
+        "jump_s": j.seconds,
+        "speedup": p.seconds / j.seconds,
+        "plain_steps": p.steps,
+        "jump_steps": j.steps,
+        "tokens_plain": p.tokens,
+        "tokens_jump": j.tokens,
+        "plain_overlapped_share": p.overlapped / max(1, p.steps),
+        "jump_overlapped_share": j.overlapped / max(1, j.steps),
     }
     return out

@@ -1,8 +1,9 @@
 """Which requests run in the next step. Synchronous; no I/O, no model.
 
 Each step is either an EXTEND (prompt chunks of admitted requests, under a token budget) or a
-DECODE (one token for every running request). While prompts wait and requests decode, the two
-alternate, so a long prompt never stalls generation for the others.
+DECODE (one token for every running request, plus any text a grammar forced after it, which
+makes the step an EXTEND too). While prompts wait and requests decode, the two alternate, so
+a long prompt never stalls generation for the others.
 
 Admission order: longest cached prefix first (`lpm`) or arrival order (`fcfs`); a request
 passed over STARVATION_WAITS times goes first. A request sharing a long prefix with a prompt
@@ -43,11 +44,14 @@ class StepPlan:
     extend_lens: list[int]  # new tokens per request this step
     is_decode: bool
 
+    def __post_init__(self) -> None:
+        # Slots for this step are allocated at planning, so kv_len counts them.
+        self.sampling = [r.kv_len == r.all_len for r in self.reqs]
+
     def samples(self, i: int) -> bool:
         """Whether request i gets a new token this step (a prompt chunk short of the end
-        does not). Slots for this step are allocated at planning, so kv_len counts them."""
-        r = self.reqs[i]
-        return r.kv_len == r.all_len
+        does not)."""
+        return self.sampling[i]
 
 
 def common_prefix_len(a: list[int], b: list[int]) -> int:
@@ -206,12 +210,15 @@ class BatchPolicy:
         return StepPlan(reqs, lens, is_decode=False)
 
     def _plan_decode(self) -> StepPlan | None:
+        """One token for every running request, plus the tokens a grammar forced after it
+        (jump-forward): those few ride along in the same step, which is then an EXTEND, so
+        that requests with and without forced text never wait for each other's steps."""
         if not self.running:
             return None
-        while not self.mem.make_room(len(self.running)) and len(self.running) > 1:
+        while not self.mem.make_room(self.decode_need()) and len(self.running) > 1:
             self.retract_youngest()
             self.new_token_ratio = INIT_NEW_TOKEN_RATIO
-        if not self.mem.make_room(len(self.running)):
+        if not self.mem.make_room(self.decode_need()):
             raise MemoryError("the KV pool cannot hold even one decoding request")
         self.new_token_ratio = max(
             MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
@@ -221,9 +228,14 @@ class BatchPolicy:
         reqs = [r for r in self.running if r.finish is None and not r.exhausted]
         if not reqs:
             return None
-        for req in reqs:
-            self.mem.grow(req, 1)
-        return StepPlan(reqs, [1] * len(reqs), is_decode=True)
+        lens = [r.pending_len for r in reqs]
+        for req, n in zip(reqs, lens, strict=True):
+            self.mem.grow(req, n)
+        return StepPlan(reqs, lens, is_decode=all(n == 1 for n in lens))
+
+    def decode_need(self) -> int:
+        """KV slots the next decode step takes: each running request's uncomputed tokens."""
+        return sum(r.pending_len for r in self.running)
 
     def retract_youngest(self) -> Req:
         """Put the most recently arrived running request back at the head of the queue. Its
@@ -245,22 +257,19 @@ class BatchPolicy:
     def after_step(self, plan: StepPlan) -> None:
         """Move finished prompts to running (sharing them through the cache); drop finished
         requests, their tokens going to the cache."""
-        for req in plan.reqs:
+        for req, sampled in zip(plan.reqs, plan.sampling, strict=True):
             if req.finish is not None:
                 if req in self.prefilling:
                     self.prefilling.remove(req)
                 elif req in self.running:
                     self.running.remove(req)
                 self.mem.release(req)
-            elif req in self.prefilling and req.pending_len == 1 and req.output_ids:
+            elif sampled and req in self.prefilling:
+                # Its prompt is computed; text a grammar forced after the sampled token (if
+                # any) is computed with the next decode step.
                 self.prefilling.remove(req)
                 self.running.append(req)
                 self.mem.cache_prefix(req)
-            elif req in self.running and req.pending_len > 1:
-                # Jump-forward appended tokens the grammar forces: they are computed in one
-                # extend step, as a prompt chunk would be.
-                self.running.remove(req)
-                self.prefilling.append(req)
 
     def check_integrity(self) -> None:
         self.mem.check_integrity([*self.prefilling, *self.running])

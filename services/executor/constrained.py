@@ -7,7 +7,7 @@ a no-op for a request without a grammar.
 from __future__ import annotations
 
 from services.executor.grammar import GrammarViolation
-from services.executor.request import Req
+from services.executor.request import PENDING, Req
 from shared.messages.common import ErrorInfo
 
 
@@ -29,6 +29,8 @@ def after_token(req: Req, index: int) -> ErrorInfo | None:
     g = req.grammar
     if g is None or g.done or req.finish == "abort" or index >= len(req.output_ids):
         return None
+    if index < len(g.accepted):
+        return None  # a forced token, accepted when it was appended (see below)
     token = req.output_ids[index]
     try:
         done = g.accept(token)
@@ -43,26 +45,32 @@ def after_token(req: Req, index: int) -> ErrorInfo | None:
         return None
     if req.finish is not None:
         return None  # out of tokens: finish "length", the output is cut short
-    if index < len(req.output_ids) - 1:
-        # The next token is already being sampled (overlap): its mask forces the first
-        # forced token; ask the engine to jump forward once it is known.
-        req.jump_wanted = not req.sampling.return_logprob and g.has_forced_text()
-        return None
-    req.jump_wanted = False
-    forced = _jump_forward(req)
-    req.output_ids += forced
-    req.forced_tokens += len(forced)
+    # With overlap the next token is launched but not sampled yet (its mask waits for this
+    # token). Forced text then starts at that token: its mask will allow only the first
+    # forced token, so its value is known here and the rest can follow it at once, without
+    # holding back the next step for it.
+    in_flight = index == len(req.output_ids) - 2
+    assert in_flight or index == len(req.output_ids) - 1, "at most one token in flight"
+    forced = _jump_forward(req, in_flight)
+    if in_flight and forced:
+        req.output_ids[index + 1] = forced[0]
+        req.output_ids += forced[1:]
+        req.forced_tokens += len(forced) - 1
+    else:
+        req.output_ids += forced
+        req.forced_tokens += len(forced)
     if g.done:
         req.finish = "stop"
-    elif req.all_len >= req.limit_len:
-        req.finish = "length"
+    elif req.all_len >= req.limit_len and req.output_ids[-1] != PENDING:
+        req.finish = "length"  # (a token still in flight decides this when it lands)
     return None
 
 
-def _jump_forward(req: Req) -> list[int]:
+def _jump_forward(req: Req, in_flight: bool = False) -> list[int]:
     """The tokens the grammar forces next. None for a request that wants logprobs: forced
     tokens are never sampled, so they would have none."""
     assert req.grammar is not None
     if req.sampling.return_logprob:
         return []
-    return req.grammar.jump_forward(req.limit_len - req.all_len)
+    room = req.limit_len - req.all_len + in_flight  # the in-flight token's place is counted
+    return req.grammar.jump_forward(room, in_flight)

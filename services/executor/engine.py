@@ -144,12 +144,9 @@ class Engine:
         return (
             self.overlap
             and self.inflight is not None
-            and p.mem.available() >= 2 * (len(p.running) + len(p.prefilling))
-            # Penalties need the last token's value; a grammar whose next text is forced
-            # wants a jump-forward step, which cannot be launched ahead of that token.
-            and not any(
-                needs_history(r.sampling) or r.jump_wanted for r in (*p.running, *p.prefilling)
-            )
+            and p.mem.available() >= 2 * (p.decode_need() + len(p.prefilling))
+            # Penalties need the last token's value on the host.
+            and not any(needs_history(r.sampling) for r in (*p.running, *p.prefilling))
         )
 
     def _finish(self, launched: Launched, finished: list[Req]) -> None:

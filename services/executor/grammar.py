@@ -96,8 +96,10 @@ class RequestGrammar:
         vocab: GrammarVocab,
         stats: GrammarStats,
         stop_token_ids: Sequence[int] = (),
+        jump: bool = True,
     ) -> None:
         self.vocab, self.stats = vocab, stats
+        self.jump = jump  # False: jump_forward never appends (--disable-jump-forward)
         self.matcher = xgr.GrammarMatcher(
             compiled, override_stop_tokens=list(stop_token_ids) or None
         )
@@ -106,24 +108,31 @@ class RequestGrammar:
         self.done = False
         self._row: torch.Tensor | None = None  # [1, words] the next mask, when computed early
         self._row_valid = False
+        # A token already accepted that the step in flight must sample: its mask allows only
+        # it (jump-forward decided it after that step was launched).
+        self._forced_next: int | None = None
         stats.requests += 1
 
     # -- masks -------------------------------------------------------------------------------
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         """Write the allowed next tokens into bitmask[row] (a CPU int32 [rows, words])."""
-        assert not self.done, "a finished grammar has no next token"
-        if self._row_valid and self._row is not None:
-            bitmask[row].copy_(self._row[0])
-        else:
+        if not self.fill_cached(bitmask, row):
             self.matcher.fill_next_token_bitmask(bitmask, row)
-        self.stats.masks += 1
+            self.stats.masks += 1
 
     def fill_cached(self, bitmask: torch.Tensor, row: int) -> bool:
-        """Copy the mask already computed for this state into bitmask[row], if there is one."""
-        assert not self.done, "a finished grammar has no next token"
-        if not (self._row_valid and self._row is not None):
+        """Write bitmask[row] without the matcher when the mask is already known: the one
+        token a jump-forward decided, or the mask computed for this state."""
+        if self._forced_next is not None:
+            t, self._forced_next = self._forced_next, None
+            bitmask[row].zero_()
+            bitmask[row, t >> 5] = _bit(t)
+        elif self.done:
+            raise AssertionError("a finished grammar has no next token")
+        elif self._row_valid and self._row is not None:
+            bitmask[row].copy_(self._row[0])
+        else:
             return False
-        bitmask[row].copy_(self._row[0])
         self.stats.masks += 1
         return True
 
@@ -142,18 +151,23 @@ class RequestGrammar:
         self._changed()
         return self.done
 
-    def jump_forward(self, limit: int) -> list[int]:
+    def jump_forward(self, limit: int, in_flight: bool = False) -> list[int]:
         """Tokens of the text the grammar now forces, at most `limit`, already accepted: the
         caller appends them to the output and computes them in one extend step. Empty when
-        nothing is forced or the forced text does not re-tokenize consistently:
+        nothing is forced, jump-forward is off, or the forced text does not re-tokenize
+        consistently:
 
         - the forced text must encode to tokens whose bytes are exactly that text;
         - joined to the last accepted token, it must encode to that token plus the same tokens
           (no merge across the left boundary);
         - a last token that a longer token starts with is left to normal decoding (it might
           merge with the free text after it), unless the grammar ends right after it.
+
+        `in_flight`: the step that samples the next token is already launched. Its mask then
+        allows only the first forced token, so the caller knows that token's value before
+        the device does; only the rest save a forward pass.
         """
-        if self.done or limit <= 0:
+        if self.done or limit <= 0 or not self.jump:
             return []
         try:
             text = self.matcher.find_jump_forward_string()
@@ -175,17 +189,10 @@ class RequestGrammar:
         while taken and not self.done and self.vocab.extendable[taken[-1]]:
             self.rollback(1)
             taken.pop()
-        self.stats.jump_forward_tokens += len(taken)
+        if in_flight and taken:
+            self._forced_next = taken[0]
+        self.stats.jump_forward_tokens += len(taken) - (in_flight and bool(taken))
         return taken
-
-    def has_forced_text(self) -> bool:
-        """Whether the grammar now forces some text (a jump-forward could take it)."""
-        if self.done:
-            return False
-        try:
-            return bool(self.matcher.find_jump_forward_string())
-        except UnicodeDecodeError:
-            return False
 
     def _consistent_tokens(self, text: str) -> list[int]:
         v = self.vocab
@@ -210,6 +217,7 @@ class RequestGrammar:
         assert 0 <= n <= len(self.accepted), f"cannot roll back {n} of {len(self.accepted)}"
         if n == 0:
             return
+        self._forced_next = None
         self.matcher.rollback(n)
         del self.accepted[-n:]
         self.done = False
@@ -218,6 +226,7 @@ class RequestGrammar:
     def rebuild(self, tokens: Sequence[int]) -> None:
         """Reset and replay `tokens` (what the request's output holds)."""
         self.matcher.reset()
+        self._forced_next = None
         self.accepted = []
         self.done = False
         self._changed()
@@ -248,21 +257,33 @@ class GrammarBackend:
     """Makes the per-request grammars of one executor; holds what they share."""
 
     def __init__(
-        self, tok: GrammarTokenizer, get_compiled: Callable[[str], xgr.CompiledGrammar]
+        self,
+        tok: GrammarTokenizer,
+        get_compiled: Callable[[str], xgr.CompiledGrammar],
+        jump_forward: bool = True,
     ) -> None:
         self.vocab = GrammarVocab(tok)
         self.get_compiled = get_compiled
+        self.jump_forward = jump_forward
         self.stats = GrammarStats()
 
     def new_request(self, key: str, stop_token_ids: Sequence[int] = ()) -> RequestGrammar:
         """The grammar state of a new request. `stop_token_ids`: the request's EOS ids (the
         tokens that may end it where the grammar accepts); empty: the tokenizer's."""
-        return RequestGrammar(self.get_compiled(key), self.vocab, self.stats, stop_token_ids)
+        return RequestGrammar(
+            self.get_compiled(key), self.vocab, self.stats, stop_token_ids, self.jump_forward
+        )
 
     def allocate_bitmask(self, rows: int, pin_memory: bool = False) -> torch.Tensor:
         """A CPU int32 [rows, ceil(vocab / 32)] bitmask, every token allowed."""
         bitmask = xgr.allocate_token_bitmask(rows, self.vocab.vocab_size)
         return bitmask.pin_memory() if pin_memory else bitmask
+
+
+def _bit(token: int) -> int:
+    """Token's bit in its int32 bitmask word (bit 31 as a negative value)."""
+    b = 1 << (token & 31)
+    return b - (1 << 32) if b >= 1 << 31 else b
 
 
 _batch_matcher: xgr.BatchGrammarMatcher | None = None

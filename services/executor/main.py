@@ -88,6 +88,10 @@ def add_flags(p: EnvArgumentParser) -> None:
         help="largest decode batch replayed from a CUDA graph",
     )
     p.add_flag("--seed", type=int, default=0, help="sampling seed of this executor")
+    p.add_bool(
+        "--disable-jump-forward",
+        help="decode text a grammar forces one token per step instead of appending it at once",
+    )
     p.add_bool("--disable-radix-cache", help="compute every prompt from scratch (no prefix reuse)")
     p.add_flag(
         "--page-size",
@@ -216,7 +220,9 @@ async def serve(a: argparse.Namespace) -> None:
     gc.freeze()
     svc = Service("executor", instance, a.redis_url, load=engine.load, drain_timeout_s=30.0)
     grammar_cache = GrammarCache(svc.r, grammar_tok)
-    engine.grammars = GrammarBackend(grammar_tok, grammar_cache.get)
+    engine.grammars = GrammarBackend(
+        grammar_tok, grammar_cache.get, jump_forward=not a.disable_jump_forward
+    )
     engine.grammar_cache_stats = grammar_cache.stats
     reader: StreamReader[ExecutorMessage] = StreamReader(svc.r, stream, ExecutorMessage)
     await reader.start_from_now()  # before the first heartbeat makes the scheduler route here

@@ -48,7 +48,6 @@ class Req:
     limit_len: int = 0  # prompt + output may not grow past this (max_tokens, context)
     grammar: RequestGrammar | None = None  # structured output: the request's matcher
     forced_tokens: int = 0  # output tokens appended by jump-forward (forward passes saved)
-    jump_wanted: bool = False  # the grammar forces text, but a later token was in flight
     _generator: torch.Generator | None = None  # a seeded request's own random stream
     out_logprobs: dict[int, TokenLogprob] = field(default_factory=dict)  # output index ->
     prompt_logprobs: dict[int, TokenLogprob] = field(default_factory=dict)  # prompt position ->

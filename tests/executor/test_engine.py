@@ -69,6 +69,7 @@ class Run:
         self.finish: dict[str, str] = {}
         self.failed: dict[str, RequestFailed] = {}
         self.batch_sizes: list[int] = []
+        self.launched: list[tuple[bool, bool]] = []  # (is_decode, overlapped) of each step
 
     def go(self, arrivals: dict[int, list[Any]], max_steps: int = 2000) -> None:
         step = 0
@@ -77,7 +78,10 @@ class Run:
                 self.engine.submit(msg)
             if not self.engine.has_work() and not arrivals:
                 break
+            launched, overlapped = self.engine.step_no, self.engine.overlapped_steps
             result = self.engine.step()
+            if self.engine.step_no > launched:
+                self.launched.append((result.is_decode, self.engine.overlapped_steps > overlapped))
             self.engine.policy.check_integrity()
             self.batch_sizes.append(len(self.engine.policy.running))
             for _, out in result.outputs:

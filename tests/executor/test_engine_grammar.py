@@ -13,7 +13,7 @@ import pytest
 import xgrammar as xgr
 
 from services.executor.engine import Engine
-from services.executor.grammar import GrammarBackend, RequestGrammar
+from services.executor.grammar import GrammarBackend
 from shared.grammar import GrammarTokenizer, compile_constraint, grammar_key, new_compiler
 from shared.messages.common import (
     ChoiceConstraint,
@@ -51,9 +51,9 @@ class Setup:
         self.compiler = new_compiler(self.tok)
         self.compiled: dict[str, xgr.CompiledGrammar] = {}
 
-    def engine(self, path: Path, **kw: Any) -> Engine:
+    def engine(self, path: Path, jump_forward: bool = True, **kw: Any) -> Engine:
         engine = make_engine(path, **kw)
-        engine.grammars = GrammarBackend(self.tok, self.compiled.__getitem__)
+        engine.grammars = GrammarBackend(self.tok, self.compiled.__getitem__, jump_forward)
         return engine
 
     def request(self, rid: str, c: Constraint, max_new: int, **sp: Any) -> TokenizedRequest:
@@ -149,23 +149,50 @@ FORCED = {
 
 @pytest.mark.parametrize("overlap", [False, True])
 def test_jump_forward_same_output_fewer_forward_passes(
-    setup: Setup, tiny_dir: Path, monkeypatch: pytest.MonkeyPatch, overlap: bool
+    setup: Setup, tiny_dir: Path, overlap: bool
 ) -> None:
     c = JsonSchemaConstraint(schema=json.dumps(FORCED))
 
-    def run(jump: bool) -> tuple[list[int], int, int]:
-        engine = setup.engine(tiny_dir, overlap=overlap)
-        if not jump:
-            monkeypatch.setattr(RequestGrammar, "jump_forward", lambda self, limit: [])
-        r = Run(engine)
+    def run(jump: bool) -> tuple[list[int], Run]:
+        r = Run(setup.engine(tiny_dir, jump_forward=jump, overlap=overlap))
         r.go({0: [setup.request("j", c, 200, temperature=0.0)]})
-        monkeypatch.undo()
-        return r.tokens["j"], engine.step_no, engine.grammars.stats.jump_forward_tokens  # type: ignore[union-attr]
+        return r.tokens["j"], r
 
-    plain, plain_steps, _ = run(False)
-    fast, fast_steps, forced = run(True)
-    text = setup.text(fast)
-    check(c, text)
+    plain, plain_run = run(False)
+    fast, fast_run = run(True)
+    plain_steps, fast_steps = len(plain_run.launched), len(fast_run.launched)
+    forced = fast_run.engine.grammars.stats.jump_forward_tokens  # type: ignore[union-attr]
+    check(c, setup.text(fast))
     assert fast == plain
     assert forced > 10 and fast_steps < plain_steps
-    assert fast_steps + forced >= plain_steps  # every saved step is a forced token
+    # Every saved step is a forced token (with overlap, plain decoding also spends one step
+    # past the end: it was launched before the last token was known).
+    assert fast_steps + forced >= plain_steps - overlap
+    if overlap:
+        # Once decoding has started, forced text never holds back the next step: each is
+        # launched before the previous one's tokens reach the host, jump or not.
+        for r in (plain_run, fast_run):
+            first_decode = [d for d, _ in r.launched].index(True)
+            assert all(ovl for _, ovl in r.launched[first_decode + 1 :]), r.launched
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_forced_text_rides_along_with_the_batch(
+    setup: Setup, tiny_dir: Path, overlap: bool
+) -> None:
+    """Forced tokens are computed in the same step as everyone else's next token: decoding
+    requests never sit out a step while others catch up on forced text."""
+    c = JsonSchemaConstraint(schema=json.dumps(FORCED))
+    constrained = [setup.request(f"j{i}", c, 200, temperature=1.0, seed=i) for i in range(4)]
+    free = [make_request(f"u{i}", [9, 10, 11], max_new=40, ignore_eos=True) for i in range(2)]
+    run = Run(setup.engine(tiny_dir, overlap=overlap))
+    run.go({0: [*constrained, *free]})
+    assert run.engine.grammars.stats.jump_forward_tokens > 20  # type: ignore[union-attr]
+    mixed = [i for i, (decode, _) in enumerate(run.launched) if not decode]
+    assert len(mixed) > 2, run.launched  # the prefill, then steps that carried forced text
+    # One prefill step (it samples the first token), then one step per further token of the
+    # unconstrained requests: every step carried them.
+    assert len(run.launched) == 1 + 39, run.launched
+    for i in range(4):
+        if run.finish[f"j{i}"] == "stop":
+            check(c, setup.text(run.tokens[f"j{i}"]))

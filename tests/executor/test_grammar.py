@@ -413,6 +413,24 @@ def test_jump_forward_on_a_json_schema(grammars: Grammars) -> None:
     assert g.jump_forward(100) == []  # digits are free
 
 
+def test_jump_forward_decided_while_the_next_token_is_in_flight(grammars: Grammars) -> None:
+    """With overlap the step sampling the next token is already launched: the jump takes
+    the forced tokens all the same, and that step's mask allows only the first of them."""
+    g = grammars.new(JsonSchemaConstraint(schema=json.dumps(PERSON)))
+    saved = grammars.backend.stats.jump_forward_tokens
+    first = g.jump_forward(100, in_flight=True)
+    assert grammars.text(first) == '{"name": "'
+    # The first forced token is sampled by the step in flight: only the rest save a pass.
+    assert grammars.backend.stats.jump_forward_tokens - saved == len(first) - 1
+    bitmask = grammars.backend.allocate_bitmask(2)
+    bitmask[1] = -1
+    assert fill_bitmask([None, g], bitmask) == [1]
+    assert allowed(bitmask, 1) == {first[0]}
+    # The one-token mask is used once; the next fill is the grammar's own, after the jump.
+    assert fill_bitmask([None, g], bitmask) == [1]
+    assert allowed(bitmask, 1) == accepted_by_xgrammar(g)
+
+
 def test_jump_forward_respects_the_limit(grammars: Grammars) -> None:
     g = grammars.new(JsonSchemaConstraint(schema=json.dumps(PERSON)))
     assert grammars.text(g.jump_forward(3)) == '{"n'
