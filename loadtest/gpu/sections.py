@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from loadtest import offline
+from loadtest.gpu.hosttime import HostTimes
 from loadtest.gpu.models import LLAMA_3_1_8B, llama8b_dir, weight_bytes
 from services.executor.weights.loader import hf_state_dict
 
@@ -249,8 +250,10 @@ def offline_throughput(time_limit: float = 400.0) -> dict[str, Any]:
         str(time_limit),
     )
     engine = offline.make_engine(args)
+    host = HostTimes(engine)
     result = offline.run_throughput(engine, args)
     result["kv_pool_tokens"] = engine.policy.kv.num_slots
+    result["host_ms_per_step"] = host.per_step()
     return result
 
 
@@ -271,7 +274,10 @@ def decode_heavy_offline() -> dict[str, Any]:
         "1.0",
     )
     engine = offline.make_engine(args)
-    return offline.run_throughput(engine, args)
+    host = HostTimes(engine)
+    result = offline.run_throughput(engine, args)
+    result["host_ms_per_step"] = host.per_step()
+    return result
 
 
 def _serve(model: Path, log: Path, port: int) -> Any:

@@ -13,6 +13,7 @@ import torch
 import xgrammar as xgr
 
 from loadtest import offline
+from loadtest.gpu.hosttime import HostTimes
 from loadtest.gpu.models import llama8b_dir
 from services.executor.engine import Engine
 from services.executor.grammar import GrammarBackend
@@ -74,19 +75,24 @@ class Timed(NamedTuple):
     steps: int
     overlapped: int  # steps launched before the previous step's tokens reached the host
 
+    host_ms: dict[str, float]  # host time per step by engine phase
+
     def report(self) -> dict[str, Any]:
         return {
             "tok_s": self.tokens / self.seconds,
             "steps": self.steps,
             "overlapped_share": self.overlapped / max(1, self.steps),
+            "host_ms_per_step": self.host_ms,
         }
 
 
 def _timed(engine: Engine, reqs: list[TokenizedRequest], jump_forward: bool = True) -> Timed:
     assert engine.grammars is not None
     engine.grammars.jump_forward = jump_forward
+    host = engine_host_times(engine)
     torch.cuda.synchronize()
     steps0, overlapped0 = engine.step_no, engine.overlapped_steps
+    host.start()
     t0 = time.perf_counter()
     d = offline.drain(engine, reqs)
     torch.cuda.synchronize()
@@ -95,7 +101,18 @@ def _timed(engine: Engine, reqs: list[TokenizedRequest], jump_forward: bool = Tr
         d.tokens,
         engine.step_no - steps0,
         engine.overlapped_steps - overlapped0,
+        host.per_step(),
     )
+
+
+_host_times: dict[int, HostTimes] = {}
+
+
+def engine_host_times(engine: Engine) -> HostTimes:
+    """One wrapper per engine (wrapping twice would count everything twice)."""
+    if id(engine) not in _host_times:
+        _host_times[id(engine)] = HostTimes(engine)
+    return _host_times[id(engine)]
 
 
 def structured() -> dict[str, Any]:
@@ -137,7 +154,7 @@ def structured() -> dict[str, Any]:
     per_req = c.tokens // BATCH
     u = _timed(engine, [_request(f"u{i}", per_req) for i in range(BATCH)])
     # As served by default: forced ", " after each digit is appended, not decoded.
-    cj = _timed(engine, [_request(f"cj{i}", 400, digits_key, digits_src) for i in range(BATCH)])
+    cj = _timed(engine, [_request(f"k{i}", 400, digits_key, digits_src) for i in range(BATCH)])
     out["constrained_vs_unconstrained"] = {
         "batch": BATCH,
         "tokens_per_request": per_req,

@@ -84,6 +84,13 @@ class ReqToTokenPool:
         self.pad_row = max_reqs
         self.max_context = max_context
         self._free_rows: list[int] = list(range(max_reqs - 1, -1, -1))
+        # Writes not yet on the device, as flat (row, position, slot) columns: one copy and
+        # one scatter per step, where a write per request would cost a copy and a kernel
+        # launch each (64 decoding requests: about a millisecond of host time per step).
+        self._rows: list[int] = []
+        self._cols: list[int] = []
+        self._vals: list[int] = []
+        self._written: set[int] = set()  # rows with a write since the last flush
 
     def num_free(self) -> int:
         return len(self._free_rows)
@@ -97,9 +104,29 @@ class ReqToTokenPool:
         self._free_rows.append(row)
 
     def write(self, row: int, start: int, slots: list[int]) -> None:
+        """req_to_token[row, start : start + len(slots)] = slots, applied at the next flush
+        (which every forward pass does first)."""
         if start + len(slots) > self.max_context:
             raise ValueError(f"request row overflow: {start}+{len(slots)} > {self.max_context}")
-        if slots:
-            self.req_to_token[row, start : start + len(slots)] = torch.tensor(
-                slots, dtype=torch.int64
-            ).to(self.req_to_token.device, non_blocking=True)
+        if not slots:
+            return
+        if row in self._written:
+            # A scatter's order among equal indices is undefined on CUDA: a second write to a
+            # row (it may overlap the first) goes in the next one.
+            self.flush()
+        self._written.add(row)
+        self._rows += [row] * len(slots)
+        self._cols += range(start, start + len(slots))
+        self._vals += slots
+
+    def flush(self) -> None:
+        """Apply the pending writes to the device table."""
+        if not self._rows:
+            return
+        packed = torch.tensor([self._rows, self._cols, self._vals], dtype=torch.int64)
+        if self.req_to_token.is_cuda:
+            packed = packed.pin_memory()
+        dev = packed.to(self.req_to_token.device, non_blocking=True)
+        self.req_to_token[dev[0], dev[1]] = dev[2]
+        self._rows, self._cols, self._vals = [], [], []
+        self._written.clear()

@@ -117,6 +117,7 @@ class ModelRunner:
         waits for the device. Deferred sampling (`sample(launched)` later) lets the host learn
         the previous step's tokens, and fill grammar masks from them, while this step's
         forward pass runs."""
+        self.rows.flush()  # the slots planning allocated, for the kernels to read
         batch = self.build_batch(plan, prev)
         prompt_lp = (
             None if plan.is_decode else PromptLogprobTargets.build(plan.reqs, plan.extend_lens)

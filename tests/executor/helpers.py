@@ -220,6 +220,7 @@ class BatchDriver:
             input_ids += chunk
             positions += range(prefix, prefix + len(chunk))
             out_cache_loc += new_slots
+        self.req_to_token.flush()
         extend_lens = [len(c) for c in chunks]
 
         def tensor(values: Sequence[int]) -> torch.Tensor:

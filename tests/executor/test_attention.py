@@ -53,6 +53,7 @@ def make_batch(
         slots.append(torch.tensor(own))
         new_locs += own[p:]
         rows.append(row)
+    table.flush()
     n = sum(extend_lens)
     batch = ForwardBatch(
         mode=mode,

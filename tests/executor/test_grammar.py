@@ -462,6 +462,30 @@ def test_jump_forward_token_boundaries(grammars: Grammars) -> None:
     assert g.done
 
 
+def test_forced_strings_are_tokenized_once(
+    grammars: Grammars, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same forced text after the same token is looked up, not tokenized again: every
+    request of a schema meets the same keys and separators."""
+    vocab = grammars.backend.vocab
+    calls: list[str] = []
+    encode = vocab.encode
+
+    def counted(text: str) -> list[int]:
+        calls.append(text)
+        return encode(text)
+
+    monkeypatch.setattr(vocab, "encode", counted)
+    prev = ord("x")
+    first = vocab.consistent_tokens(prev, '", "zq":')
+    assert grammars.text(first) == '", "zq":' and calls == ['", "zq":', 'x", "zq":']
+    assert vocab.consistent_tokens(prev, '", "zq":') == first
+    assert len(calls) == 2
+    # A merge across the boundary (" " then "the") is refused, and remembered as refused.
+    assert vocab.consistent_tokens(ord(" "), "the") == []
+    assert vocab.consistent_tokens(ord(" "), "the") == [] and len(calls) == 4
+
+
 def test_jump_forward_stops_inside_a_character(grammars: Grammars) -> None:
     g = grammars.new(ChoiceConstraint(choices=["é", "è"]))
     assert g.jump_forward(10) == []  # the forced bytes end inside a UTF-8 character

@@ -45,6 +45,7 @@ def make_batch(
             buf[own[:p]] = randn(p, num_kv_heads, head_dim, dtype=dtype, gen=gen)
         new_locs += own[p:]
         rows.append(row)
+    table.flush()
     n = sum(extend_lens)
 
     def tensor(values: list[int]) -> torch.Tensor:

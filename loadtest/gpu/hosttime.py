@@ -1,0 +1,51 @@
+"""Host time per engine phase: where a step's CPU time goes while the device runs.
+
+Wraps the engine's phases on the instance (the class is untouched) and sums wall time per
+phase; `per_step()` divides by the steps launched since `start()`. Waiting for the device
+shows up inside `finish` (it blocks on the previous step's tokens).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from services.executor.engine import Engine
+
+
+class HostTimes:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.steps0 = engine.step_no
+        self._wrap(engine.policy, "plan", "plan")
+        self._wrap(engine.runner, "launch", "launch")
+        self._wrap(engine.runner, "sample", "sample")
+        self._wrap(engine, "_finish", "finish")
+        self._wrap(engine, "_collect", "collect")
+        self._wrap(engine, "step", "step")
+
+    def _wrap(self, obj: Any, attr: str, name: str) -> None:
+        inner: Callable[..., Any] = getattr(obj, attr)
+
+        @functools.wraps(inner)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.seconds[name] += time.perf_counter() - t0
+
+        setattr(obj, attr, timed)
+
+    def start(self) -> None:
+        self.seconds.clear()
+        self.steps0 = self.engine.step_no
+
+    def per_step(self) -> dict[str, float]:
+        """Milliseconds per launched step in each phase ("step" is the whole call)."""
+        steps = max(1, self.engine.step_no - self.steps0)
+        return {k: round(1000 * v / steps, 3) for k, v in sorted(self.seconds.items())}
