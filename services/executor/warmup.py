@@ -5,14 +5,16 @@ integers are specialised on being 1 and on being a multiple of 16, so a prefill 
 and one of 17 run different binaries. Each compile takes a few hundred milliseconds, which
 a first request, or the first batch of a benchmark, would otherwise pay on its first token.
 CUDA-graph capture already compiled the decode kernels; this runs prefills of the token and
-batch counts that cover the other specialisations, samples with and without filters, and
-then empties the prefix cache of what it computed.
+batch counts that cover the other specialisations, samples with and without filters, applies
+a grammar mask, and then empties the prefix cache of what it computed.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+
+import torch
 
 from services.executor.engine import Engine
 from shared.messages.common import SamplingParams, Trace
@@ -57,4 +59,19 @@ def warm_up(engine: Engine) -> None:
                 if isinstance(msg, RequestFailed):
                     raise RuntimeError(f"warm-up request failed: {msg.error.message}")
     engine.flush_cache()
+    warm_masks(engine.runner.vocab_size, engine.runner.device)
     log.info("kernels warmed up in %.1f s", time.perf_counter() - started)
+
+
+def warm_masks(vocab: int, device: torch.device) -> None:
+    """The grammar-mask kernel, as sampling a constrained request launches it (float32 rows
+    of the model's whole vocabulary): otherwise the first constrained batch compiles it."""
+    from services.executor.grammar import apply_bitmask  # imports xgrammar
+
+    logits = torch.zeros(2, vocab, dtype=torch.float32, device=device)
+    bitmask = torch.zeros(2, (vocab + 31) // 32, dtype=torch.int32)
+    apply_bitmask(logits, bitmask, [0])
+    # Row 0 masked everywhere, row 1 untouched: a kernel that ran on the wrong rows would
+    # hide here until a client's constrained request.
+    if not (torch.isinf(logits[0]).all() and not logits[1].any()):
+        raise RuntimeError("the grammar-mask kernel failed its warm-up check")

@@ -24,6 +24,7 @@ from services.executor.grammar import (
     fill_bitmask,
 )
 from services.executor.sampler import SamplingTensors, sample
+from services.executor.warmup import warm_masks
 from shared.grammar import GrammarTokenizer, compile_constraint, grammar_key, new_compiler
 from shared.messages.common import (
     ChoiceConstraint,
@@ -498,3 +499,9 @@ def test_counters(grammars: Grammars) -> None:
     assert stats.requests == before["requests"] + 1
     assert stats.masks == before["masks"] + run.passes
     assert stats.jump_forward_tokens - before["jump_forward_tokens"] == len(run.tokens) - run.passes
+
+
+def test_mask_warm_up_masks_its_row_only() -> None:
+    """The executor's start-up compile of the mask kernel runs the real path (on the CPU
+    here: xgrammar's kernel) and checks its own result."""
+    warm_masks(MODEL_VOCAB, torch.device("cpu"))
