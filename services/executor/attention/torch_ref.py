@@ -2,7 +2,8 @@
 
 EXTEND loops over requests (prefills are few and long). DECODE is one padded SDPA call over
 the whole batch, since a decode step is many short requests and per-request calls would
-dominate a CPU step.
+dominate a CPU step. An fp8 pool (--kv-cache-dtype) is widened to the query's dtype as it is
+gathered, exactly (kernels/fp8_kv.py); KVPool.set_kv does the saturating store.
 """
 
 from __future__ import annotations
