@@ -10,6 +10,9 @@ and e5m2 overflows to inf; either one in a key turns every score that reads it i
 while a clamped outlier only distorts its own score. e5m2's range (57344) is rarely reached
 by activations, but the clamp costs nothing and keeps both formats to one rule.
 
+Indexing goes through byte views (`gather_kv`, `store_into`): torch's gather and scatter
+kernels have lacked fp8 on some versions and devices, and moving bytes needs no arithmetic.
+
 Plain torch (no Triton), so the CPU pool can import it; store_kv.py holds the Triton cast.
 """
 
@@ -43,3 +46,18 @@ def quantize_kv(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if fmt is None:
         return x.to(dtype)
     return x.float().clamp(-fmt.max, fmt.max).to(dtype)
+
+
+def gather_kv(buf: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """buf[index] for any pool dtype (fp8 read as bytes)."""
+    if buf.dtype in FP8_FORMATS:
+        return buf.view(torch.uint8)[index].view(buf.dtype)
+    return buf[index]
+
+
+def store_into(buf: torch.Tensor, index: torch.Tensor, x: torch.Tensor) -> None:
+    """buf[index] = quantize_kv(x, buf.dtype), for any pool dtype (fp8 written as bytes)."""
+    if buf.dtype in FP8_FORMATS:
+        buf.view(torch.uint8)[index] = quantize_kv(x, buf.dtype).view(torch.uint8)
+    else:
+        buf[index] = x.to(buf.dtype)

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from kernels._checks import FLOAT_DTYPES, INDEX_DTYPES, KV_DTYPES, check_device, check_tensor
-from kernels.fp8_kv import FP8_FORMATS, quantize_kv
+from kernels.fp8_kv import FP8_FORMATS, store_into
 
 
 @triton.jit
@@ -190,5 +190,5 @@ def store_kv_ref(
     out_cache_loc: torch.Tensor,
 ) -> None:
     """The torch twin of `store_kv` (what KVPool.set_kv does)."""
-    k_buffer[out_cache_loc] = quantize_kv(k, k_buffer.dtype)
-    v_buffer[out_cache_loc] = quantize_kv(v, v_buffer.dtype)
+    store_into(k_buffer, out_cache_loc, k)
+    store_into(v_buffer, out_cache_loc, v)

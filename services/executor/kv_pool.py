@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.fp8_kv import quantize_kv
+from kernels.fp8_kv import store_into
 
 
 class KVPool:
@@ -68,8 +68,8 @@ class KVPool:
 
     def set_kv(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store new tokens' K/V. slots: [n] int64; k, v: [n, num_kv_heads, head_dim]."""
-        self.k_buffers[layer][slots] = quantize_kv(k, self.k_buffers[layer].dtype)
-        self.v_buffers[layer][slots] = quantize_kv(v, self.v_buffers[layer].dtype)
+        store_into(self.k_buffers[layer], slots, k)
+        store_into(self.v_buffers[layer], slots, v)
 
     def nbytes(self) -> int:
         """Bytes of every K and V buffer (the padding slot included)."""

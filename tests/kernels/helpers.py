@@ -85,7 +85,11 @@ def assert_same_bits(got: torch.Tensor, want: torch.Tensor) -> None:
 
 def poison(t: torch.Tensor) -> torch.Tensor:
     """Fill a float tensor with NaN so that elements a kernel fails to write fail the
-    comparison; returns t."""
+    comparison; returns t. fp8 gets byte 0x7f, NaN in both formats (written as bytes, as
+    fp8 fill kernels are missing from some torch builds)."""
+    if t.dtype in (torch.float8_e5m2, torch.float8_e4m3fn):
+        t.view(torch.uint8).fill_(0x7F)
+        return t
     return t.fill_(float("nan"))
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.fp8_kv import FP8_FORMATS, is_fp8, quantize_kv
+from kernels.fp8_kv import FP8_FORMATS, gather_kv, is_fp8, quantize_kv, store_into
 
 INF = float("inf")
 
@@ -48,3 +48,19 @@ def test_nan_stays_nan_and_other_dtypes_are_a_plain_cast() -> None:
     assert quantize_kv(x, torch.float16).tolist() == [INF, 1.0]  # no clamp outside fp8
     assert is_fp8(torch.float8_e5m2) and is_fp8(torch.float8_e4m3fn)
     assert not is_fp8(torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, *FP8_FORMATS])
+def test_gather_and_store_into_index_any_pool_dtype(dtype: torch.dtype) -> None:
+    """The byte-view indexing used for fp8 pools reads and writes what plain indexing of a
+    quantised copy would."""
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(6, 2, 4, generator=gen) * 1000  # beyond e4m3's range: saturates
+    buf = torch.zeros(10, 2, 4, dtype=dtype)
+    slots = torch.tensor([7, 0, 3, 9, 4, 1])
+    store_into(buf, slots, x)
+    want = quantize_kv(x, dtype)
+    assert torch.equal(gather_kv(buf, slots).float(), want.float())
+    assert torch.equal(
+        gather_kv(buf, torch.tensor([[2, 5], [6, 8]])).float(), torch.zeros(2, 2, 2, 4)
+    )

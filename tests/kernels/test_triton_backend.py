@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.fp8_kv import quantize_kv
+from kernels.fp8_kv import quantize_kv, store_into
 from services.executor.attention import get_backend
 from services.executor.attention.torch_ref import TorchRefBackend
 from services.executor.attention.triton_backend import TritonBackend
@@ -46,9 +46,8 @@ def make_batch(
         row = table.allocate()
         table.write(row, 0, own)
         for buf in (*pool.k_buffers, *pool.v_buffers):
-            buf[own[:p]] = quantize_kv(
-                randn(p, num_kv_heads, head_dim, dtype=dtype, gen=gen), kv_dtype
-            )
+            prefix = torch.tensor(own[:p], dtype=torch.int64, device=DEVICE)
+            store_into(buf, prefix, randn(p, num_kv_heads, head_dim, dtype=dtype, gen=gen))
         new_locs += own[p:]
         rows.append(row)
     n = sum(extend_lens)
