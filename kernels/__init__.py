@@ -5,6 +5,7 @@ checks shapes, dtypes and strides (kernels/_checks.py), and its torch twin `<lau
 beside it. Launchers take CUDA tensors, or CPU tensors under TRITON_INTERPRET=1 (tests).
 
     store_kv.py          store_kv                  new K/V into the pool at their slots
+    fp8_kv.py            quantize_kv               fp8 formats and the saturating cast (torch)
     extend_attention.py  extend_attention          prefill over cached prefix + new tokens
     decode_attention.py  decode_attention          split-K decode over the slot table
     rmsnorm.py           rmsnorm                   RMSNorm, optionally fused with the residual add

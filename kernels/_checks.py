@@ -11,7 +11,11 @@ from collections.abc import Sequence
 
 import torch
 
+from kernels.fp8_kv import FP8_KV_DTYPES
+
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# What a KV pool may hold: the model's float dtypes, or fp8 (kernels/fp8_kv.py).
+KV_DTYPES = (*FLOAT_DTYPES, *FP8_KV_DTYPES)
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
@@ -97,7 +101,7 @@ def check_attention_inputs(
         k_buffer,
         shape=(None, None, head_dim),
         dims=kv_dims,
-        dtypes=FLOAT_DTYPES,
+        dtypes=KV_DTYPES,
         device=q.device,
     )
     num_kv_heads = k_buffer.shape[1]
@@ -107,7 +111,7 @@ def check_attention_inputs(
         v_buffer,
         shape=k_buffer.shape,
         dims=kv_dims,
-        dtypes=FLOAT_DTYPES,
+        dtypes=(k_buffer.dtype,),
         device=q.device,
     )
     if num_kv_heads == 0 or num_heads % num_kv_heads != 0:

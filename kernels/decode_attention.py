@@ -28,6 +28,7 @@ from kernels._checks import (
     check_tensor,
     dot_precision,
 )
+from kernels.fp8_kv import gather_kv
 
 # Query heads per stage-1 program: tl.dot needs at least 16 rows, so a group smaller than
 # that runs with masked rows (decode is memory-bound: the K/V loads are what count).
@@ -365,8 +366,9 @@ def decode_attention_ref(
         if seq_len == 0:
             continue
         slots = req_to_token[row, :seq_len].long()
-        keys = k_buffer[slots].float().repeat_interleave(group, dim=1)  # [seq, heads, d]
-        values = v_buffer[slots].float().repeat_interleave(group, dim=1)
+        # [seq, heads, d]; an fp8 pool dequantises by this cast (scale 1.0).
+        keys = gather_kv(k_buffer, slots).float().repeat_interleave(group, dim=1)
+        values = gather_kv(v_buffer, slots).float().repeat_interleave(group, dim=1)
         scores = torch.einsum("hd,thd->ht", q[b].float(), keys) * sm_scale
         out[b] = torch.einsum("ht,thd->hd", scores.softmax(-1), values).to(q.dtype)
     return out

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from kernels._checks import INDEX_DTYPES, check_attention_inputs, check_tensor, dot_precision
+from kernels.fp8_kv import gather_kv
 
 
 @triton.jit
@@ -258,8 +259,9 @@ def extend_attention_ref(
         if extend == 0:
             continue
         slots = req_to_token[row, : prefix + extend].long()
-        keys = k_buffer[slots].float().repeat_interleave(group, dim=1)  # [seq, heads, d]
-        values = v_buffer[slots].float().repeat_interleave(group, dim=1)
+        # [seq, heads, d]; an fp8 pool dequantises by this cast (scale 1.0).
+        keys = gather_kv(k_buffer, slots).float().repeat_interleave(group, dim=1)
+        values = gather_kv(v_buffer, slots).float().repeat_interleave(group, dim=1)
         qi = q[start : start + extend].float()
         scores = torch.einsum("ihd,thd->hit", qi, keys) * sm_scale
         q_pos = torch.arange(prefix, prefix + extend, device=q.device)

@@ -4,7 +4,8 @@
 
 Each section runs in its own process (fresh GPU memory) with its own time limit; results go to
 DIR/gpu_bench.json (DIR: --out, else $OUT, else results/) and a short table is printed last.
-Sections: roofline, correctness, decode1, peer, heavy, structured, offline, online, profile.
+Sections: roofline, correctness, decode1, peer, heavy, structured, offline, offline_fp8 (the
+same 500 prompts with --kv-cache-dtype fp8_e5m2), online, profile.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ SECTIONS = [
     "heavy",
     "structured",
     "offline",
+    "offline_fp8",
     "online",
     "profile",
 ]
@@ -38,6 +40,7 @@ TIME_LIMITS = {
     "heavy": 60,
     "structured": 120,
     "offline": 230,
+    "offline_fp8": 230,
     "online": 240,
     "profile": 300,
 }
@@ -57,6 +60,8 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         return sections.peer_hf()
     if name == "offline":
         return sections.offline_throughput(time_limit=OFFLINE_RUN_S)
+    if name == "offline_fp8":
+        return sections.offline_throughput(time_limit=OFFLINE_RUN_S, kv_cache_dtype="fp8_e5m2")
     if name == "structured":
         from loadtest.gpu.structured import structured
 
@@ -95,6 +100,11 @@ def table(results: dict[str, Any]) -> str:
     off = get("offline", "output_tok_s")
     if off is not None:
         rows.append(("offline 500 prompts output tok/s", f"{off:.0f}"))
+    off8 = get("offline_fp8", "output_tok_s")
+    if off8 is not None:
+        vs = f" = {off8 / off:.2f}x bf16 KV" if off else ""
+        pool = f", pool {get('offline_fp8', 'kv_pool_tokens')} tokens"
+        rows.append(("offline 500 prompts output tok/s, fp8_e5m2 KV", f"{off8:.0f}{vs}{pool}"))
     ttft = get("online", "latency_1rps", "median_ttft_ms")
     itl = get("online", "latency_1rps", "median_itl_ms")
     if ttft is not None:

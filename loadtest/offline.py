@@ -46,6 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8_e5m2", "fp8_e4m3"])
     p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     p.add_argument("--disable-cuda-graph", action="store_true")
     p.add_argument("--max-total-tokens", type=int, default=0)
@@ -81,6 +82,7 @@ def make_engine(a: argparse.Namespace) -> Engine:
         stream="offline",
         device=a.device,
         dtype=a.dtype,
+        kv_cache_dtype=a.kv_cache_dtype,
         load_format=a.load_format,
         max_total_tokens=a.max_total_tokens,
         mem_fraction_static=a.mem_fraction_static,

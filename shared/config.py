@@ -43,6 +43,12 @@ class EnvArgumentParser(argparse.ArgumentParser):
                 value = type(raw)
             except (TypeError, ValueError) as e:
                 self.error(f"environment variable {var}={raw!r} is invalid for {flag}: {e}")
+            # argparse checks choices only for values given on the command line.
+            if choices is not None and value not in choices:
+                self.error(
+                    f"environment variable {var}={raw!r} is invalid for {flag}: choose from "
+                    + ", ".join(map(str, choices))
+                )
         self.add_argument(
             flag,
             type=type,

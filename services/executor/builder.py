@@ -22,7 +22,13 @@ from shared.model_files import ModelSource
 
 log = logging.getLogger(__name__)
 
-CPU_DEFAULT_KV_TOKENS = 32768
+CPU_DEFAULT_KV_TOKENS = 32768  # in the model dtype; an fp8 cache gets as many bytes
+# --kv-cache-dtype -> the pool's dtype (None: the model's), as SGLang and vLLM name them.
+KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {
+    "auto": None,
+    "fp8_e5m2": torch.float8_e5m2,
+    "fp8_e4m3": torch.float8_e4m3fn,
+}
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,7 @@ class EngineSettings:
     stream: str
     device: str = "auto"
     dtype: str = "auto"
+    kv_cache_dtype: str = "auto"  # a key of KV_CACHE_DTYPES
     load_format: str = "auto"
     max_total_tokens: int = 0  # 0: automatic
     mem_fraction_static: float = 0.85
@@ -63,22 +70,52 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
+def pick_kv_dtype(
+    name: str, model_dtype: torch.dtype, device: torch.device, backend: str
+) -> torch.dtype:
+    """The KV pool's dtype for --kv-cache-dtype; refuses what this device cannot run."""
+    if name not in KV_CACHE_DTYPES:
+        raise ValueError(
+            f"--kv-cache-dtype={name!r}: unknown; choose one of {', '.join(KV_CACHE_DTYPES)}"
+        )
+    kv_dtype = KV_CACHE_DTYPES[name] or model_dtype
+    if kv_dtype == torch.float8_e4m3fn and backend == "triton" and device.type == "cuda":
+        # Triton has float8e4nv (e4m3fn) only from compute capability 8.9 (Ada, Hopper) on.
+        major, minor = torch.cuda.get_device_capability(device)
+        if (major, minor) < (8, 9):
+            raise ValueError(
+                f"--kv-cache-dtype=fp8_e4m3 needs a GPU of compute capability 8.9 or newer for "
+                f"the Triton kernels; {torch.cuda.get_device_name(device)} is {major}.{minor}: "
+                "use fp8_e5m2"
+            )
+    return kv_dtype
+
+
 def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
+    """K and V of every layer for one token, in the pool's dtype."""
     elem = torch.tensor([], dtype=dtype).element_size()
     return 2 * config.num_layers * config.num_kv_heads * config.head_dim * elem
 
 
 def kv_pool_tokens(
-    s: EngineSettings, config: ModelConfig, dtype: torch.dtype, device: torch.device
+    s: EngineSettings,
+    config: ModelConfig,
+    dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+    device: torch.device,
 ) -> int:
+    """--max-total-tokens, else the tokens the memory budget holds in the pool's dtype: on
+    CUDA what --mem-fraction-static leaves, on the CPU what CPU_DEFAULT_KV_TOKENS take in
+    the model's dtype (so an fp8 cache holds twice or four times as many)."""
     if s.max_total_tokens > 0:
         return s.max_total_tokens
+    per_token = kv_bytes_per_token(config, kv_dtype)
     if device.type != "cuda":
-        return CPU_DEFAULT_KV_TOKENS
+        return CPU_DEFAULT_KV_TOKENS * kv_bytes_per_token(config, dtype) // per_token
     free, total = torch.cuda.mem_get_info(device)
     # Keep (1 - fraction) of the whole card for activations, graphs and the allocator.
     budget = free - total * (1 - s.mem_fraction_static)
-    tokens = int(budget // kv_bytes_per_token(config, dtype))
+    tokens = int(budget // per_token)
     if tokens < config.max_position_embeddings // 8:
         raise MemoryError(
             f"only {tokens} KV tokens fit in GPU memory; lower the model size or raise "
@@ -93,6 +130,7 @@ def build_engine(s: EngineSettings) -> Engine:
     backend = s.attention_backend
     if backend == "auto":
         backend = "triton" if device.type == "cuda" else "torch"
+    kv_dtype = pick_kv_dtype(s.kv_cache_dtype, dtype, device, backend)  # before the slow load
     model, config = load_model(
         s.model.path,
         device=device,
@@ -101,8 +139,8 @@ def build_engine(s: EngineSettings) -> Engine:
         attention_backend=backend,
     )
     model.eval()
-    slots = kv_pool_tokens(s, config, dtype, device)
-    kv = KVPool(slots, config.num_layers, config.num_kv_heads, config.head_dim, dtype, device)
+    slots = kv_pool_tokens(s, config, dtype, kv_dtype, device)
+    kv = KVPool(slots, config.num_layers, config.num_kv_heads, config.head_dim, kv_dtype, device)
     context = config.max_position_embeddings
     rows = ReqToTokenPool(s.max_running_requests, context, device, pad_slot=kv.pad_slot)
     cache: PrefixCache = (
@@ -138,13 +176,14 @@ def build_engine(s: EngineSettings) -> Engine:
         sample_vocab=s.sample_vocab,
     )
     log.info(
-        "model %s (%s) on %s in %s; KV pool %d tokens (%.1f MiB)",
+        "model %s (%s) on %s in %s; KV pool %d tokens in %s (%.1f MiB)",
         s.model.name,
         config.architecture,
         device,
         dtype,
         slots,
-        slots * kv_bytes_per_token(config, dtype) / 2**20,
+        kv_dtype,
+        kv.nbytes() / 2**20,
     )
     engine = Engine(
         s.name, s.stream, s.model.name, context, policy, runner, check_integrity=s.check_integrity

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import torch
 
+from kernels.fp8_kv import store_into
+
 
 class KVPool:
     """Per-layer K/V buffers of `num_slots` rows and a free list of slot indices.
 
-    k_buffers[layer]: [num_slots, num_kv_heads, head_dim] (v_buffers alike).
+    k_buffers[layer]: [num_slots, num_kv_heads, head_dim] (v_buffers alike), in `dtype`: the
+    model's, or float8_e5m2 / float8_e4m3fn (`--kv-cache-dtype`), stored with scale 1.0 and
+    read back by a cast (kernels/fp8_kv.py).
     Slot `num_slots` (one past the end) is a padding slot that is never handed out: padded
     batches write their junk there.
     """
@@ -31,6 +35,7 @@ class KVPool:
         if num_slots <= 0:
             raise ValueError(f"KV pool needs at least one slot, got {num_slots}")
         self.num_slots = num_slots
+        self.dtype = dtype
         self.device = torch.device(device)
         shape = (num_slots + 1, num_kv_heads, head_dim)
         self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
@@ -63,8 +68,12 @@ class KVPool:
 
     def set_kv(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store new tokens' K/V. slots: [n] int64; k, v: [n, num_kv_heads, head_dim]."""
-        self.k_buffers[layer][slots] = k.to(self.k_buffers[layer].dtype)
-        self.v_buffers[layer][slots] = v.to(self.v_buffers[layer].dtype)
+        store_into(self.k_buffers[layer], slots, k)
+        store_into(self.v_buffers[layer], slots, v)
+
+    def nbytes(self) -> int:
+        """Bytes of every K and V buffer (the padding slot included)."""
+        return sum(b.numel() * b.element_size() for b in (*self.k_buffers, *self.v_buffers))
 
 
 class ReqToTokenPool:

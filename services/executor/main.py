@@ -14,7 +14,7 @@ import gc
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
-from services.executor.builder import EngineSettings, build_engine
+from services.executor.builder import KV_CACHE_DTYPES, EngineSettings, build_engine
 from services.executor.engine import Engine
 from services.executor.grammar import GrammarBackend
 from services.executor.grammar_cache import GrammarCache
@@ -39,6 +39,13 @@ def add_flags(p: EnvArgumentParser) -> None:
         default="auto",
         choices=["auto", "float32", "bfloat16", "float16"],
         help="weights and KV dtype (auto: float32 on CPU, bfloat16 on CUDA)",
+    )
+    p.add_flag(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=list(KV_CACHE_DTYPES),
+        help="KV cache dtype: auto (the model's) or fp8_e5m2 / fp8_e4m3, 8-bit floats with "
+        "scale 1.0: twice the tokens per byte and half the attention reads, less precision",
     )
     p.add_flag(
         "--load-format",
@@ -198,6 +205,7 @@ async def serve(a: argparse.Namespace) -> None:
             stream=stream,
             device=a.device,
             dtype=a.dtype,
+            kv_cache_dtype=a.kv_cache_dtype,
             load_format=a.load_format,
             max_total_tokens=a.max_total_tokens,
             mem_fraction_static=a.mem_fraction_static,

@@ -177,10 +177,11 @@ class BatchDriver:
         max_reqs: int = 8,
         max_context: int = 512,
         device: str = "cpu",
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
         self.model = model
         self.device = torch.device(device)
-        dtype = next(model.parameters()).dtype
+        dtype = kv_dtype or next(model.parameters()).dtype  # None: the model's
         self.kv_pool = KVPool(
             num_slots, config.num_layers, config.num_kv_heads, config.head_dim, dtype, device
         )
@@ -249,11 +250,15 @@ def greedy_generate(
     prompts: Sequence[Sequence[int]],
     max_new_tokens: int,
     eos_ids: Sequence[int] = (EOS_ID,),
+    kv_dtype: torch.dtype | None = None,
 ) -> list[list[int]]:
     """Greedy continuations of all prompts, batched: one EXTEND over every prompt, then DECODE
-    steps over the requests still running. A request stops after emitting an eos id."""
+    steps over the requests still running. A request stops after emitting an eos id.
+    kv_dtype: the KV pool's dtype (None: the model's)."""
     max_context = max(len(p) for p in prompts) + max_new_tokens
-    driver = BatchDriver(model, config, max_reqs=len(prompts), max_context=max_context)
+    driver = BatchDriver(
+        model, config, max_reqs=len(prompts), max_context=max_context, kv_dtype=kv_dtype
+    )
     rows = [driver.new_request() for _ in prompts]
     logits = driver.extend(rows, prompts)
     outputs: list[list[int]] = [[] for _ in prompts]

@@ -4,10 +4,12 @@ shuffled slots among junk."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import pytest
 import torch
+
+from kernels.fp8_kv import quantize_kv
 
 
 class Tol(TypedDict):
@@ -37,6 +39,36 @@ EXACT_CAST: dict[torch.dtype, Tol] = {
     torch.bfloat16: {"atol": 0.0, "rtol": 2**-7 if INTERPRETING else 0.0},
 }
 
+# fp8 KV pools (--kv-cache-dtype). The interpreter widens fp8 exactly, so attention over an
+# fp8 pool runs on the CPU with fp32 and fp16 queries; bf16 queries only on a GPU, as above.
+FP8_KV_DTYPES = [
+    pytest.param(torch.float8_e5m2, id="e5m2"),
+    pytest.param(torch.float8_e4m3fn, id="e4m3"),
+]
+# (query dtype, pool dtype, id); the interpreter can run the first four.
+_FP8_PAIRS = [
+    (torch.float32, torch.float8_e5m2, "fp32-e5m2"),
+    (torch.float32, torch.float8_e4m3fn, "fp32-e4m3"),
+    (torch.float16, torch.float8_e4m3fn, "fp16-e4m3"),
+    (torch.float16, torch.float8_e5m2, "fp16-e5m2"),
+    (torch.bfloat16, torch.float8_e5m2, "bf16-e5m2"),
+    (torch.bfloat16, torch.float8_e4m3fn, "bf16-e4m3"),
+]
+
+
+def fp8_attention_params(cases: list[tuple[Any, ...]], ids: list[str]) -> list[Any]:
+    """Each case crossed with every (query dtype, fp8 pool dtype) pair, as params of
+    (*case, dtype, kv_dtype). A GPU runs the whole cross; the CPU interpreter, where the
+    cross takes about 25 s, runs one CPU-capable pair per case, taking the pairs in turn so
+    that both formats and both query dtypes meet several shapes."""
+    out = []
+    for i, (case, case_id) in enumerate(zip(cases, ids, strict=True)):
+        for j, (dtype, kv_dtype, pair_id) in enumerate(_FP8_PAIRS):
+            marks = () if j == i % 4 else (pytest.mark.gpu,)
+            out.append(pytest.param(*case, dtype, kv_dtype, marks=marks, id=f"{case_id}-{pair_id}"))
+    return out
+
+
 TOLERANCES: dict[torch.dtype, Tol] = {
     torch.float32: {"atol": 2e-5, "rtol": 2e-5},
     torch.float16: {"atol": 2e-3, "rtol": 2e-3},
@@ -44,9 +76,20 @@ TOLERANCES: dict[torch.dtype, Tol] = {
 }
 
 
+def assert_same_bits(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Equal bytes (NaNs included), for any dtype: assert_close has no fp8 support."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    same = got.view(torch.uint8) == want.view(torch.uint8)
+    assert bool(same.all()), f"{int((~same).sum())} bytes differ"
+
+
 def poison(t: torch.Tensor) -> torch.Tensor:
     """Fill a float tensor with NaN so that elements a kernel fails to write fail the
-    comparison; returns t."""
+    comparison; returns t. fp8 gets byte 0x7f, NaN in both formats (written as bytes, as
+    fp8 fill kernels are missing from some torch builds)."""
+    if t.dtype in (torch.float8_e5m2, torch.float8_e4m3fn):
+        t.view(torch.uint8).fill_(0x7F)
+        return t
     return t.fill_(float("nan"))
 
 
@@ -77,7 +120,10 @@ def make_context(
     gen: torch.Generator,
     *,
     table_dtype: torch.dtype = torch.int64,
+    kv_dtype: torch.dtype | None = None,
 ) -> Context:
+    """kv_dtype: the pool's dtype when it is not `dtype` (fp8: values quantised by the
+    pool's cast, so kernel and reference read the same bytes)."""
     total = sum(seq_lens)
     num_slots = total + 7
     k_buffer = randn(num_slots, num_kv_heads, head_dim, dtype=dtype, gen=gen, scale=100.0)
@@ -94,6 +140,8 @@ def make_context(
         table[row, :n] = own
         k_buffer[own.to(DEVICE)] = randn(n, num_kv_heads, head_dim, dtype=dtype, gen=gen)
         v_buffer[own.to(DEVICE)] = randn(n, num_kv_heads, head_dim, dtype=dtype, gen=gen)
+    if kv_dtype is not None:
+        k_buffer, v_buffer = quantize_kv(k_buffer, kv_dtype), quantize_kv(v_buffer, kv_dtype)
     return Context(
         k_buffer=k_buffer,
         v_buffer=v_buffer,

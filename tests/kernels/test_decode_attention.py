@@ -16,8 +16,10 @@ from kernels.decode_attention import (
 from tests.kernels.helpers import (
     DEVICE,
     DOT_DTYPES,
+    FP8_KV_DTYPES,
     TOLERANCES,
     Context,
+    fp8_attention_params,
     make_context,
     poison,
     randn,
@@ -114,6 +116,34 @@ def test_matches_reference(
     torch.testing.assert_close(out, reference(ctx, q), **TOLERANCES[dtype])
 
 
+@pytest.mark.parametrize(
+    ("seq_lens", "num_heads", "num_kv_heads", "head_dim", "splits", "dtype", "kv_dtype"),
+    fp8_attention_params(
+        CASES, [f"lens{len(c[0])}-h{c[1]}-kv{c[2]}-d{c[3]}-s{c[4]}" for c in CASES]
+    ),
+)
+def test_fp8_pool_matches_reference(
+    seq_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    splits: int | str,
+    dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+) -> None:
+    """An fp8 pool (--kv-cache-dtype): the kernel widens each K/V element to the query's
+    dtype, exactly, so it matches the reference (which widens to fp32) to the query dtype's
+    tolerance, not fp8's."""
+    gen = torch.Generator().manual_seed(sum(seq_lens) + num_heads * 7 + head_dim + 1)
+    ctx = make_context(seq_lens, num_kv_heads, head_dim, dtype, gen, kv_dtype=kv_dtype)
+    assert ctx.k_buffer.dtype == kv_dtype and ctx.v_buffer.dtype == kv_dtype
+    q = randn(len(seq_lens), num_heads, head_dim, dtype=dtype, gen=gen)
+    max_kv_splits = 4 if splits == "auto" else int(splits)
+    num_splits = num_kv_splits_for(ctx.seq_lens, max_kv_splits=max_kv_splits, min_split_len=64)
+    out = run(ctx, q, num_splits, max_kv_splits=max_kv_splits, block_n=16)
+    torch.testing.assert_close(out, reference(ctx, q), **TOLERANCES[dtype])
+
+
 def test_splits_agree_with_each_other() -> None:
     """One chunk or many, the merged result is the same."""
     gen = torch.Generator().manual_seed(1)
@@ -203,6 +233,16 @@ def _args(**overrides: object) -> dict[str, object]:
         ),
         ({"out": torch.zeros(2, 4, 16, dtype=torch.float16, device=DEVICE)}, TypeError, r"out"),
         ({"block_n": 24}, ValueError, r"block_n must be a power of two"),
+        (
+            {"k_buffer": torch.zeros(9, 2, 16, dtype=torch.int8, device=DEVICE)},
+            TypeError,
+            r"k_buffer must be one of float16, bfloat16, float32, float8_e5m2, float8_e4m3fn",
+        ),
+        (
+            {"v_buffer": torch.zeros(15, 2, 16, dtype=torch.float8_e5m2, device=DEVICE)},
+            TypeError,
+            r"v_buffer must be one of float32, got torch.float8_e5m2",
+        ),
     ],
 )
 def test_rejects_bad_arguments(
@@ -213,12 +253,19 @@ def test_rejects_bad_arguments(
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", [None, *FP8_KV_DTYPES])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(32, 8, 128), (12, 4, 96)])
-def test_large_on_gpu(num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
+def test_large_on_gpu(
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    kv_dtype: torch.dtype | None,
+) -> None:
     gen = torch.Generator().manual_seed(5)
     seq_lens = [4096, 1, 2000, 777, 3, 1500, 64, 8191]
-    ctx = make_context(seq_lens, num_kv_heads, head_dim, dtype, gen)
+    ctx = make_context(seq_lens, num_kv_heads, head_dim, dtype, gen, kv_dtype=kv_dtype)
     q = randn(len(seq_lens), num_heads, head_dim, dtype=dtype, gen=gen)
     splits = num_kv_splits_for(ctx.seq_lens, max_kv_splits=16, min_split_len=256)
     out = run(ctx, q, splits, max_kv_splits=16)

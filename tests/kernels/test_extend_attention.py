@@ -12,8 +12,10 @@ from kernels.extend_attention import extend_attention, extend_attention_ref
 from tests.kernels.helpers import (
     DEVICE,
     DOT_DTYPES,
+    FP8_KV_DTYPES,
     TOLERANCES,
     Context,
+    fp8_attention_params,
     make_context,
     poison,
     randn,
@@ -107,6 +109,32 @@ def test_matches_reference(
     )
 
 
+@pytest.mark.parametrize(
+    ("prefix_lens", "extend_lens", "num_heads", "num_kv_heads", "head_dim", "dtype", "kv_dtype"),
+    fp8_attention_params(CASES, [f"bs{len(c[0])}-h{c[2]}-kv{c[3]}-d{c[4]}" for c in CASES]),
+)
+def test_fp8_pool_matches_reference(
+    prefix_lens: list[int],
+    extend_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+) -> None:
+    """An fp8 pool (--kv-cache-dtype), prefix and new tokens alike read from it and widened
+    exactly: the query dtype's tolerance, as for a pool in the model's dtype."""
+    gen = torch.Generator().manual_seed(sum(prefix_lens) + sum(extend_lens) + head_dim + 1)
+    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
+    ctx = make_context(seq_lens, num_kv_heads, head_dim, dtype, gen, kv_dtype=kv_dtype)
+    assert ctx.k_buffer.dtype == kv_dtype and ctx.v_buffer.dtype == kv_dtype
+    q = randn(sum(extend_lens), num_heads, head_dim, dtype=dtype, gen=gen)
+    out = run(ctx, q, prefix_lens, extend_lens, block=16)
+    torch.testing.assert_close(
+        out, reference(ctx, q, prefix_lens, extend_lens), **TOLERANCES[dtype]
+    )
+
+
 def test_default_blocks_and_strided_views() -> None:
     """q a view into a fused qkv tensor, out a view into a wider one, default tile sizes."""
     gen = torch.Generator().manual_seed(1)
@@ -161,6 +189,11 @@ def _args(**overrides: object) -> dict[str, object]:
         ({"out": torch.zeros(4, 4, 16, dtype=torch.float16, device=DEVICE)}, TypeError, r"out"),
         ({"max_extend_len": -1}, ValueError, r"max_extend_len"),
         ({"block_m": 8}, ValueError, r"block_m must be a power of two"),
+        (
+            {"k_buffer": torch.zeros(9, 2, 16, dtype=torch.float64, device=DEVICE)},
+            TypeError,
+            r"k_buffer must be one of float16, bfloat16, float32, float8_e5m2, float8_e4m3fn",
+        ),
     ],
 )
 def test_rejects_bad_arguments(
@@ -171,13 +204,20 @@ def test_rejects_bad_arguments(
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", [None, *FP8_KV_DTYPES])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(32, 8, 128), (12, 4, 96)])
-def test_large_on_gpu(num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
+def test_large_on_gpu(
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    kv_dtype: torch.dtype | None,
+) -> None:
     gen = torch.Generator().manual_seed(4)
     prefix_lens, extend_lens = [0, 2000, 513, 0, 64], [1024, 300, 1, 777, 64]
     seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
-    ctx = make_context(seq_lens, num_kv_heads, head_dim, dtype, gen)
+    ctx = make_context(seq_lens, num_kv_heads, head_dim, dtype, gen, kv_dtype=kv_dtype)
     q = randn(sum(extend_lens), num_heads, head_dim, dtype=dtype, gen=gen)
     out = run(ctx, q, prefix_lens, extend_lens)
     torch.testing.assert_close(

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kernels.fp8_kv import quantize_kv, store_into
 from services.executor.attention import get_backend
 from services.executor.attention.torch_ref import TorchRefBackend
 from services.executor.attention.triton_backend import TritonBackend
@@ -16,7 +17,7 @@ from services.executor.kv_pool import KVPool, ReqToTokenPool
 from services.executor.model_config import ModelConfig
 from services.executor.weights import load_model
 from tests.executor.helpers import BatchDriver, write_tiny_model
-from tests.kernels.helpers import DEVICE, TOLERANCES, randn
+from tests.kernels.helpers import DEVICE, FP8_KV_DTYPES, TOLERANCES, assert_same_bits, randn
 
 
 def make_batch(
@@ -28,12 +29,15 @@ def make_batch(
     head_dim: int,
     dtype: torch.dtype,
     gen: torch.Generator,
+    kv_dtype: torch.dtype | None = None,
 ) -> ForwardBatch:
-    """Requests on shuffled slots of a pool full of large junk; prefixes hold random K/V."""
+    """Requests on shuffled slots of a pool full of large junk; prefixes hold random K/V.
+    kv_dtype: the pool's dtype (default `dtype`)."""
     total = sum(prefix_lens) + sum(extend_lens)
-    pool = KVPool(total + 9, num_layers, num_kv_heads, head_dim, dtype, DEVICE)
+    kv_dtype = kv_dtype or dtype
+    pool = KVPool(total + 9, num_layers, num_kv_heads, head_dim, kv_dtype, DEVICE)
     for buf in (*pool.k_buffers, *pool.v_buffers):
-        buf.copy_(randn(*buf.shape, dtype=dtype, gen=gen, scale=100.0))
+        buf.copy_(quantize_kv(randn(*buf.shape, dtype=dtype, gen=gen, scale=100.0), kv_dtype))
     table = ReqToTokenPool(len(prefix_lens) + 2, max(prefix_lens) + max(extend_lens) + 3, DEVICE)
     perm = torch.randperm(total + 9, generator=gen).tolist()
     new_locs, rows = [], []
@@ -42,7 +46,8 @@ def make_batch(
         row = table.allocate()
         table.write(row, 0, own)
         for buf in (*pool.k_buffers, *pool.v_buffers):
-            buf[own[:p]] = randn(p, num_kv_heads, head_dim, dtype=dtype, gen=gen)
+            prefix = torch.tensor(own[:p], dtype=torch.int64, device=DEVICE)
+            store_into(buf, prefix, randn(p, num_kv_heads, head_dim, dtype=dtype, gen=gen))
         new_locs += own[p:]
         rows.append(row)
     table.flush()
@@ -67,7 +72,7 @@ def make_batch(
 
 def clone_pool(batch: ForwardBatch) -> ForwardBatch:
     pool = batch.kv_pool
-    twin = KVPool(pool.num_slots, len(pool.k_buffers), 1, 1, torch.float32, DEVICE)
+    twin = KVPool(pool.num_slots, len(pool.k_buffers), 1, 1, pool.dtype, DEVICE)
     twin.k_buffers = [b.clone() for b in pool.k_buffers]
     twin.v_buffers = [b.clone() for b in pool.v_buffers]
     return ForwardBatch(**{**batch.__dict__, "kv_pool": twin})
@@ -104,9 +109,12 @@ def test_matches_torch_backend(
     num_kv_heads: int,
     head_dim: int,
     dtype: torch.dtype,
+    kv_dtype: torch.dtype | None = None,
 ) -> None:
     gen = torch.Generator().manual_seed(sum(prefix_lens) * 10 + num_heads + head_dim)
-    batch = make_batch(mode, prefix_lens, extend_lens, 2, num_kv_heads, head_dim, dtype, gen)
+    batch = make_batch(
+        mode, prefix_lens, extend_lens, 2, num_kv_heads, head_dim, dtype, gen, kv_dtype
+    )
     twin = clone_pool(batch)
     # Chunks of 64 keys, up to 4: the 299-token decode takes several.
     triton_backend = TritonBackend(max_kv_splits=4, min_split_len=64)
@@ -123,12 +131,56 @@ def test_matches_torch_backend(
         assert got.shape == q.shape and got.dtype == dtype
         torch.testing.assert_close(got, want, **TOLERANCES[dtype])
         pool, twin_pool = batch.kv_pool, twin.kv_pool
-        torch.testing.assert_close(
-            pool.k_buffers[layer], twin_pool.k_buffers[layer], rtol=0, atol=0
-        )
-        torch.testing.assert_close(
-            pool.v_buffers[layer], twin_pool.v_buffers[layer], rtol=0, atol=0
-        )
+        assert_same_bits(pool.k_buffers[layer], twin_pool.k_buffers[layer])
+        assert_same_bits(pool.v_buffers[layer], twin_pool.v_buffers[layer])
+
+
+# fp8 pools (--kv-cache-dtype): (num_heads, num_kv_heads, head_dim, dtype, kv_dtype, id).
+FP8_SHAPES = [
+    (8, 2, 13, torch.float32, torch.float8_e5m2, "gqa4-d13-fp32-e5m2"),
+    (4, 1, 64, torch.float16, torch.float8_e4m3fn, "gqa4-d64-fp16-e4m3"),
+    (8, 2, 128, torch.bfloat16, torch.float8_e4m3fn, "gqa4-d128-bf16-e4m3"),
+]
+# Every case with every shape on a GPU; on the CPU one of the first two per case, in turn.
+FP8_CASES = [
+    pytest.param(
+        *case,
+        *shape[:5],
+        marks=() if j == i % 2 else (pytest.mark.gpu,),
+        id=f"{shape[5]}-{case[0].value}-bs{len(case[1])}-max{max(case[1])}",
+    )
+    for i, case in enumerate(CASES)
+    for j, shape in enumerate(FP8_SHAPES)
+]
+
+
+@pytest.mark.parametrize(
+    (
+        "mode",
+        "prefix_lens",
+        "extend_lens",
+        "num_heads",
+        "num_kv_heads",
+        "head_dim",
+        "dtype",
+        "kv_dtype",
+    ),
+    FP8_CASES,
+)
+def test_fp8_pool_matches_torch_backend(
+    mode: ForwardMode,
+    prefix_lens: list[int],
+    extend_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+) -> None:
+    """store_kv writes the bytes KVPool.set_kv writes, and both backends widen them alike."""
+    test_matches_torch_backend(
+        mode, prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim, dtype, kv_dtype
+    )
 
 
 def test_registered_and_decode_buffers_persist() -> None:
@@ -181,7 +233,8 @@ def test_tiny_llama_greedy_tokens_match(tmp_path: Path) -> None:
 
 
 @pytest.mark.gpu
-def test_decode_replays_in_a_cuda_graph() -> None:
+@pytest.mark.parametrize("kv_dtype", [None, *FP8_KV_DTYPES])
+def test_decode_replays_in_a_cuda_graph(kv_dtype: torch.dtype | None) -> None:
     """Capture init_forward_metadata + forward of one decode batch (as the model's forward
     runs them), then replay for other sequence lengths and inputs written into the same
     tensors, as services/executor/cuda_graph.py does: the split counts are recomputed by the
@@ -189,7 +242,7 @@ def test_decode_replays_in_a_cuda_graph() -> None:
     gen = torch.Generator().manual_seed(2)
     num_heads, num_kv_heads, head_dim, dtype = 8, 2, 64, torch.bfloat16
     batch = make_batch(
-        ForwardMode.DECODE, [40, 300, 7], [1, 1, 1], 1, num_kv_heads, head_dim, dtype, gen
+        ForwardMode.DECODE, [40, 300, 7], [1, 1, 1], 1, num_kv_heads, head_dim, dtype, gen, kv_dtype
     )
     backend = TritonBackend(max_kv_splits=8, min_split_len=32)
     backend.reserve_decode(max_batch_size=4, num_heads=num_heads, head_dim=head_dim, device=DEVICE)
@@ -222,6 +275,5 @@ def test_decode_replays_in_a_cuda_graph() -> None:
     graph.replay()
     want = TorchRefBackend().forward(q, k, v, 0, twin)
     torch.testing.assert_close(out, want, **TOLERANCES[dtype])
-    torch.testing.assert_close(
-        batch.kv_pool.k_buffers[0], twin.kv_pool.k_buffers[0], rtol=0, atol=0
-    )
+    assert_same_bits(batch.kv_pool.k_buffers[0], twin.kv_pool.k_buffers[0])
+    assert_same_bits(batch.kv_pool.v_buffers[0], twin.kv_pool.v_buffers[0])

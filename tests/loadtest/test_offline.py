@@ -6,8 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from loadtest import offline
+from loadtest.gpu_bench import table
 from tests.executor.helpers import write_tiny_model
 
 
@@ -67,3 +69,35 @@ def test_dummy_weights_need_only_a_config(tiny: Path, tmp_path: Path) -> None:
     assert rec["prefill_steps"] == 1
     assert rec["decode_steps"] == 4  # the first token comes from the prefill
     assert rec["decode_step_ms_mean"] > 0
+
+
+def test_fp8_kv_cache_option(tiny: Path, tmp_path: Path) -> None:
+    """--kv-cache-dtype reaches the engine (gpu_bench's offline_fp8 section runs this way)."""
+    args = [
+        "throughput",
+        "--model",
+        str(tiny),
+        "--kv-cache-dtype",
+        "fp8_e5m2",
+        "--num-prompts",
+        "4",
+        "--input-len",
+        "20",
+        "--output-len",
+        "6",
+    ]
+    engine = offline.make_engine(offline.parse_args(args))
+    assert engine.policy.kv.dtype == torch.float8_e5m2
+    rec = offline.main([*args, "--output-file", str(tmp_path / "f.jsonl")])
+    assert rec["requests"] == 4 and rec["output_tokens"] == 4 * 6
+    assert rec["config"]["kv_cache_dtype"] == "fp8_e5m2"
+
+
+def test_gpu_bench_table_reports_fp8_beside_bf16() -> None:
+    results = {
+        "offline": {"output_tok_s": 4000.0, "kv_pool_tokens": 400000},
+        "offline_fp8": {"output_tok_s": 5000.0, "kv_pool_tokens": 800000},
+    }
+    text = table(results)
+    assert "offline 500 prompts output tok/s  " in text
+    assert "fp8_e5m2 KV  5000 = 1.25x bf16 KV, pool 800000 tokens" in text

@@ -2,7 +2,8 @@
 
 EXTEND loops over requests (prefills are few and long). DECODE is one padded SDPA call over
 the whole batch, since a decode step is many short requests and per-request calls would
-dominate a CPU step.
+dominate a CPU step. An fp8 pool (--kv-cache-dtype) is widened to the query's dtype as it is
+gathered, exactly (kernels/fp8_kv.py); KVPool.set_kv does the saturating store.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels.fp8_kv import gather_kv
 from services.executor.attention import AttentionBackend
 from services.executor.forward_batch import ForwardBatch, ForwardMode
 
@@ -91,8 +93,9 @@ def _extend(
     out = torch.empty_like(q)
     for r in meta.extend:
         qi = q[r.start : r.start + r.extend].transpose(0, 1)  # [num_heads, extend, head_dim]
-        ki = k_buf[r.slots].transpose(0, 1).to(q.dtype)  # [num_kv_heads, seq_len, head_dim]
-        vi = v_buf[r.slots].transpose(0, 1).to(q.dtype)
+        # [num_kv_heads, seq_len, head_dim]
+        ki = gather_kv(k_buf, r.slots).transpose(0, 1).to(q.dtype)
+        vi = gather_kv(v_buf, r.slots).transpose(0, 1).to(q.dtype)
         oi = F.scaled_dot_product_attention(
             qi, ki, vi, attn_mask=r.mask, is_causal=r.mask is None, enable_gqa=True
         )
@@ -105,8 +108,8 @@ def _decode(
 ) -> torch.Tensor:
     assert meta.decode_slots is not None
     # [bs, num_kv_heads, max_len, head_dim]; padded columns are masked out.
-    keys = k_buf[meta.decode_slots].transpose(1, 2).to(q.dtype)
-    values = v_buf[meta.decode_slots].transpose(1, 2).to(q.dtype)
+    keys = gather_kv(k_buf, meta.decode_slots).transpose(1, 2).to(q.dtype)
+    values = gather_kv(v_buf, meta.decode_slots).transpose(1, 2).to(q.dtype)
     out = F.scaled_dot_product_attention(
         q.unsqueeze(2), keys, values, attn_mask=meta.decode_mask, enable_gqa=True
     )  # [bs, num_heads, 1, head_dim]
