@@ -1,7 +1,8 @@
 """Store new tokens' K and V into one layer's pool buffers at their slots, in one launch.
 
 Token t's k[t] goes to k_buffer[out_cache_loc[t]] (v alike), cast to the buffer's dtype; an
-fp8 pool gets the saturating cast of kernels/fp8_kv.py (scale 1.0).
+fp8 pool gets the saturating cast of kernels/fp8_kv.py (scale 1.0), done by torch before the
+kernel copies its bytes.
 Grid: (num_tokens, cdiv(num_kv_heads, BLOCK_H)); each program copies a [BLOCK_H, head_dim]
 tile of K and the same tile of V.
 """
@@ -13,47 +14,7 @@ import triton
 import triton.language as tl
 
 from kernels._checks import FLOAT_DTYPES, INDEX_DTYPES, KV_DTYPES, check_device, check_tensor
-from kernels.fp8_kv import FP8_FORMATS, store_into
-
-
-@triton.jit
-def _round_to_fp8_grid(
-    x,
-    FP8_MAX: tl.constexpr,
-    MANTISSA_BITS: tl.constexpr,
-    MIN_EXPONENT: tl.constexpr,
-):
-    """x (fp32) clamped to [-FP8_MAX, FP8_MAX] and rounded to the nearest value of the fp8
-    format (ties to even, subnormals included), still as fp32: the cast to fp8 is then exact.
-
-    A GPU's conversion instruction rounds the same way by itself, but Triton's CPU
-    interpreter truncates subnormals and rounds ties away from zero; rounding here first
-    makes the kernel's bits equal torch's cast on both, so the interpreter can check them."""
-    # NaN stays NaN, as in torch's clamp (the default maxnum semantics would drop it).
-    x = tl.maximum(x, -FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
-    x = tl.minimum(x, FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
-    bits = x.to(tl.int32, bitcast=True)
-    exponent = ((bits >> 23) & 0xFF) - 127
-    # The format's spacing at x is 2^quantum (subnormals: that of the smallest normal).
-    quantum = tl.maximum(exponent, MIN_EXPONENT) - MANTISSA_BITS
-    # Adding 1.5 * 2^(quantum + 23) leaves no fp32 bits below 2^quantum, so fp32's own
-    # round-to-nearest-even does the rounding; subtracting it back is exact.
-    magic = (((quantum + 150) << 23) | (1 << 22)).to(tl.float32, bitcast=True)
-    rounded = (tl.abs(x) + magic) - magic
-    # The sign goes back by negation, so values rounding to zero keep it (-0.0), as in torch.
-    return tl.where(bits < 0, -rounded, rounded)
-
-
-def _fp8_constexprs(dtype: torch.dtype) -> dict[str, float | int | bool]:
-    fmt = FP8_FORMATS.get(dtype)
-    if fmt is None:
-        return {"IS_FP8": False, "FP8_MAX": 0.0, "MANTISSA_BITS": 0, "MIN_EXPONENT": 0}
-    return {
-        "IS_FP8": True,
-        "FP8_MAX": fmt.max,
-        "MANTISSA_BITS": fmt.mantissa_bits,
-        "MIN_EXPONENT": fmt.min_exponent,
-    }
+from kernels.fp8_kv import FP8_FORMATS, quantize_kv, store_into
 
 
 @triton.jit
@@ -76,10 +37,6 @@ def _store_kv_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    IS_FP8: tl.constexpr,
-    FP8_MAX: tl.constexpr,
-    MANTISSA_BITS: tl.constexpr,
-    MIN_EXPONENT: tl.constexpr,
 ):
     tok = tl.program_id(0)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -89,14 +46,10 @@ def _store_kv_kernel(
     tok64 = tok.to(tl.int64)
 
     k = tl.load(k_ptr + tok64 * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], mask)
-    if IS_FP8:
-        k = _round_to_fp8_grid(k.to(tl.float32), FP8_MAX, MANTISSA_BITS, MIN_EXPONENT)
     dst = k_buf_ptr + slot * stride_kbt + offs_h[:, None] * stride_kbh + offs_d[None, :]
     tl.store(dst, k.to(k_buf_ptr.dtype.element_ty), mask)
 
     v = tl.load(v_ptr + tok64 * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask)
-    if IS_FP8:
-        v = _round_to_fp8_grid(v.to(tl.float32), FP8_MAX, MANTISSA_BITS, MIN_EXPONENT)
     dst = v_buf_ptr + slot * stride_vbt + offs_h[:, None] * stride_vbh + offs_d[None, :]
     tl.store(dst, v.to(v_buf_ptr.dtype.element_ty), mask)
 
@@ -127,7 +80,7 @@ def store_kv(
         op, "v", v, shape=k.shape, dims="[n, kv_heads, d]", dtypes=FLOAT_DTYPES, device=device
     )
     buf_shape = (None, num_kv_heads, head_dim)
-    # One dtype for both buffers: the kernel's fp8 rounding is chosen once per launch.
+    # One dtype for both buffers: an fp8 pool is cast once per launch.
     for name, buf, dtypes in (
         ("k_buffer", k_buffer, KV_DTYPES),
         ("v_buffer", v_buffer, (k_buffer.dtype,)),
@@ -153,6 +106,14 @@ def store_kv(
     )
     if n == 0:
         return
+    if k_buffer.dtype in FP8_FORMATS:
+        # torch's saturating cast, then a byte copy: the pool's bits are the reference's by
+        # construction on every device. (Rounding in the kernel matched torch's cast in the
+        # CPU interpreter but not on an H100, where some bytes differed.) The cast's extra
+        # launches sit inside the decode CUDA graph; a prefill pays a few per layer.
+        k = quantize_kv(k, k_buffer.dtype).view(torch.uint8)
+        v = quantize_kv(v, v_buffer.dtype).view(torch.uint8)
+        k_buffer, v_buffer = k_buffer.view(torch.uint8), v_buffer.view(torch.uint8)
     block_d = triton.next_power_of_2(head_dim)
     # About 2K elements per tile: one program per token for typical (8 heads x 128) shapes.
     block_h = min(triton.next_power_of_2(num_kv_heads), max(1, 2048 // block_d))
@@ -176,7 +137,6 @@ def store_kv(
         HEAD_DIM=head_dim,
         BLOCK_H=block_h,
         BLOCK_D=block_d,
-        **_fp8_constexprs(k_buffer.dtype),
         num_warps=4,
     )
 

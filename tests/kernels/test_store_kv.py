@@ -66,8 +66,8 @@ def fp8_cast_inputs(dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
 def test_fp8_store_is_the_saturating_cast_bit_for_bit(
     in_dtype: torch.dtype, pool_dtype: torch.dtype
 ) -> None:
-    """The kernel rounds to the fp8 grid itself (ties to even, clamped to the format's
-    range), so on the interpreter and a GPU alike it writes the bytes torch's cast writes."""
+    """The pool gets exactly the bytes of torch's saturating cast (ties to even, clamped to
+    the format's range), on the interpreter and a GPU alike."""
     gen = torch.Generator().manual_seed(7)
     values = fp8_cast_inputs(in_dtype, gen)
     num_kv_heads, head_dim = 32, 64  # one program per token: few programs, fast to interpret
