@@ -20,6 +20,7 @@ from services.executor.forward_batch import ForwardBatch, ForwardMode
 from services.executor.kv_pool import KVPool, ReqToTokenPool
 from services.executor.logits_process import LogitsProcessor
 from services.executor.logprobs import PromptLogprobTargets, SampledLogprobs
+from services.executor.packing import pack_aligned
 from services.executor.request import PENDING
 from services.executor.sampler import SamplingTensors, sample
 
@@ -82,16 +83,14 @@ class ModelRunner:
             positions += range(start, start + n)
             slots += req.slots[start:]
             prefix_lens.append(start)
-        n_tok, bs = len(ids), len(plan.reqs)
-        # One host-to-device copy for every integer input of the step.
-        packed = torch.tensor(
-            [*ids, *positions, *slots, *(r.row for r in plan.reqs), *(r.kv_len for r in plan.reqs)],
-            dtype=torch.int64,
+        # One host-to-device copy for every integer input of the step, each table aligned so
+        # that the kernels reading them compile once (see packing.py).
+        input_ids, positions_t, out_cache_loc, req_rows, seq_lens = pack_aligned(
+            [ids, positions, slots, [r.row for r in plan.reqs], [r.kv_len for r in plan.reqs]],
+            torch.int64,
+            self.device,
+            pin=self.cuda,
         )
-        if self.cuda:
-            packed = packed.pin_memory()
-        dev = packed.to(self.device, non_blocking=True)
-        input_ids = dev[:n_tok]
         if pending:
             assert prev is not None
             at = torch.tensor(pending_at, dtype=torch.int64).to(self.device, non_blocking=True)
@@ -101,10 +100,10 @@ class ModelRunner:
         return ForwardBatch(
             mode=ForwardMode.DECODE if plan.is_decode else ForwardMode.EXTEND,
             input_ids=input_ids,
-            positions=dev[n_tok : 2 * n_tok],
-            out_cache_loc=dev[2 * n_tok : 3 * n_tok],
-            req_rows=dev[3 * n_tok : 3 * n_tok + bs],
-            seq_lens=dev[3 * n_tok + bs :],
+            positions=positions_t,
+            out_cache_loc=out_cache_loc,
+            req_rows=req_rows,
+            seq_lens=seq_lens,
             prefix_lens_cpu=prefix_lens,
             extend_lens_cpu=list(plan.extend_lens),
             kv_pool=self.kv,

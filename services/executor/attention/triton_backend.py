@@ -24,6 +24,7 @@ from kernels.extend_attention import extend_attention
 from kernels.store_kv import store_kv
 from services.executor.attention import AttentionBackend
 from services.executor.forward_batch import ForwardBatch, ForwardMode
+from services.executor.packing import pack_aligned
 
 
 @dataclass
@@ -94,10 +95,12 @@ class TritonBackend(AttentionBackend):
         starts = [0]
         for n in extend_lens[:-1]:
             starts.append(starts[-1] + n)
-        # One host-to-device copy for the three [bs] tables.
-        table = torch.tensor([batch.prefix_lens_cpu, extend_lens, starts], dtype=torch.int32)
-        table = table.to(device, non_blocking=True)
-        extend = _ExtendMetadata(table[0], table[1], table[2], max(extend_lens, default=0))
+        # One host-to-device copy for the three [bs] tables, each 16-byte aligned: rows of
+        # one [3, bs] tensor were aligned or not by bs % 4, one extend kernel binary each.
+        prefix_lens, lens, starts_t = pack_aligned(
+            [batch.prefix_lens_cpu, extend_lens, starts], torch.int32, device
+        )
+        extend = _ExtendMetadata(prefix_lens, lens, starts_t, max(extend_lens, default=0))
         self._meta = _Metadata(batch, extend, None, 0)
 
     def forward(
