@@ -40,6 +40,7 @@ class RequestResult:
     text: str = ""
     usage: Usage | None = None
     error: str | None = None
+    hops: dict[str, float] | None = None  # the server's per-stage latency of the first token
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class Options:
     temperature: float = 0.0
     ignore_eos: bool = True
     extra_body: dict[str, Any] = field(default_factory=dict)
+    hop_latency: bool = False  # ask for the first token's per-stage latency (radixserve)
 
 
 class Backend:
@@ -65,6 +67,10 @@ class Backend:
     def parse(self, event: dict[str, Any], text_so_far: str) -> tuple[str, Usage | None]:
         """The new text in one streamed event, and the usage it reports if any."""
         raise NotImplementedError
+
+    def hops(self, event: dict[str, Any]) -> dict[str, float] | None:
+        """The first token's per-stage latency (ms) if the event reports it."""
+        return None
 
 
 def flatten(messages: list[Message]) -> str:
@@ -143,12 +149,18 @@ class RadixServe(Backend):
             params["ignore_eos"] = True
         if schema is not None:
             params["json_schema"] = json.dumps(schema)  # SGLang takes the schema as a string
-        return {
+        body: dict[str, Any] = {
             "text": flatten(messages),
             "sampling_params": params,
             "stream": True,
-            **o.extra_body,
         }
+        if o.hop_latency:
+            body["return_hop_latency"] = True
+        return {**body, **o.extra_body}
+
+    def hops(self, event: dict[str, Any]) -> dict[str, float] | None:
+        found = (event.get("meta_info") or {}).get("hop_latency_ms")
+        return dict(found) if found else None
 
     def parse(self, event: dict[str, Any], text_so_far: str) -> tuple[str, Usage | None]:
         text = event.get("text") or ""
@@ -226,4 +238,7 @@ async def _read_stream(resp: aiohttp.ClientResponse, backend: Backend, r: Reques
             r.text += new_text
         if usage is not None:
             r.usage = usage
+        hops = backend.hops(event)
+        if hops is not None:
+            r.hops = hops
     r.error = "the stream ended before data: [DONE]"

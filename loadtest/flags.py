@@ -126,6 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--extra-request-body", type=_json_object, default={},
         help="a JSON object merged into every request body",
     )  # fmt: skip
+    p.add_argument(
+        "--hop-latency", action="store_true",
+        help="radixserve backend: ask /generate where each request's first token spent its "
+        "time (meta_info.hop_latency_ms) and print the per-stage medians",
+    )  # fmt: skip
     p.add_argument("--output-file", help="append the run's metrics and config as a JSON line")
     p.add_argument("--plot-dir", help="write latency CDF and throughput PNGs here (matplotlib)")
     p.add_argument("--disable-tqdm", action="store_true", help="no progress bar")  # fmt: skip

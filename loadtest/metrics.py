@@ -68,6 +68,9 @@ class Metrics:
     tpot: Distribution | None
     e2e: Distribution | None
     errors: list[str]  # the first few
+    # stage -> median ms over the requests whose server reported where their first token's
+    # time went (radixserve with --hop-latency); None when none did
+    hop_median_ms: dict[str, float] | None = None
 
     def to_json(self) -> dict[str, object]:
         """Flat, with SGLang's key names (mean_ttft_ms, p99_itl_ms, ...)."""
@@ -114,6 +117,15 @@ def cache_hit_rate(ok: Sequence[RequestResult]) -> float | None:
     return sum(u.cached_tokens or 0 for u in reported) / prompt
 
 
+def hop_medians(ok: Sequence[RequestResult]) -> dict[str, float] | None:
+    """Per stage, the median of the reported latencies, in the server's stage order."""
+    reported = [r.hops for r in ok if r.hops]
+    if not reported:
+        return None
+    stages = list(dict.fromkeys(k for h in reported for k in h))
+    return {k: float(np.median([h[k] for h in reported if k in h])) for k in stages}
+
+
 def token_source(num_server: int, num_total: int) -> str:
     if num_server == num_total:
         return "server usage"
@@ -150,6 +162,7 @@ def compute(
         tpot=Distribution.of(lat.tpot),
         e2e=Distribution.of(lat.e2e),
         errors=[r.error or "unknown error" for r in failed[:FIRST_ERRORS]],
+        hop_median_ms=hop_medians(ok),
     )
 
 

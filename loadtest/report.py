@@ -62,6 +62,9 @@ def summary(m: Metrics, config: dict[str, Any]) -> str:
             _row(f"P95 {short} (ms)", dist.p95),
             _row(f"P99 {short} (ms)", dist.p99),
         ]
+    if m.hop_median_ms:
+        lines.append("First token, per hop (median ms)".center(WIDTH, "-"))
+        lines += [_row(stage, ms) for stage, ms in m.hop_median_ms.items()]
     lines.append("=" * WIDTH)
     if m.errors:
         lines.append(f"First {len(m.errors)} errors:")

@@ -115,6 +115,7 @@ async def benchmark(args: argparse.Namespace) -> Metrics:
             temperature=args.temperature,
             ignore_eos=not args.disable_ignore_eos,
             extra_body=args.extra_request_body,
+            hop_latency=args.hop_latency,
         )
         backend = BACKENDS[args.backend]()
         client = Client(

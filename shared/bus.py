@@ -96,20 +96,27 @@ async def publish_many(
     maxlen: int | None = None,
     checkpoint: tuple[str, bytes | str] | None = None,
     expiring: Sequence[tuple[str, bytes, float]] = (),
+    ack: tuple[str, str, Sequence[bytes]] | None = None,
 ) -> None:
     """XADD several messages in one round trip, in order. With `checkpoint=(key, entry_id)`
     the messages and SET key entry_id happen atomically (MULTI), so a reader that resumes
     from its checkpoint neither loses nor repeats what it published. `expiring` keys
-    `(key, value, ttl_s)` are set in the same round trip, before the messages."""
+    `(key, value, ttl_s)` are set in the same round trip, before the messages. With
+    `ack=(stream, group, ids)` the consumed entries are acked atomically with the messages
+    they led to (MULTI): still never acked without their side effect, and one round trip
+    where publishing then acking took two before the next read."""
     limit = constants.INSTANCE_STREAM_MAXLEN if maxlen is None else maxlen
-    pipe = r.pipeline(transaction=checkpoint is not None)
+    pipe = r.pipeline(transaction=checkpoint is not None or bool(ack and ack[2]))
     for key, value, ttl_s in expiring:
         pipe.set(key, value, px=max(1, int(ttl_s * 1000)))
     for stream, message in items:
         pipe.xadd(stream, {FIELD: _encoder.encode(message)}, maxlen=limit, approximate=True)
     if checkpoint is not None:
         pipe.set(checkpoint[0], checkpoint[1])
-    await pipe.execute()
+    if ack is not None and ack[2]:
+        pipe.xack(ack[0], ack[1], *ack[2])
+    if len(pipe):
+        await pipe.execute()
 
 
 class _Reader(Generic[T]):
@@ -209,6 +216,12 @@ class GroupConsumer(_Reader[T]):
     async def ack(self, ids: Sequence[bytes]) -> None:
         if ids:
             await self.r.xack(self.stream, self.group, *ids)
+
+    async def commit(
+        self, out: Sequence[tuple[str, msgspec.Struct]], ids: Sequence[bytes], maxlen: int
+    ) -> None:
+        """Publish what entries `ids` led to and ack them, atomically, in one round trip."""
+        await publish_many(self.r, out, maxlen=maxlen, ack=(self.stream, self.group, ids))
 
 
 class StreamReader(_Reader[T]):

@@ -326,9 +326,24 @@ def _serve(model: Path, log: Path, port: int) -> Any:
     raise RuntimeError(f"serve not ready: {log.read_text()[-3000:]}")
 
 
+def hop_table(runs: dict[str, Any]) -> str:
+    """Median ms per stage of each run's first tokens (Metrics.hop_median_ms), one column per
+    run, so the stage that grows under load stands out."""
+    stages = list(dict.fromkeys(k for m in runs.values() for k in (m.hop_median_ms or {})))
+    lines = ["first token, median ms per stage".ljust(20) + "".join(f"{n:>14}" for n in runs)]
+    for stage in stages:
+        cells = [(m.hop_median_ms or {}).get(stage) for m in runs.values()]
+        lines.append(
+            stage.ljust(20) + "".join("n/a".rjust(14) if c is None else f"{c:14.2f}" for c in cells)
+        )
+    return "\n".join(lines)
+
+
 def online(log_dir: str) -> dict[str, Any]:
     """Through the whole service stack: 100 prompts at 1 request/s (input U[1, 4096], output
-    U[1, 2048]), then the decode-heavy workload of the bus-overhead comparison."""
+    U[1, 2048]), then the decode-heavy workload of the bus-overhead comparison. Every run asks
+    where each first token's time went (--hop-latency); the 1 req/s run's per-stage medians
+    are printed beside the alone run's, the comparison that locates TTFT under load."""
     import asyncio
     import signal
 
@@ -350,6 +365,7 @@ def online(log_dir: str) -> dict[str, Any]:
         "--disable-tqdm",
         "--seed",
         "1",
+        "--hop-latency",
     ]
 
     def run(*flags: str) -> Any:
@@ -409,6 +425,7 @@ def online(log_dir: str) -> dict[str, Any]:
             proc.wait(timeout=60)
         except Exception:
             proc.kill()
+    print(hop_table({"alone 2048": alone, "1 req/s": latency}), flush=True)
     return {
         "ttft_alone_2048": alone.to_json(),
         "latency_1rps": latency.to_json(),

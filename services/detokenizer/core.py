@@ -5,11 +5,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import msgspec
 from msgspec import Struct
 
 from services.detokenizer.incremental import IncrementalDetokenizer
 from services.detokenizer.stops import StopStrings
 from services.detokenizer.token_text import TokenTexts
+from shared.hops import stamp_hops
 from shared.messages.detok import (
     DetokMessage,
     DetokRegister,
@@ -128,10 +130,10 @@ class Detokenizer:
             # The same ending as an executor's abort before the request's first token.
             ending = TokenDelta(rid=msg.rid, token_ids=[], finish="abort")
             return self._on_deltas([ending], schedule_stream)
-        return self._on_deltas(msg.deltas, schedule_stream)
+        return self._on_deltas(msg.deltas, schedule_stream, msg.published or 0.0)
 
     def _on_deltas(
-        self, deltas: list[TokenDelta], schedule_stream: str
+        self, deltas: list[TokenDelta], schedule_stream: str, published: float = 0.0
     ) -> list[tuple[str, Struct]]:
         out: list[tuple[str, Struct]] = []
         for d in deltas:
@@ -139,6 +141,9 @@ class Detokenizer:
             if state is None:
                 continue  # finished by a stop string already, or aborted
             reply, stopped_here = state.on_tokens(d)
+            if d.hops is not None:  # the first delta: the executor's publication time too
+                hops = stamp_hops(d.hops, executor_published=published)
+                reply = msgspec.structs.replace(reply, hops=hops)
             out.append((state.trace.reply_to, reply))
             if reply.finish_reason is not None:
                 del self.states[d.rid]
@@ -146,6 +151,19 @@ class Detokenizer:
             if stopped_here:  # the executor is still generating: stop it and free its KV
                 out.append((schedule_stream, AbortRequest(rid=d.rid, reason="stop")))
         return out
+
+    @staticmethod
+    def stamp_published(out: list[tuple[str, Struct]], now: float) -> list[tuple[str, Struct]]:
+        """`out` with the first deltas' `detok_published` set, as the service publishes it."""
+        return [
+            (
+                s,
+                msgspec.structs.replace(m, hops=stamp_hops(m.hops, detok_published=now))
+                if isinstance(m, Delta) and m.hops is not None
+                else m,
+            )
+            for s, m in out
+        ]
 
     def expire(self, now_wall: float | None = None) -> None:
         """Drop requests whose deadline passed (the gateway has given up on them)."""

@@ -53,6 +53,7 @@ async def serve(a: argparse.Namespace) -> None:
                 last_expire = time.monotonic()
                 detok.expire()
             if entries:
+                out = detok.stamp_published(out, time.time())
                 await publish_many(svc.r, out, checkpoint=(checkpoint, entries[-1].id))
 
     log.info("detokenizer partition %d ready", a.partition)

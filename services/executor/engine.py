@@ -13,6 +13,8 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+import msgspec
+
 from services.executor import constrained
 from services.executor.batch_policy import BatchPolicy
 from services.executor.grammar import GrammarBackend
@@ -21,6 +23,7 @@ from services.executor.logits_process import needs_history
 from services.executor.logprobs import block, prompt_block
 from services.executor.model_runner import Launched, ModelRunner
 from services.executor.request import Req
+from shared.hops import stamp_hops
 from shared.messages.common import ErrorInfo
 from shared.messages.detok import RequestFailed, StepOutput, TokenDelta
 from shared.messages.heartbeat import ExecutorLoad
@@ -35,6 +38,22 @@ class StepResult:
     outputs: list[tuple[str, StepOutput | RequestFailed]] = field(default_factory=list)
     forward_tokens: int = 0
     is_decode: bool = False  # the step was a DECODE (else an EXTEND, or no forward at all)
+
+
+def stamp_published(
+    outputs: list[tuple[str, StepOutput | RequestFailed]], now: float
+) -> list[tuple[str, StepOutput | RequestFailed]]:
+    """The outputs with `published` set on each StepOutput that carries a request's first
+    token (HopTimes), as the sender publishes them; the others go unchanged."""
+    return [
+        (
+            s,
+            msgspec.structs.replace(m, published=now)
+            if isinstance(m, StepOutput) and any(d.hops is not None for d in m.deltas)
+            else m,
+        )
+        for s, m in outputs
+    ]
 
 
 class Engine:
@@ -53,7 +72,8 @@ class Engine:
         self.context_length = context_length
         self.policy = policy
         self.runner = runner
-        self.inbox: queue.SimpleQueue[ExecutorMessage] = queue.SimpleQueue()
+        # (message, when it was submitted): the submit time is the request's executor_inbox
+        self.inbox: queue.SimpleQueue[tuple[ExecutorMessage, float]] = queue.SimpleQueue()
         self.reqs: dict[str, Req] = {}
         self.step_no = 0
         self._seq = 0
@@ -69,7 +89,7 @@ class Engine:
 
     # -- called from any thread --------------------------------------------------------------
     def submit(self, msg: ExecutorMessage) -> None:
-        self.inbox.put(msg)
+        self.inbox.put((msg, time.time()))
 
     def load(self) -> ExecutorLoad:
         p = self.policy
@@ -111,9 +131,14 @@ class Engine:
             # A grammar's mask needs the in-flight step's tokens: sample after they land,
             # while this step's forward pass runs.
             defer = self.inflight is not None and any(r.grammar is not None for r in plan.reqs)
+            started = time.time()
             launched = self.runner.launch(plan, prev=self.inflight, sample=not defer)
             self.overlapped_steps += self.inflight is not None
             launched.indices = [plan.reqs[i].add_pending() for i in launched.rows]
+            for i, index in zip(launched.rows, launched.indices, strict=True):
+                if index == 0:  # this step samples the request's first token
+                    req = plan.reqs[i]
+                    req.hops = stamp_hops(req.hops, first_launched=started)
             result.forward_tokens = sum(plan.extend_lens)
             result.is_decode = plan.is_decode
             self.step_no += 1
@@ -152,6 +177,7 @@ class Engine:
     def _finish(self, launched: Launched, finished: list[Req]) -> None:
         """The step's tokens reached the host: record them, retire finished requests."""
         tokens = self.runner.wait(launched)
+        on_host = time.time()
         plan = launched.plan
         lps = launched.logprobs.host() if launched.logprobs is not None else {}
         for k, (i, index) in enumerate(zip(launched.rows, launched.indices, strict=True)):
@@ -161,6 +187,8 @@ class Engine:
             if k in lps and req.finish is None:
                 req.out_logprobs[index] = lps[k]
             req.resolve(index, tok)
+            if index == 0:
+                req.hops = stamp_hops(req.hops, first_on_host=on_host)
             error = constrained.after_token(req, index)
             if error is not None:
                 self._failures.append((req.detok_stream, RequestFailed(rid=req.rid, error=error)))
@@ -171,11 +199,11 @@ class Engine:
     def _drain_inbox(self, result: StepResult, finished: list[Req]) -> None:
         while True:
             try:
-                msg = self.inbox.get_nowait()
+                msg, submitted = self.inbox.get_nowait()
             except queue.Empty:
                 return
             if isinstance(msg, TokenizedRequest):
-                failed = self._add(msg)
+                failed = self._add(msg, submitted)
                 if failed is not None:
                     result.outputs.append((msg.detok_stream, failed))
                 elif self.reqs[msg.trace.rid].finish is not None:
@@ -200,7 +228,7 @@ class Engine:
         log.info("cache flushed")
         return True
 
-    def _add(self, msg: TokenizedRequest) -> RequestFailed | None:
+    def _add(self, msg: TokenizedRequest, submitted: float) -> RequestFailed | None:
         rid = msg.trace.rid
         if rid in self.reqs:
             return None  # redelivered
@@ -231,6 +259,7 @@ class Engine:
             return RequestFailed(rid=rid, error=err)
         self._seq += 1
         req = Req.from_message(msg, self._seq, self.context_length)
+        req.hops = stamp_hops(req.hops, executor_inbox=submitted)
         if msg.grammar_key:
             if self.grammars is None:
                 err = ErrorInfo(
@@ -292,8 +321,10 @@ class Engine:
                     matched_stop_token=req.matched_stop_token,
                     logprobs=lp,
                     prompt_logprobs=prompt_lp,
+                    hops=req.hops,
                 )
             )
+            req.hops = None  # on the first delta only
         self._touched.clear()
         return [
             (stream, StepOutput(executor=self.name, step=self.step_no, deltas=deltas))

@@ -12,10 +12,11 @@ import asyncio
 import contextlib
 import gc
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from services.executor.builder import KV_CACHE_DTYPES, EngineSettings, build_engine
-from services.executor.engine import Engine
+from services.executor.engine import Engine, stamp_published
 from services.executor.grammar import GrammarBackend
 from services.executor.grammar_cache import GrammarCache
 from shared import constants
@@ -181,7 +182,7 @@ async def run_engine(
         while True:
             outputs = await outbox.get()
             try:
-                await publish_many(svc.r, outputs)
+                await publish_many(svc.r, stamp_published(outputs, time.time()))
             finally:
                 outbox.task_done()
 

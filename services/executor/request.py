@@ -8,7 +8,7 @@ import torch
 
 from services.executor.cache import TreeNode
 from services.executor.grammar import RequestGrammar
-from shared.messages.common import SamplingParams
+from shared.messages.common import HopTimes, SamplingParams
 from shared.messages.schedule import TokenizedRequest
 
 # An output token sampled on the device whose value has not reached the host yet.
@@ -52,6 +52,7 @@ class Req:
     out_logprobs: dict[int, TokenLogprob] = field(default_factory=dict)  # output index ->
     prompt_logprobs: dict[int, TokenLogprob] = field(default_factory=dict)  # prompt position ->
     prompt_logprobs_sent: bool = False
+    hops: HopTimes | None = None  # the trace's stamps, then the executor's; sent once
 
     def generator(self, device: torch.device) -> torch.Generator | None:
         """The request's own generator when it has a seed (made on first use)."""
@@ -77,6 +78,7 @@ class Req:
             deadline=m.trace.deadline,
             seq=seq,
             limit_len=min(context_length, len(m.input_ids) + m.max_new_tokens),
+            hops=m.trace.hops,
         )
 
     @property

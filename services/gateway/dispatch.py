@@ -14,12 +14,13 @@ from aiohttp import web
 
 from services.gateway.background import Background
 from services.gateway.errors import ApiError, invalid
+from services.gateway.hop_stats import FirstToken, HopStats, stage_ms
 from services.gateway.inflight import Inflight
 from services.gateway.replies import ReplyRouter
 from services.gateway.validation import Job
 from shared import constants
 from shared.bus import TRANSIENT, publish, publish_many
-from shared.messages.common import ErrorInfo, Trace
+from shared.messages.common import ErrorInfo, HopTimes, Trace
 from shared.messages.reply import Delta, Failure, GenerationReply, ReplyMessage
 from shared.messages.tokenize import AbortRequest, GenerateRequest
 
@@ -47,6 +48,7 @@ class Dispatcher:
         self.request_timeout_s, self.max_inflight = request_timeout_s, max_inflight
         self.background = Background()  # abort publications, registry clean-up
         self.inflight = Inflight(r, self.background)
+        self.hop_stats = HopStats()  # per-stage latency of recent requests' first tokens
 
     async def submit(
         self, jobs: list[Job], traceparent: str, timeout_s: float | None = None
@@ -68,7 +70,13 @@ class Dispatcher:
             )
         timeout_s = self.request_timeout_s if timeout_s is None else timeout_s
         deadline = time.time() + timeout_s
-        trace = Trace(rid="", reply_to=self.reply_to, deadline=deadline, traceparent=traceparent)
+        trace = Trace(
+            rid="",
+            reply_to=self.reply_to,
+            deadline=deadline,
+            traceparent=traceparent,
+            hops=HopTimes(gateway_received=time.time()),
+        )
         requests = [
             GenerateRequest(
                 trace=msgspec.structs.replace(trace, rid=rid),
@@ -176,6 +184,15 @@ class Pending:
                     self.abort_reason = "client disconnected"
                     raise ClientGone() from None
         return self._seen(self.queue.get_nowait())
+
+    def first_token(self, hops: HopTimes) -> dict[str, float]:
+        """Called by the handler as it takes the request's first delta (the one that carries
+        `hops`): its per-stage latencies, also recorded in this gateway's medians."""
+        replied = self.dispatcher.router.replied_at.pop(self.rid, 0.0)
+        stages = stage_ms(FirstToken(hops, replied, time.time()))
+        self.dispatcher.hop_stats.add(stages)
+        log.debug("first token of %s: %s", self.rid, stages)
+        return stages
 
     def _seen(self, message: ReplyMessage) -> GenerationReply:
         if not isinstance(message, Delta | Failure):  # only a bug could route one here

@@ -119,6 +119,8 @@ async def _collect(
     while True:
         if isinstance(message, Failure):
             raise ApiError.from_info(message.error)
+        if message.hops is not None:
+            acc.hop_ms = p.first_token(message.hops)
         acc.add(message)
         if message.finish_reason is not None:
             return
@@ -163,6 +165,8 @@ async def _stream_many(
             if isinstance(message, Failure):
                 await send_events(resp, [ApiError.from_info(message.error).body()])
                 return
+            if message.hops is not None:
+                accs[i].hop_ms = pendings[i].first_token(message.hops)
             accs[i].add(message)
             events = renderer.delta_at(i, message, accs[i])
             if message.finish_reason is not None:

@@ -87,6 +87,8 @@ async def get_server_info(request: web.Request) -> web.StreamResponse:
                 "started": state.started,
                 "inflight": len(state.dispatcher.inflight.calls),
                 "draining": state.draining,
+                # medians over recent requests of where their first token's time went
+                "first_token_hops": state.dispatcher.hop_stats.summary(),
             },
             "scheduler_leader": leader.decode() if leader is not None else None,
             "instances": {

@@ -19,9 +19,12 @@ class NativeRenderer:
     """SGLang's shapes. Every streamed object is cumulative (the whole text and ids so far);
     a batch or `n` > 1 answers a list, and its streamed objects carry their `index`."""
 
-    def __init__(self, rids: list[str], many: bool, logprobs: bool, with_text: bool) -> None:
+    def __init__(
+        self, rids: list[str], many: bool, logprobs: bool, with_text: bool, hops: bool = False
+    ) -> None:
         self.rids, self.many = rids, many
         self.logprobs, self.with_text = logprobs, with_text
+        self.hops = hops  # report the first token's per-stage latency on the last object
 
     def _object(self, index: int, acc: Accumulated) -> dict[str, Any]:
         finish = None
@@ -34,6 +37,8 @@ class NativeRenderer:
             "cached_tokens": acc.usage.cached_tokens,
             "finish_reason": finish,
         }
+        if self.hops and acc.finish_reason is not None:
+            meta["hop_latency_ms"] = acc.hop_ms
         if self.logprobs:
             out, out_top = native_logprobs(acc.logprobs, self.with_text)
             inp, inp_top = native_logprobs(acc.prompt_logprobs, self.with_text)
@@ -71,7 +76,11 @@ async def generate(request: web.Request) -> web.StreamResponse:
     parent = traceparent(request)
     pendings = await state.dispatcher.submit(jobs, parent)
     renderer = NativeRenderer(
-        [p.rid for p in pendings], many, body.return_logprob, body.return_text_in_logprobs
+        [p.rid for p in pendings],
+        many,
+        body.return_logprob,
+        body.return_text_in_logprobs,
+        hops=body.return_hop_latency,
     )
     return await respond_many(request, pendings, renderer, body.stream)
 

@@ -150,6 +150,9 @@ class GenerateBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     top_logprobs_num: int = 0
     logprob_start_len: int = -1  # >= 0: prompt logprobs from this position on
     return_text_in_logprobs: bool = False
+    # meta_info.hop_latency_ms on the last object: where the first token's time went, in ms
+    # per stage (see services/gateway/hop_stats.py)
+    return_hop_latency: bool = False
 
 
 class TokenizeBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

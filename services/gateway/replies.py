@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import redis.asyncio as aioredis
 
 from shared.bus import StreamReader
 from shared.messages.common import ErrorInfo
-from shared.messages.reply import Failure, ReplyMessage
+from shared.messages.reply import Delta, Failure, ReplyMessage
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +26,8 @@ class ReplyRouter:
         self.reader: StreamReader[ReplyMessage] = StreamReader(r, stream, ReplyMessage)
         self.queues: dict[str, asyncio.Queue[ReplyMessage]] = {}  # rid -> its replies, in order
         self.dropped = 0  # messages whose rid was not registered
+        # rid -> when its first delta (the one carrying HopTimes) was read; the handler pops it
+        self.replied_at: dict[str, float] = {}
         self.failed: BaseException | None = None
 
     async def start(self) -> None:
@@ -39,6 +42,7 @@ class ReplyRouter:
 
     def unregister(self, rid: str) -> None:
         self.queues.pop(rid, None)
+        self.replied_at.pop(rid, None)
 
     def route(self, message: ReplyMessage) -> None:
         queue = self.queues.get(message.rid)
@@ -46,6 +50,8 @@ class ReplyRouter:
             self.dropped += 1
             log.debug("dropping reply for unknown rid %s", message.rid)
             return
+        if isinstance(message, Delta) and message.hops is not None:
+            self.replied_at[message.rid] = time.time()
         queue.put_nowait(message)
 
     async def run(self) -> None:

@@ -37,6 +37,7 @@ class Accumulated:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
     echo_text: str = ""
+    hop_ms: dict[str, float] | None = None  # per-stage latency of the first token, once known
 
     def add(self, d: Delta) -> None:
         self.text += d.text

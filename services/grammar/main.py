@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 
 from services.grammar.core import GrammarCompiler, GrammarStats, expired, route
 from shared import constants
-from shared.bus import Entry, GroupConsumer, publish_many
+from shared.bus import Entry, GroupConsumer
 from shared.config import EnvArgumentParser, add_common_flags, positive
 from shared.grammar import GrammarTokenizer
 from shared.logs import setup_logging
@@ -131,8 +131,7 @@ class GrammarWorker:
             else:
                 key = self.compiler.key(req.constraint)
                 out = route(req, key, await self.entry(key, req.constraint))
-        await publish_many(self.r, out, maxlen=constants.WORK_STREAM_MAXLEN)
-        await self.consumer.ack([entry.id])
+        await self.consumer.commit(out, [entry.id], maxlen=constants.WORK_STREAM_MAXLEN)
 
     async def entry(self, key: str, constraint: Constraint) -> GrammarCacheEntry:
         """The cache entry of `key`, compiling (once per key in this instance) on a miss."""

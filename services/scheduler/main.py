@@ -104,9 +104,10 @@ async def serve(a: argparse.Namespace) -> None:
                     out += router.abort(msg)
                 else:
                     out += router.broadcast(msg)
-            if out:
-                await publish_many(svc.r, out)
-            await consumer.ack([e.id for e in entries])
+            # the routed requests and the ack of what led to them: one round trip
+            await consumer.commit(
+                out, [e.id for e in entries], maxlen=constants.INSTANCE_STREAM_MAXLEN
+            )
         if leading:  # hand over at once rather than after the TTL
             owner = await svc.r.get(LEADER_KEY)
             if owner is not None and owner.decode() == svc.instance:

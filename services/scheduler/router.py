@@ -9,8 +9,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import msgspec
 from msgspec import Struct
 
+from shared.hops import stamp
 from shared.messages.common import ErrorInfo
 from shared.messages.detok import RequestAborted, RequestFailed
 from shared.messages.heartbeat import ExecutorLoad, Heartbeat
@@ -106,7 +108,8 @@ class Router:
         best = min(fits, key=lambda e: (e.busy, e.instance))
         best.sent_since_beat += 1
         self.assigned[rid] = Assignment(best.instance, req.detok_stream, req.trace.deadline)
-        return [(best.load.stream, req)]
+        routed = msgspec.structs.replace(req, trace=stamp(req.trace, routed=time.time()))
+        return [(best.load.stream, routed)]
 
     def broadcast(self, msg: Struct) -> list[tuple[str, Struct]]:
         """The same message to every live executor (cache flushes)."""

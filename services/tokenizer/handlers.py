@@ -12,6 +12,7 @@ from msgspec import Struct
 
 from services.tokenizer.core import PromptError, Tokenization
 from shared import constants
+from shared.hops import stamp
 from shared.messages.common import ErrorInfo, Trace
 from shared.messages.detok import DetokRegister
 from shared.messages.reply import DetokenizeResult, Failure, TokenizeResult
@@ -59,6 +60,7 @@ def generate(tok: Tokenization, req: GenerateRequest, partitions: int) -> Out:
     ids = tok.encode_prompt(req)
     max_new = tok.max_new_tokens(req, len(ids))
     tok.check_sampling(req.sampling, len(ids))
+    trace = stamp(trace, tokenized=time.time())
     detok = constants.detok_stream(constants.detok_partition(trace.rid, partitions))
     register = DetokRegister(
         trace=trace,

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from services.tokenizer.core import Tokenization
 from services.tokenizer.handlers import handle
 from shared import constants
-from shared.bus import GroupConsumer, publish_many
+from shared.bus import GroupConsumer
 from shared.config import EnvArgumentParser, add_common_flags, positive
 from shared.logs import setup_logging
 from shared.messages.tokenize import TokenizeMessage
@@ -59,9 +59,8 @@ async def serve(a: argparse.Namespace) -> None:
                 *(loop.run_in_executor(pool, handle, tok, e.message, partitions) for e in entries)
             )
             out = [item for res in results for item in res]
-            if out:
-                await publish_many(svc.r, out, maxlen=constants.WORK_STREAM_MAXLEN)
-            await consumer.ack([e.id for e in entries])
+            ids = [e.id for e in entries]
+            await consumer.commit(out, ids, maxlen=constants.WORK_STREAM_MAXLEN)
 
     log.info("tokenizer ready: model %s, context %d", source.name, tok.context_length)
     try:

@@ -34,6 +34,24 @@ class SamplingParams(msgspec.Struct, kw_only=True, frozen=True):
     logprob_start_len: int = -1  # >= 0: also of the prompt tokens from this position on
 
 
+class HopTimes(
+    msgspec.Struct, array_like=True, omit_defaults=True, gc=False, kw_only=True, frozen=True
+):
+    """When a request, then its first token, passed each service: unix seconds (wall clocks,
+    so hops across hosts are only as exact as their clock sync); 0.0 where not recorded.
+    The first three travel in the request's Trace; the executor adds its own to the first
+    TokenDelta, the detokenizer its own to the first Delta. Append new hops at the end."""
+
+    gateway_received: float = 0.0  # the gateway took the request, to publish it
+    tokenized: float = 0.0  # the tokenizer published it to the scheduler (or grammar)
+    routed: float = 0.0  # the scheduler published it to an executor
+    executor_inbox: float = 0.0  # the executor's reader handed it to the engine
+    first_launched: float = 0.0  # the step that samples its first token was launched
+    first_on_host: float = 0.0  # that token reached the host
+    executor_published: float = 0.0  # the step's output was published to the detokenizer
+    detok_published: float = 0.0  # its first text delta was published to the gateway
+
+
 class Trace(msgspec.Struct, kw_only=True, frozen=True):
     """What every request carries through every service: its id, deadline and trace context."""
 
@@ -41,6 +59,7 @@ class Trace(msgspec.Struct, kw_only=True, frozen=True):
     reply_to: str  # the owning gateway's reply stream
     deadline: float  # unix seconds; past it every service drops the request
     traceparent: str = ""  # W3C trace context of the client request
+    hops: HopTimes | None = None  # generation requests: when each service passed it on
 
 
 class ErrorInfo(msgspec.Struct, kw_only=True, frozen=True):

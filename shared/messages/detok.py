@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from shared.messages.common import ErrorInfo, SamplingParams, Trace
+from shared.messages.common import ErrorInfo, HopTimes, SamplingParams, Trace
 
 
 class DetokRegister(msgspec.Struct, tag="register", array_like=True, kw_only=True, frozen=True):
@@ -43,6 +43,7 @@ class TokenDelta(
     matched_stop_token: int | None = None
     logprobs: LogprobBlock | None = None  # of `token_ids`, when the request asked
     prompt_logprobs: LogprobBlock | None = None  # on the first delta, when the request asked
+    hops: HopTimes | None = None  # on the first delta: the trace's stamps and the executor's
 
 
 class StepOutput(
@@ -59,6 +60,9 @@ class StepOutput(
     executor: str
     step: int
     deltas: list[TokenDelta]
+    # unix seconds the executor's sender published it, set only on a step that carries a
+    # first token (a delta with hops): nil, one byte, on the others
+    published: float | None = None
 
 
 class RequestFailed(msgspec.Struct, tag="failed", array_like=True, kw_only=True, frozen=True):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from shared.messages.common import ErrorInfo
+from shared.messages.common import ErrorInfo, HopTimes
 
 
 class Usage(msgspec.Struct, kw_only=True, frozen=True):
@@ -44,6 +44,7 @@ class Delta(msgspec.Struct, tag="delta", kw_only=True, frozen=True, omit_default
     logprobs: list[TokenLogprob] = []  # one per token id, when the request asked
     prompt_logprobs: list[TokenLogprob] = []  # on the first delta, when the request asked
     echo_text: str | None = None  # the prompt's text, on the first delta (OpenAI `echo`)
+    hops: HopTimes | None = None  # on the first delta: when each service passed it on
 
 
 class Failure(msgspec.Struct, tag="failure", kw_only=True, frozen=True):

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 
 from services.detokenizer.core import Detokenizer
 from services.detokenizer.incremental import IncrementalDetokenizer
-from shared.messages.common import SamplingParams, Trace
+from shared.messages.common import HopTimes, SamplingParams, Trace
 from shared.messages.detok import DetokRegister, RequestAborted, StepOutput, TokenDelta
 from shared.messages.reply import Delta, Usage
 from shared.messages.tokenize import AbortRequest
@@ -137,3 +138,24 @@ def test_tokens_that_decode_to_nothing_do_not_grow_the_window(tok: Any) -> None:
         assert d.push([EOS_ID]) == ""
     assert d.read - d.surr <= 1
     assert d.push(tok.encode("ok", add_special_tokens=False)) == "ok"
+
+
+def test_first_delta_carries_hops_with_the_executors_publication_time(tok: Any) -> None:
+    d = Detokenizer(tok)
+    d.handle(register("a"), "sched")
+    ids = tok.encode("the thing", add_special_tokens=False)
+    sent = HopTimes(gateway_received=1.0, executor_inbox=2.0, first_on_host=3.0)
+    first = StepOutput(
+        executor="e", step=0, deltas=[TokenDelta(rid="a", token_ids=ids[:1], hops=sent)],
+        published=4.0,
+    )  # fmt: skip
+    ((_, reply),) = d.handle(first, "sched")
+    assert isinstance(reply, Delta)
+    assert reply.hops == msgspec.structs.replace(sent, executor_published=4.0)
+    ((_, later),) = d.handle(step(TokenDelta(rid="a", token_ids=ids[1:2])), "sched")
+    assert isinstance(later, Delta) and later.hops is None
+    # the service stamps the first delta as it publishes it, and leaves the others alone
+    (_, stamped), (_, untouched) = d.stamp_published([("g", reply), ("g", later)], 5.0)
+    assert isinstance(stamped, Delta) and reply.hops is not None
+    assert stamped.hops == msgspec.structs.replace(reply.hops, detok_published=5.0)
+    assert untouched is later

@@ -118,3 +118,13 @@ async def test_sse_lines_split_across_reads_and_longer_than_aiohttp_lines() -> N
     resp = cast(aiohttp.ClientResponse, _Response(pieces))
     got = [data async for _, data in sse_data(resp)]
     assert got == [b'{"a": 1}', big, b"[DONE]"]
+
+
+def test_native_hop_latency_is_asked_for_and_read_from_the_last_object() -> None:
+    opts = Options(model="m", hop_latency=True)
+    assert RadixServe().body(MESSAGES, 8, None, opts)["return_hop_latency"] is True
+    assert "return_hop_latency" not in RadixServe().body(MESSAGES, 8, None, Options(model="m"))
+    last = {"text": "x", "meta_info": {"hop_latency_ms": {"queue": 1.5, "total": 9.0}}}
+    assert RadixServe().hops(last) == {"queue": 1.5, "total": 9.0}
+    assert RadixServe().hops({"text": "x", "meta_info": {}}) is None
+    assert OpenAICompletions().hops(last) is None

@@ -104,3 +104,13 @@ def test_throughput_timeline_spreads_tokens_over_chunks() -> None:
     assert times == [0.0, 1.0]
     assert tokens == pytest.approx([4.0, 2.0])
     assert done == pytest.approx([1.0, 1.0])
+
+
+def test_hop_medians_per_stage_in_the_servers_order() -> None:
+    results = [make_result(0.0, [0.1], 1.0) for _ in range(3)]
+    results[0].hops = {"tokenize": 1.0, "queue": 10.0, "total": 30.0}
+    results[1].hops = {"tokenize": 3.0, "queue": 20.0, "total": 50.0}
+    results[2].hops = None  # a request that reported none is left out
+    m = compute(results, 1.0, lambda s: 1)
+    assert m.hop_median_ms == {"tokenize": 2.0, "queue": 15.0, "total": 40.0}
+    assert compute(results[2:], 1.0, lambda s: 1).hop_median_ms is None

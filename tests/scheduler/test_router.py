@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from services.scheduler.router import Router
-from shared.messages.common import SamplingParams, Trace
+from shared.messages.common import HopTimes, SamplingParams, Trace
 from shared.messages.detok import RequestAborted, RequestFailed
 from shared.messages.heartbeat import ExecutorLoad, Heartbeat
 from shared.messages.schedule import TokenizedRequest
@@ -106,3 +108,17 @@ def test_expired_request_is_refused() -> None:
     r.update_executors([beat("e1")])
     _, msg = r.route(make_request("old", deadline=5.0), now=10.0)[0]
     assert isinstance(msg, RequestFailed) and msg.error.status == 504
+
+
+def test_routing_stamps_the_requests_hop_times() -> None:
+    router = Router(max_queued=10)
+    router.update_executors([beat("e1")])
+    hops = HopTimes(gateway_received=1.0, tokenized=2.0)
+    req = make_request("a")
+    timed = msgspec.structs.replace(req, trace=msgspec.structs.replace(req.trace, hops=hops))
+    ((_, sent),) = router.route(timed, now=50.0)
+    assert isinstance(sent, TokenizedRequest) and sent.trace.hops is not None
+    assert sent.trace.hops.tokenized == 2.0 and sent.trace.hops.routed > 2.0
+    assert msgspec.structs.replace(sent.trace.hops, routed=0.0) == hops
+    # a request without HopTimes goes on unchanged
+    assert router.route(make_request("b")) == [("rs:exec:e1", make_request("b"))]

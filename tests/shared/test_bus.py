@@ -118,3 +118,43 @@ async def test_checkpoint_is_written_with_the_messages(aredis: aioredis.Redis) -
     assert await aredis.get("pos") == b"7-0"
     raw = await aredis.xrange("out")
     assert msgspec.msgpack.decode(raw[0][1][FIELD])["rid"] == "x"
+
+
+async def test_commit_publishes_and_acks_in_one_round_trip(
+    aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A work-queue service (tokenizer, grammar, scheduler) hands on what a batch led to and
+    acks the batch together: one MULTI, not a publish then an ack before its next read."""
+    c = consumer(aredis, "c1")
+    await c.ensure_group()
+    await publish_many(aredis, [("s", AbortRequest(rid=str(i))) for i in range(3)])
+    entries = await c.read(block_ms=100)
+    trips: list[str] = []
+    single = aredis.execute_command
+    pipeline = aredis.pipeline
+
+    async def one_command(*args: object, **kw: object) -> object:
+        trips.append(f"command {args[0]}")
+        return await single(*args, **kw)
+
+    def counted_pipeline(transaction: bool = True, shard_hint: object = None) -> object:
+        pipe = pipeline(transaction=transaction, shard_hint=shard_hint)
+        execute = pipe.execute
+
+        async def run(*a: object, **kw: object) -> object:
+            trips.append(f"pipeline transaction={transaction} of {len(pipe)}")
+            return await execute(*a, **kw)
+
+        pipe.execute = run
+        return pipe
+
+    monkeypatch.setattr(aredis, "execute_command", one_command)
+    monkeypatch.setattr(aredis, "pipeline", counted_pipeline)
+    await c.commit([("out", AbortRequest(rid="x"))], [e.id for e in entries], maxlen=100)
+    assert trips == ["pipeline transaction=True of 2"]  # XADD + XACK in one MULTI
+    trips.clear()
+    await c.commit([], [], maxlen=100)  # nothing consumed, nothing to say: no round trip
+    assert trips == []
+    monkeypatch.undo()
+    assert (await aredis.xpending("s", "g"))["pending"] == 0
+    assert len(await aredis.xrange("out")) == 1

@@ -3,17 +3,21 @@ heartbeat."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from services.tokenizer.core import Tokenization
 from services.tokenizer.handlers import handle
-from shared.messages.common import Trace
+from shared.messages.common import HopTimes, SamplingParams, Trace
+from shared.messages.detok import DetokRegister
 from shared.messages.reply import DetokenizeResult, Failure, TokenizeResult
+from shared.messages.schedule import TokenizedRequest
 from shared.messages.tokenize import (
     AbortRequest,
     ChatMessage,
     ChatPrompt,
     DetokenizeRequest,
+    GenerateRequest,
     TextPrompt,
     TokenizeRequest,
 )
@@ -84,3 +88,18 @@ def test_model_info_describes_the_checkpoint(tok: Tokenization) -> None:
     assert info.architecture == "LlamaForCausalLM"
     assert info.context_length == 64 and info.vocab_size == len(tok.tokenizer)
     assert info.eos_token_ids == [EOS_ID] and info.has_chat_template is True
+
+
+def test_a_generation_leaves_with_its_tokenized_stamp(tok: Tokenization) -> None:
+    hops = HopTimes(gateway_received=1.0)
+    req = GenerateRequest(
+        trace=msgspec.structs.replace(TRACE, hops=hops),
+        prompt=TextPrompt(text="the thin thing"),
+        sampling=SamplingParams(max_new_tokens=4),
+    )
+    (_, register), (_, tokenized) = handle(tok, req, partitions=1)
+    assert isinstance(register, DetokRegister) and isinstance(tokenized, TokenizedRequest)
+    assert register.trace == tokenized.trace
+    stamped = tokenized.trace.hops
+    assert stamped is not None and stamped.tokenized > 1.0
+    assert msgspec.structs.replace(stamped, tokenized=0.0) == hops
