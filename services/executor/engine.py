@@ -135,9 +135,11 @@ class Engine:
             launched = self.runner.launch(plan, prev=self.inflight, sample=not defer)
             self.overlapped_steps += self.inflight is not None
             launched.indices = [plan.reqs[i].add_pending() for i in launched.rows]
-            for i, index in zip(launched.rows, launched.indices, strict=True):
-                if index == 0:  # this step samples the request's first token
-                    req = plan.reqs[i]
+            for i in launched.rows:
+                req = plan.reqs[i]
+                # The step that samples the request's first token (after any text a grammar
+                # forced at the start, which is not sampled).
+                if req.hops is not None and not req.hops.first_launched:
                     req.hops = stamp_hops(req.hops, first_launched=started)
             result.forward_tokens = sum(plan.extend_lens)
             result.is_decode = plan.is_decode
@@ -187,7 +189,7 @@ class Engine:
             if k in lps and req.finish is None:
                 req.out_logprobs[index] = lps[k]
             req.resolve(index, tok)
-            if index == 0:
+            if req.hops is not None and not req.hops.first_on_host:
                 req.hops = stamp_hops(req.hops, first_on_host=on_host)
             error = constrained.after_token(req, index)
             if error is not None:

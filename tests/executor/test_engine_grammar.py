@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import msgspec
 import pytest
 import xgrammar as xgr
 
@@ -19,11 +20,13 @@ from shared.messages.common import (
     ChoiceConstraint,
     Constraint,
     EbnfConstraint,
+    HopTimes,
     JsonSchemaConstraint,
     RegexConstraint,
     SamplingParams,
     Trace,
 )
+from shared.messages.detok import StepOutput, TokenDelta
 from shared.messages.schedule import TokenizedRequest
 from shared.model_files import resolve_model
 from tests.executor.helpers import EOS_ID, write_tiny_model
@@ -196,3 +199,27 @@ def test_forced_text_rides_along_with_the_batch(
     for i in range(4):
         if run.finish[f"j{i}"] == "stop":
             check(c, setup.text(run.tokens[f"j{i}"]))
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_first_token_stamps_with_forced_text_at_the_start(
+    setup: Setup, tiny_dir: Path, overlap: bool
+) -> None:
+    """A schema's forced opening is output but never sampled: the first-token stamps go to
+    the step that samples the first free token."""
+    c = JsonSchemaConstraint(schema=json.dumps(FORCED))
+    req = setup.request("h", c, 200, temperature=0.0)
+    req = msgspec.structs.replace(
+        req, trace=msgspec.structs.replace(req.trace, hops=HopTimes(gateway_received=1.0))
+    )
+    engine = setup.engine(tiny_dir, overlap=overlap)
+    engine.submit(req)
+    first: TokenDelta | None = None
+    while engine.has_work():
+        for _, out in engine.step().outputs:
+            assert isinstance(out, StepOutput)
+            first = first or next((d for d in out.deltas if d.rid == "h"), None)
+    assert first is not None and first.hops is not None
+    assert setup.text(first.token_ids).startswith('{"color": "')  # forced, then sampled
+    h = first.hops
+    assert 1.0 < h.executor_inbox <= h.first_launched <= h.first_on_host
