@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
-from tests.e2e.stack import Stack
+from tests.e2e.stack import Stack, start_stack
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -159,3 +161,46 @@ def test_constraints_are_enforced_through_the_stack(tiny_stack: Stack) -> None:
     assert re.fullmatch(r"[a-z]{1,6}@[a-z]{1,4}\.com", results[4]["text"])
     assert results[5]["usage"]["completion_tokens"] == 8  # unconstrained, in the same batch
     tiny_stack.wait_idle()
+
+
+def _forced_keys(stack: Stack) -> tuple[int, Any]:
+    """Jump-forward tokens the executor reports before and after one request whose schema
+    forces text (its keys), and the request's JSON output."""
+    before = stack.wait_idle().executor
+    assert before is not None
+    body = {"text": "hi", "sampling_params": {"json_schema": SCHEMA, "max_new_tokens": 80}}
+    status, data = post(stack, "/generate", body)
+    assert status == 200, data
+    done, deadline = time.time(), time.monotonic() + 20
+    beat = stack.wait_idle()
+    while beat.ts <= done:  # a heartbeat sent after the request, not a stale one
+        assert time.monotonic() < deadline, f"no heartbeat since the request\n{stack.log_tail()}"
+        time.sleep(0.1)
+        beat = stack.wait_idle()
+    assert beat.executor is not None
+    return beat.executor.jump_forward_tokens - before.jump_forward_tokens, data
+
+
+def test_jump_forward_is_on_by_default_and_off_with_its_flag(
+    tiny_stack: Stack, tiny_model_dir: Path, redis_url: str, tmp_path: Path
+) -> None:
+    import jsonschema
+
+    forced, data = _forced_keys(tiny_stack)
+    assert forced > 0
+    if data["meta_info"]["finish_reason"]["type"] == "stop":
+        jsonschema.validate(json.loads(data["text"]), SCHEMA)
+    # The environment twin, as compose.yaml would set it: forced text is decoded instead.
+    stack = start_stack(
+        ["--model", str(tiny_model_dir), "--max-total-tokens", "4096"],
+        tmp_path / "no-jump.log",
+        redis_url.rsplit("/", 1)[0] + "/3",
+        env={"RADIXSERVE_DISABLE_JUMP_FORWARD": "1"},
+    )
+    try:
+        forced, data = _forced_keys(stack)
+        assert forced == 0
+        if data["meta_info"]["finish_reason"]["type"] == "stop":
+            jsonschema.validate(json.loads(data["text"]), SCHEMA)
+    finally:
+        assert stack.stop() == 0, stack.log_tail()
