@@ -185,7 +185,7 @@ class ModelRunner:
     def _masked(
         self, logits: torch.Tensor, rows: list[int], grammars: list[Any], all_rows: bool
     ) -> torch.Tensor:
-        from services.executor.grammar import apply_bitmask, fill_bitmask
+        from services.executor.grammar_masks import apply_bitmask, fill_bitmask
 
         if self.bitmask is None or self.bitmask.shape[0] < len(rows):
             words = (logits.shape[-1] + 31) // 32

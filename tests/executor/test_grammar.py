@@ -15,14 +15,8 @@ import pytest
 import torch
 import xgrammar as xgr
 
-from services.executor.grammar import (
-    GrammarBackend,
-    GrammarViolation,
-    RequestGrammar,
-    apply_bitmask,
-    apply_bitmask_torch,
-    fill_bitmask,
-)
+from services.executor.grammar import GrammarBackend, GrammarViolation, RequestGrammar
+from services.executor.grammar_masks import apply_bitmask, apply_bitmask_torch, fill_bitmask
 from services.executor.sampler import SamplingTensors, sample
 from services.executor.warmup import warm_masks
 from shared.grammar import GrammarTokenizer, compile_constraint, grammar_key, new_compiler

@@ -1,0 +1,104 @@
+"""Grammar masks over a batch: fill the bitmask rows of the constrained requests (on
+xgrammar's threads, while the forward pass runs), then apply them to the logits before
+sampling, on the device (the Triton kernel of kernels/bitmask.py on CUDA, xgrammar's C++
+kernel on the CPU, the torch twin for layouts neither takes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import xgrammar as xgr
+
+from services.executor.grammar import RequestGrammar
+
+_batch_matcher: xgr.BatchGrammarMatcher | None = None
+
+
+def fill_bitmask(grammars: Sequence[RequestGrammar | None], bitmask: torch.Tensor) -> list[int]:
+    """Fill bitmask row i for every grammars[i] that is not None; the rows filled.
+
+    Row i must be the logits row the request samples from. Rows without a grammar are left as
+    they are (`apply_bitmask` skips them). The matchers fill their rows together, on xgrammar's
+    threads (half the cores): at batch 64 one thread would take milliseconds per step.
+    """
+    global _batch_matcher
+    assert len(grammars) <= bitmask.shape[0], (
+        f"{len(grammars)} rows do not fit a bitmask of {bitmask.shape[0]}"
+    )
+    rows: list[int] = []
+    fresh: list[int] = []
+    for i, g in enumerate(grammars):
+        if g is None:
+            continue
+        rows.append(i)
+        if not g.fill_cached(bitmask, i):
+            fresh.append(i)
+    if len(fresh) == 1:
+        grammars[fresh[0]].fill(bitmask, fresh[0])  # type: ignore[union-attr]
+    elif fresh:
+        if _batch_matcher is None:
+            _batch_matcher = xgr.BatchGrammarMatcher()
+        matchers = [grammars[i].matcher for i in fresh]  # type: ignore[union-attr]
+        _batch_matcher.batch_fill_next_token_bitmask(matchers, bitmask, fresh)
+        for i in fresh:
+            grammars[i].stats.masks += 1  # type: ignore[union-attr]
+    return rows
+
+
+def apply_bitmask(
+    logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[int], backend: str = "auto"
+) -> None:
+    """Set logits[i, t] = -inf for every token t that bitmask[i] forbids, i in `rows`.
+
+    logits: [bs, vocab] float on any device; bitmask: [>= bs, words] int32, on the CPU where
+    `fill_bitmask` wrote it (copied to the logits' device here; pin it for an async copy).
+    backend: "auto" (Triton on CUDA, xgrammar's C++ kernel on the CPU, the torch twin for
+    layouts neither takes) or a name in BITMASK_BACKENDS.
+    """
+    if not rows:
+        return
+    mask = bitmask[: logits.shape[0]]
+    if mask.device != logits.device:
+        mask = mask.to(logits.device, non_blocking=True)
+    if backend == "auto":
+        if logits.stride(-1) != 1 or logits.dtype not in _FLOAT_DTYPES:
+            backend = "torch"
+        else:
+            backend = "triton" if logits.is_cuda else "xgrammar"
+    BITMASK_BACKENDS[backend](logits, mask, rows)
+
+
+def apply_bitmask_torch(logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[int]) -> None:
+    """The torch reference of `apply_bitmask` (and of kernels/bitmask.py)."""
+    if not rows:
+        return
+    vocab = min(logits.shape[-1], bitmask.shape[-1] * 32)
+    idx = torch.tensor(list(rows), dtype=torch.int64, device=logits.device)
+    words = bitmask.to(logits.device).index_select(0, idx)  # [n, words] int32
+    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+    allowed = ((words.unsqueeze(-1) >> shifts) & 1).flatten(1)[:, :vocab].bool()  # [n, vocab]
+    picked = logits.index_select(0, idx)
+    picked[:, :vocab].masked_fill_(~allowed, float("-inf"))
+    logits[idx] = picked
+
+
+def _apply_xgrammar(logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[int]) -> None:
+    vocab = min(logits.shape[-1], bitmask.shape[-1] * 32)
+    xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab, indices=list(rows))
+
+
+def _apply_triton(logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[int]) -> None:
+    from kernels.bitmask import apply_token_bitmask  # imports Triton: only on a GPU
+
+    indices = torch.tensor(list(rows), dtype=torch.int32).to(logits.device, non_blocking=True)
+    apply_token_bitmask(logits=logits, bitmask=bitmask, indices=indices)
+
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+BITMASK_BACKENDS: dict[str, Callable[[torch.Tensor, torch.Tensor, Sequence[int]], None]] = {
+    "triton": _apply_triton,
+    "xgrammar": _apply_xgrammar,
+    "torch": apply_bitmask_torch,
+}
