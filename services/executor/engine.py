@@ -135,12 +135,14 @@ class Engine:
             launched = self.runner.launch(plan, prev=self.inflight, sample=not defer)
             self.overlapped_steps += self.inflight is not None
             launched.indices = [plan.reqs[i].add_pending() for i in launched.rows]
-            for i in launched.rows:
-                req = plan.reqs[i]
-                # The step that samples the request's first token (after any text a grammar
-                # forced at the start, which is not sampled).
-                if req.hops is not None and not req.hops.first_launched:
-                    req.hops = stamp_hops(req.hops, first_launched=started)
+            # A request samples its first token (after any text a grammar forced at the
+            # start, which is not sampled) in the step that ends its prompt: never a DECODE,
+            # whose requests all sampled before. Decode steps skip this loop.
+            if not plan.is_decode:
+                for i in launched.rows:
+                    req = plan.reqs[i]
+                    if req.hops is not None and not req.hops.first_launched:
+                        req.hops = stamp_hops(req.hops, first_launched=started)
             result.forward_tokens = sum(plan.extend_lens)
             result.is_decode = plan.is_decode
             self.step_no += 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from kernels.fp8_kv import store_into
+from services.executor.packing import pack_aligned
 
 
 class KVPool:
@@ -132,10 +133,10 @@ class ReqToTokenPool:
         """Apply the pending writes to the device table."""
         if not self._rows:
             return
-        packed = torch.tensor([self._rows, self._cols, self._vals], dtype=torch.int64)
-        if self.req_to_token.is_cuda:
-            packed = packed.pin_memory()
-        dev = packed.to(self.req_to_token.device, non_blocking=True)
-        self.req_to_token[dev[0], dev[1]] = dev[2]
+        table = self.req_to_token
+        rows, cols, vals = pack_aligned(
+            [self._rows, self._cols, self._vals], torch.int64, table.device, pin=table.is_cuda
+        )
+        table[rows, cols] = vals
         self._rows, self._cols, self._vals = [], [], []
         self._written.clear()
