@@ -13,7 +13,7 @@ by activations, but the clamp costs nothing and keeps both formats to one rule.
 Indexing goes through byte views (`gather_kv`, `store_into`): torch's gather and scatter
 kernels have lacked fp8 on some versions and devices, and moving bytes needs no arithmetic.
 
-Plain torch (no Triton), so the CPU pool can import it; store_kv.py holds the Triton cast.
+Plain torch (no Triton), so the CPU pool can import it; store_kv.py casts with it too.
 """
 
 from __future__ import annotations
@@ -25,13 +25,11 @@ import torch
 
 class Fp8Format(NamedTuple):
     max: float  # the largest finite value; inputs are clamped to [-max, max]
-    mantissa_bits: int
-    min_exponent: int  # exponent of the smallest normal value (subnormals share its spacing)
 
 
 FP8_FORMATS: dict[torch.dtype, Fp8Format] = {
-    torch.float8_e5m2: Fp8Format(57344.0, 2, -14),
-    torch.float8_e4m3fn: Fp8Format(448.0, 3, -6),
+    torch.float8_e5m2: Fp8Format(57344.0),
+    torch.float8_e4m3fn: Fp8Format(448.0),
 }
 FP8_KV_DTYPES = tuple(FP8_FORMATS)
 

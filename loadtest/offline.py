@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from services.executor.builder import EngineSettings, build_engine
+from services.executor.builder import KV_CACHE_DTYPES, EngineSettings, build_engine
 from services.executor.engine import Engine
 from shared.messages.common import SamplingParams, Trace
 from shared.messages.detok import StepOutput
@@ -46,7 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8_e5m2", "fp8_e4m3"])
+    p.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES))
     p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     p.add_argument("--disable-cuda-graph", action="store_true")
     p.add_argument("--max-total-tokens", type=int, default=0)

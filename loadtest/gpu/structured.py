@@ -74,7 +74,6 @@ class Timed(NamedTuple):
     tokens: int
     steps: int
     overlapped: int  # steps launched before the previous step's tokens reached the host
-
     host_ms: dict[str, float]  # host time per step by engine phase
 
     def report(self) -> dict[str, Any]:
@@ -86,10 +85,11 @@ class Timed(NamedTuple):
         }
 
 
-def _timed(engine: Engine, reqs: list[TokenizedRequest], jump_forward: bool = True) -> Timed:
+def _timed(
+    engine: Engine, host: HostTimes, reqs: list[TokenizedRequest], jump_forward: bool = True
+) -> Timed:
     assert engine.grammars is not None
     engine.grammars.jump_forward = jump_forward
-    host = engine_host_times(engine)
     torch.cuda.synchronize()
     steps0, overlapped0 = engine.step_no, engine.overlapped_steps
     host.start()
@@ -103,16 +103,6 @@ def _timed(engine: Engine, reqs: list[TokenizedRequest], jump_forward: bool = Tr
         engine.overlapped_steps - overlapped0,
         host.per_step(),
     )
-
-
-_host_times: dict[int, HostTimes] = {}
-
-
-def engine_host_times(engine: Engine) -> HostTimes:
-    """One wrapper per engine (wrapping twice would count everything twice)."""
-    if id(engine) not in _host_times:
-        _host_times[id(engine)] = HostTimes(engine)
-    return _host_times[id(engine)]
 
 
 def structured() -> dict[str, Any]:
@@ -142,6 +132,7 @@ def structured() -> dict[str, Any]:
     args = offline.parse_args(["throughput", "--model", str(model), "--load-format", "dummy"])
     engine = offline.make_engine(args)
     engine.grammars = GrammarBackend(tok, compiled.__getitem__)
+    host = HostTimes(engine)
     digits_key, digits_src = compile_schema(DIGITS)
     # Untimed, at the timed batch's shapes: a constrained batch of 64 prompts of 128 tokens
     # plus the forced "[" is chunked differently from any warm-up batch, and compiling those
@@ -152,13 +143,16 @@ def structured() -> dict[str, Any]:
     # Masking alone (jump-forward off): the same tokens per step as unconstrained decoding.
     c = _timed(
         engine,
+        host,
         [_request(f"c{i}", 400, digits_key, digits_src) for i in range(BATCH)],
         jump_forward=False,
     )
     per_req = c.tokens // BATCH
-    u = _timed(engine, [_request(f"u{i}", per_req) for i in range(BATCH)])
+    u = _timed(engine, host, [_request(f"u{i}", per_req) for i in range(BATCH)])
     # As served by default: forced ", " after each digit is appended, not decoded.
-    cj = _timed(engine, [_request(f"k{i}", 400, digits_key, digits_src) for i in range(BATCH)])
+    cj = _timed(
+        engine, host, [_request(f"k{i}", 400, digits_key, digits_src) for i in range(BATCH)]
+    )
     out["constrained_vs_unconstrained"] = {
         "batch": BATCH,
         "tokens_per_request": per_req,
@@ -172,9 +166,9 @@ def structured() -> dict[str, Any]:
     }
     long_key, long_src = compile_schema(LONG_KEYS)
     longs = [_request(f"p{i}", 600, long_key, long_src, seeded=True) for i in range(BATCH)]
-    p = _timed(engine, longs, jump_forward=False)
+    p = _timed(engine, host, longs, jump_forward=False)
     longs = [_request(f"j{i}", 600, long_key, long_src, seeded=True) for i in range(BATCH)]
-    j = _timed(engine, longs)
+    j = _timed(engine, host, longs)
     out["jump_forward"] = {
         "batch": BATCH,
         "plain_s": p.seconds,
