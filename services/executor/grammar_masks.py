@@ -12,6 +12,7 @@ import torch
 import xgrammar as xgr
 
 from services.executor.grammar import RequestGrammar
+from services.executor.packing import to_device
 
 _batch_matcher: xgr.BatchGrammarMatcher | None = None
 
@@ -92,7 +93,7 @@ def _apply_xgrammar(logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[
 def _apply_triton(logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[int]) -> None:
     from kernels.bitmask import apply_token_bitmask  # imports Triton: only on a GPU
 
-    indices = torch.tensor(list(rows), dtype=torch.int32).to(logits.device, non_blocking=True)
+    indices = to_device(rows, torch.int32, logits.device)
     apply_token_bitmask(logits=logits, bitmask=bitmask, indices=indices)
 
 

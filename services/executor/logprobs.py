@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from services.executor.packing import to_device
 from services.executor.request import Req, TokenLogprob
 from shared.messages.detok import LogprobBlock
 
@@ -44,7 +45,7 @@ class SampledLogprobs:
     ) -> SampledLogprobs:
         """`logprobs`: [len(rows), vocab] log-softmax of the raw logits of those rows;
         `tokens`: every sampling row's token."""
-        idx = torch.tensor(rows, dtype=torch.int64).to(tokens.device, non_blocking=True)
+        idx = to_device(rows, torch.int64, tokens.device)
         chosen = logprobs.gather(1, tokens.index_select(0, idx)[:, None]).squeeze(1)
         k = max(ks)
         vals = ids = None
@@ -106,7 +107,7 @@ class PromptLogprobTargets:
         """`hidden`: the final hidden states at `positions`. Stores each request's logprobs
         (blocking: steps that carry prompt logprobs are rare and end the overlap)."""
         k = max(r.sampling.top_logprobs for r, _, _ in self.owners)
-        targets = torch.tensor(self.targets, dtype=torch.int64).to(hidden.device, non_blocking=True)
+        targets = to_device(self.targets, torch.int64, hidden.device)
         chosen: list[float] = []
         top_vals: list[list[float]] = []
         top_ids: list[list[int]] = []

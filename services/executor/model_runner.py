@@ -20,7 +20,7 @@ from services.executor.forward_batch import ForwardBatch, ForwardMode
 from services.executor.kv_pool import KVPool, ReqToTokenPool
 from services.executor.logits_process import LogitsProcessor
 from services.executor.logprobs import PromptLogprobTargets, SampledLogprobs
-from services.executor.packing import pack_aligned
+from services.executor.packing import pack_aligned, to_device
 from services.executor.request import PENDING
 from services.executor.sampler import SamplingTensors, sample
 
@@ -93,8 +93,7 @@ class ModelRunner:
         )
         if pending:
             assert prev is not None
-            at = torch.tensor(pending_at, dtype=torch.int64).to(self.device, non_blocking=True)
-            src = torch.tensor(pending, dtype=torch.int64).to(self.device, non_blocking=True)
+            at, src = pack_aligned([pending_at, pending], torch.int64, self.device, pin=self.cuda)
             input_ids = input_ids.clone()
             input_ids[at] = prev.tokens[src]
         return ForwardBatch(
@@ -122,9 +121,7 @@ class ModelRunner:
             None if plan.is_decode else PromptLogprobTargets.build(plan.reqs, plan.extend_lens)
         )
         if prompt_lp is not None:
-            batch.extra_indices = torch.tensor(prompt_lp.positions, dtype=torch.int64).to(
-                self.device, non_blocking=True
-            )
+            batch.extra_indices = to_device(prompt_lp.positions, torch.int64, self.device)
         if self.graphs is not None and self.graphs.can_run(batch):
             logits = self.graphs.replay(batch)
         else:
@@ -148,14 +145,14 @@ class ModelRunner:
         if len(rows) == len(plan.reqs):
             picked = logits[:, : self.sample_vocab]
         else:
-            idx = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
+            idx = to_device(rows, torch.int64, self.device)
             picked = logits.index_select(0, idx)[:, : self.sample_vocab]
         reqs = [plan.reqs[i] for i in rows]
         # Raw logprobs are taken before masks and penalties change the logits in place.
         want_lp = SampledLogprobs.want(reqs)
         raw_lp = None
         if want_lp:
-            at = torch.tensor(want_lp, dtype=torch.int64).to(self.device, non_blocking=True)
+            at = to_device(want_lp, torch.int64, self.device)
             raw_lp = torch.log_softmax(picked.index_select(0, at).float(), dim=-1)
         # A request that finished while this step was in flight samples a discarded token.
         grammars = [r.grammar if r.finish is None else None for r in reqs]
@@ -196,7 +193,7 @@ class ModelRunner:
         if all_rows:
             full = logits.float()
         else:
-            idx = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
+            idx = to_device(rows, torch.int64, self.device)
             full = logits.index_select(0, idx).float()
         apply_bitmask(full, self.bitmask, masked_rows)
         return full[:, : self.sample_vocab]

@@ -37,3 +37,9 @@ def pack_aligned(
         host = host.pin_memory()
     dev = host.to(device, non_blocking=True)
     return [dev[s : s + len(t)] for s, t in zip(starts, tables, strict=True)]
+
+
+def to_device(values: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """One small integer table on `device`, copied without blocking the host. A pageable
+    source would make the copy wait on the host; on CUDA it goes through pinned memory."""
+    return pack_aligned([values], dtype, device, pin=device.type == "cuda")[0]
