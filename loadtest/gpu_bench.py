@@ -38,7 +38,7 @@ TIME_LIMITS = {
     "decode1": 60,
     "peer": 90,
     "heavy": 60,
-    "structured": 120,
+    "structured": 180,
     "offline": 230,
     "offline_fp8": 230,
     "online": 240,

@@ -173,6 +173,7 @@ class Drained:
     extend_tokens: int = 0
     decode_bs_sum: int = 0
     first_token_at: dict[str, float] = field(default_factory=dict)
+    tokens_by_rid: dict[str, int] = field(default_factory=dict)
 
 
 def drain(engine: Engine, reqs: list[TokenizedRequest], time_limit: float = 0.0) -> Drained:
@@ -203,6 +204,7 @@ def drain(engine: Engine, reqs: list[TokenizedRequest], time_limit: float = 0.0)
                 raise RuntimeError(f"request failed: {msg}")
             for dl in msg.deltas:
                 out.tokens += len(dl.token_ids)
+                out.tokens_by_rid[dl.rid] = out.tokens_by_rid.get(dl.rid, 0) + len(dl.token_ids)
                 if dl.token_ids:
                     out.first_token_at.setdefault(dl.rid, now)
                 if dl.finish in ("stop", "length"):

@@ -2,7 +2,7 @@
 
 Wraps the engine's phases on the instance (the class is untouched) and sums wall time per
 phase; `per_step()` divides by the steps launched since `start()`. Waiting for the device
-shows up inside `finish` (it blocks on the previous step's tokens).
+is `wait`, a part of `finish` (which blocks on the previous step's tokens).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ class HostTimes:
         self._wrap(engine.policy, "plan", "plan")
         self._wrap(engine.runner, "launch", "launch")
         self._wrap(engine.runner, "sample", "sample")
+        self._wrap(engine.runner, "wait", "wait")  # inside finish: blocked on the device
         self._wrap(engine, "_finish", "finish")
         self._wrap(engine, "_collect", "collect")
         self._wrap(engine, "step", "step")
