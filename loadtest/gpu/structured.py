@@ -4,6 +4,7 @@ jump-forward speed-up on a schema with long fixed keys, grammar compile and load
 from __future__ import annotations
 
 import json
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ import xgrammar as xgr
 from loadtest import offline
 from loadtest.gpu.hosttime import HostTimes
 from loadtest.gpu.models import llama8b_dir
+from loadtest.gpu.timeline import profile_decode
 from services.executor.engine import Engine
 from services.executor.grammar import GrammarBackend
 from shared.grammar import (
@@ -30,6 +32,7 @@ from shared.messages.schedule import TokenizedRequest
 from shared.model_files import resolve_model
 
 BATCH = 64
+ROUNDS = 3
 DIGITS = {
     "type": "array",
     "items": {"type": "integer", "minimum": 0, "maximum": 9},
@@ -69,16 +72,25 @@ def _request(
     )
 
 
+def _digits(key: str, source: str, prefix: str) -> list[TokenizedRequest]:
+    return [_request(f"{prefix}{i}", 400, key, source) for i in range(BATCH)]
+
+
 class Timed(NamedTuple):
     seconds: float
     tokens: int
     steps: int
     overlapped: int  # steps launched before the previous step's tokens reached the host
     host_ms: dict[str, float]  # host time per step by engine phase
+    tokens_by_rid: dict[str, int]
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.seconds
 
     def report(self) -> dict[str, Any]:
         return {
-            "tok_s": self.tokens / self.seconds,
+            "tok_s": self.tok_s,
             "steps": self.steps,
             "overlapped_share": self.overlapped / max(1, self.steps),
             "host_ms_per_step": self.host_ms,
@@ -102,11 +114,13 @@ def _timed(
         engine.step_no - steps0,
         engine.overlapped_steps - overlapped0,
         host.per_step(),
+        d.tokens_by_rid,
     )
 
 
 def structured() -> dict[str, Any]:
-    model = llama8b_dir(Path(tempfile.mkdtemp()))
+    # A full 128K vocabulary, as Llama 3's: xgrammar's per-token costs depend on it.
+    model = llama8b_dir(Path(tempfile.mkdtemp()), tokenizer="bpe")
     tok = GrammarTokenizer.load(resolve_model(str(model)))
     compiler = new_compiler(tok)
     compiled: dict[str, xgr.CompiledGrammar] = {}
@@ -141,33 +155,67 @@ def structured() -> dict[str, Any]:
     offline.drain(engine, [_request(f"w{i}", 8, digits_key, digits_src) for i in range(BATCH)])
 
     # Masking alone (jump-forward off): the same tokens per step as unconstrained decoding.
-    c = _timed(
-        engine,
-        host,
-        [_request(f"c{i}", 400, digits_key, digits_src) for i in range(BATCH)],
-        jump_forward=False,
-    )
-    per_req = c.tokens // BATCH
-    u = _timed(engine, host, [_request(f"u{i}", per_req) for i in range(BATCH)])
-    # As served by default: forced ", " after each digit is appended, not decoded.
-    cj = _timed(
-        engine, host, [_request(f"k{i}", 400, digits_key, digits_src) for i in range(BATCH)]
-    )
+    # Three rounds, alternating, so a drift of the machine's speed falls on both sides.
+    runs: dict[str, list[Timed]] = {
+        "constrained": [],
+        "unconstrained": [],
+        "jump_forward": [],
+        "jump_forward_always_extend": [],
+    }
+    default_min = engine.policy.jump_extend_min
+    for _ in range(ROUNDS):
+        c = _timed(engine, host, _digits(digits_key, digits_src, "c"), jump_forward=False)
+        per_req = c.tokens // BATCH
+        # The same requests unconstrained: each as long as its constrained twin came out (the
+        # lengths vary with how the digits' separators were tokenized), so that both runs
+        # end with the same tail of a shrinking batch.
+        u = _timed(
+            engine, host, [_request(f"u{i}", c.tokens_by_rid[f"c{i}"]) for i in range(BATCH)]
+        )
+        # As served by default: jump-forward on.
+        cj = _timed(engine, host, _digits(digits_key, digits_src, "k"))
+        # Forced text extending every step it appears (jump_extend_min 0), for comparison.
+        engine.policy.jump_extend_min = 0.0
+        ce = _timed(engine, host, _digits(digits_key, digits_src, "e"))
+        engine.policy.jump_extend_min = default_min
+        for name, t in zip(runs, (c, u, cj, ce), strict=True):
+            runs[name].append(t)
+    free = runs["unconstrained"]
+    ratios = [a.tok_s / b.tok_s for a, b in zip(runs["constrained"], free, strict=True)]
+    jf_ratios = [a.tok_s / b.tok_s for a, b in zip(runs["jump_forward"], free, strict=True)]
+    ae = runs["jump_forward_always_extend"]
+    ae_ratios = [a.tok_s / b.tok_s for a, b in zip(ae, free, strict=True)]
     out["constrained_vs_unconstrained"] = {
         "batch": BATCH,
         "tokens_per_request": per_req,
-        "constrained_tok_s": c.tokens / c.seconds,
-        "unconstrained_tok_s": u.tokens / u.seconds,
-        "ratio": (c.tokens / c.seconds) / (u.tokens / u.seconds),
-        "constrained": c.report(),
-        "unconstrained": u.report(),
-        "constrained_jump_forward": cj.report(),
-        "ratio_jump_forward": (cj.tokens / cj.seconds) / (u.tokens / u.seconds),
+        "rounds": ROUNDS,
+        "ratio_median": statistics.median(ratios),
+        "ratios": ratios,
+        "ratio_jump_forward_median": statistics.median(jf_ratios),
+        "ratios_jump_forward": jf_ratios,
+        "jump_extend_min": default_min,
+        "ratio_always_extend_median": statistics.median(ae_ratios),
+        **{name: [t.report() for t in ts] for name, ts in runs.items()},
     }
+    # The device's own timeline over steady decode steps, each side alike.
+    engine.grammars.jump_forward = False
+    out["timeline"] = {
+        "constrained": profile_decode(engine, _digits(digits_key, digits_src, "t"), 8, 32, host),
+        "unconstrained": profile_decode(
+            engine, [_request(f"v{i}", per_req) for i in range(BATCH)], 8, 32, host
+        ),
+    }
+    engine.grammars.jump_forward = True
+    out["timeline"]["constrained_jump_forward"] = profile_decode(
+        engine, _digits(digits_key, digits_src, "s"), 8, 32, host
+    )
     long_key, long_src = compile_schema(LONG_KEYS)
+    # Untimed, as above: the forced keys' EXTEND steps have shapes nothing before them had.
+    offline.drain(engine, [_request(f"x{i}", 600, long_key, long_src) for i in range(BATCH)])
     longs = [_request(f"p{i}", 600, long_key, long_src, seeded=True) for i in range(BATCH)]
     p = _timed(engine, host, longs, jump_forward=False)
     longs = [_request(f"j{i}", 600, long_key, long_src, seeded=True) for i in range(BATCH)]
+    extended = engine.policy.jump_extended_tokens
     j = _timed(engine, host, longs)
     out["jump_forward"] = {
         "batch": BATCH,
@@ -178,6 +226,7 @@ def structured() -> dict[str, Any]:
         "jump_steps": j.steps,
         "tokens_plain": p.tokens,
         "tokens_jump": j.tokens,
+        "jump_extended_tokens": engine.policy.jump_extended_tokens - extended,
         "plain_overlapped_share": p.overlapped / max(1, p.steps),
         "jump_overlapped_share": j.overlapped / max(1, j.steps),
     }

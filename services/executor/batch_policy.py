@@ -75,6 +75,7 @@ class BatchPolicy:
         max_running: int,
         max_prefill_tokens: int,
         schedule_policy: str = "lpm",
+        jump_extend_min: float = 0.0,
     ) -> None:
         if schedule_policy not in ("lpm", "fcfs"):
             raise ValueError(f"unknown schedule policy {schedule_policy!r}: lpm or fcfs")
@@ -89,6 +90,13 @@ class BatchPolicy:
         self._last_was_extend = False
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.num_retracted = 0
+        # Forced text (jump-forward) rides in an EXTEND step only when it carries at least
+        # this many forced tokens per running request; below that, each request feeds its next
+        # forced token into an ordinary decode step. With CUDA graphs a decode step is replayed
+        # and an EXTEND runs eagerly, costing up to two decode steps at large batches: a few
+        # forced tokens among 64 requests would slow every request down. 0: always extend.
+        self.jump_extend_min = jump_extend_min
+        self.jump_extended_tokens = 0  # forced tokens computed beside a request's next token
 
     # -- queue -------------------------------------------------------------------------------
     def add(self, req: Req) -> None:
@@ -211,8 +219,10 @@ class BatchPolicy:
 
     def _plan_decode(self) -> StepPlan | None:
         """One token for every running request, plus the tokens a grammar forced after it
-        (jump-forward): those few ride along in the same step, which is then an EXTEND, so
-        that requests with and without forced text never wait for each other's steps."""
+        (jump-forward): those ride along in the same step, which is then an EXTEND, so that
+        requests with and without forced text never wait for each other's steps. When the
+        forced tokens are too few to pay for an EXTEND (`jump_extend_min`), every request
+        takes one token: its next forced one, or the one it sampled."""
         if not self.running:
             return None
         while not self.mem.make_room(self.decode_need()) and len(self.running) > 1:
@@ -229,6 +239,11 @@ class BatchPolicy:
         if not reqs:
             return None
         lens = [r.pending_len for r in reqs]
+        extra = sum(lens) - len(lens)
+        if extra and extra < self.jump_extend_min * len(lens):
+            lens = [1] * len(lens)  # a request with forced text samples nothing this step
+        else:
+            self.jump_extended_tokens += extra
         for req, n in zip(reqs, lens, strict=True):
             self.mem.grow(req, n)
         return StepPlan(reqs, lens, is_decode=all(n == 1 for n in lens))

@@ -23,6 +23,7 @@ from shared.model_files import ModelSource
 log = logging.getLogger(__name__)
 
 CPU_DEFAULT_KV_TOKENS = 32768  # in the model dtype; an fp8 cache gets as many bytes
+JUMP_EXTEND_MIN = 1.0  # forced tokens per running request that make an EXTEND step worth it
 # --kv-cache-dtype -> the pool's dtype (None: the model's), as SGLang and vLLM name them.
 KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {
     "auto": None,
@@ -146,16 +147,20 @@ def build_engine(s: EngineSettings) -> Engine:
     cache: PrefixCache = (
         NullCache(kv, s.page_size) if s.disable_radix_cache else RadixCache(kv, s.page_size)
     )
+    graphed = device.type == "cuda" and not s.disable_cuda_graph
     policy = BatchPolicy(
         KVManager(kv, rows, cache),
         s.max_running_requests,
         s.max_prefill_tokens,
         s.schedule_policy,
+        # Forced text extends once it averages a token per request: an eager EXTEND costs
+        # up to two replayed decode steps. Without graphs both are eager: extend at once.
+        jump_extend_min=JUMP_EXTEND_MIN if graphed else 0.0,
     )
     if device.type == "cuda" and dtype != torch.float32:
         choose_gemv(model)  # before graphs capture the projections' kernels
     graphs = None
-    if device.type == "cuda" and not s.disable_cuda_graph:
+    if graphed:
         if not hasattr(model.backend, "reserve_decode"):
             raise ValueError(
                 f"attention backend {backend!r} cannot run in CUDA graphs; use triton or "

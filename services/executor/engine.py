@@ -109,6 +109,7 @@ class Engine:
             grammar_fetched=self.grammar_cache_stats.fetched if self.grammar_cache_stats else 0,
             grammar_load_s=self.grammar_cache_stats.load_s if self.grammar_cache_stats else 0.0,
             jump_forward_tokens=self.grammars.stats.jump_forward_tokens if self.grammars else 0,
+            jump_extended_tokens=p.jump_extended_tokens,
         )
 
     # -- the stepping thread -----------------------------------------------------------------

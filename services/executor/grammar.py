@@ -45,7 +45,7 @@ class GrammarStats:
     requests: int = 0  # matchers created
     masks: int = 0  # bitmask rows filled
     accepted_tokens: int = 0  # sampled tokens accepted
-    jump_forward_tokens: int = 0  # forced tokens appended: forward passes saved
+    jump_forward_tokens: int = 0  # forced tokens appended (never sampled; see BatchPolicy)
     jump_forward_refused: int = 0  # forced strings not taken (tokenization would not round-trip)
 
 

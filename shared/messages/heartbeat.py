@@ -22,7 +22,8 @@ class ExecutorLoad(msgspec.Struct, kw_only=True, frozen=True):
     grammar_cache_hits: int = 0  # compiled grammars found in this executor's memory
     grammar_fetched: int = 0  # compiled grammars loaded from Redis
     grammar_load_s: float = 0.0  # time spent loading (or compiling) grammars
-    jump_forward_tokens: int = 0  # tokens appended without a forward pass each
+    jump_forward_tokens: int = 0  # forced tokens appended, never sampled (no mask, no draw)
+    jump_extended_tokens: int = 0  # of those, computed beside another token: passes saved
 
 
 class ModelInfo(msgspec.Struct, kw_only=True, frozen=True):

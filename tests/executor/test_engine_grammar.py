@@ -202,6 +202,40 @@ def test_forced_text_rides_along_with_the_batch(
 
 
 @pytest.mark.parametrize("overlap", [False, True])
+def test_few_forced_tokens_wait_for_ordinary_decode_steps(
+    setup: Setup, tiny_dir: Path, overlap: bool
+) -> None:
+    """Below `jump_extend_min` forced tokens per request, forced text goes one token per
+    decode step (what a CUDA graph replays) instead of making the step an EXTEND; the output
+    is the same either way, and a lone request still extends at once."""
+    c = JsonSchemaConstraint(schema=json.dumps(FORCED))
+
+    def run(rids: list[str], jump_extend_min: float, n_free: int = 0) -> Run:
+        r = Run(setup.engine(tiny_dir, overlap=overlap))
+        r.engine.policy.jump_extend_min = jump_extend_min
+        free = [make_request(f"u{i}", [9, 10], max_new=80, ignore_eos=True) for i in range(n_free)]
+        r.go({0: [*(setup.request(rid, c, 200, temperature=0.0) for rid in rids), *free]})
+        return r
+
+    # Two constrained requests among 30 free ones: their forced text (a key and its
+    # punctuation, some 12 tokens each) never reaches one token per request.
+    rids = ["a", "bb"]
+    extend_now, wait = run(rids, 0.0, n_free=30), run(rids, 1.0, n_free=30)
+    for rid in rids:
+        assert wait.tokens[rid] == extend_now.tokens[rid]
+        assert wait.finish[rid] == "stop"
+        check(c, setup.text(wait.tokens[rid]))
+    assert extend_now.engine.policy.jump_extended_tokens > 10
+    assert wait.engine.policy.jump_extended_tokens == 0
+    assert all(decode for decode, _ in wait.launched[1:]), wait.launched  # after the prefill
+    assert sum(not decode for decode, _ in extend_now.launched) > 2
+    # Alone, a request's forced text is always at least one token per running request.
+    alone = run(["a"], 1.0)
+    assert alone.engine.policy.jump_extended_tokens > 10
+    assert alone.tokens["a"] == extend_now.tokens["a"]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
 def test_first_token_stamps_with_forced_text_at_the_start(
     setup: Setup, tiny_dir: Path, overlap: bool
 ) -> None:
