@@ -33,6 +33,7 @@ from shared.model_files import resolve_model
 
 BATCH = 64
 ROUNDS = 3
+MIXED_CONSTRAINED = 8  # of BATCH: requests with long forced keys among free ones
 DIGITS = {
     "type": "array",
     "items": {"type": "integer", "minimum": 0, "maximum": 9},
@@ -217,6 +218,21 @@ def structured() -> dict[str, Any]:
     longs = [_request(f"j{i}", 600, long_key, long_src, seeded=True) for i in range(BATCH)]
     extended = engine.policy.jump_extended_tokens
     j = _timed(engine, host, longs)
+    # Where the policy matters: a few requests with forced text among many free ones.
+    mixed: dict[str, Any] = {"constrained": MIXED_CONSTRAINED, "free": BATCH - MIXED_CONSTRAINED}
+    for name, minimum in (("default", default_min), ("always_extend", 0.0)):
+        engine.policy.jump_extend_min = minimum
+        reqs = [_request(f"m{i}", 600, long_key, long_src) for i in range(MIXED_CONSTRAINED)]
+        reqs += [_request(f"f{i}", 300) for i in range(MIXED_CONSTRAINED, BATCH)]
+        extended = engine.policy.jump_extended_tokens
+        t = _timed(engine, host, reqs)
+        mixed[name] = {
+            **t.report(),
+            "jump_extend_min": minimum,
+            "jump_extended_tokens": engine.policy.jump_extended_tokens - extended,
+        }
+    engine.policy.jump_extend_min = default_min
+    out["jump_policy_mixed"] = mixed
     out["jump_forward"] = {
         "batch": BATCH,
         "plain_s": p.seconds,
