@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -134,21 +135,13 @@ def make_bpe_tokenizer(first_special: int, vocab_size: int) -> Any:
 
     vocab = {ch: i for i, ch in enumerate(_byte_to_unicode())}
     chars = list(dict.fromkeys(BPE_CHARS))
-    merges: list[tuple[str, str]] = []
-    pairs = [a + b for a in chars for b in chars]
-    for a in chars:
-        for b in chars:
-            merges.append((a, b))
-    for pair in pairs:
-        for c in chars:
-            if len(vocab) + len(merges) >= first_special:
-                break
-            merges.append((pair, c))
-    for a, b in merges[: first_special - len(vocab)]:
-        vocab.setdefault(a + b, len(vocab))
-    merges = [m for m in merges if m[0] + m[1] in vocab]
-    while len(vocab) < first_special:  # (not reached at Llama 3's size; keeps ids dense)
-        vocab[f"<unused_{len(vocab)}>"] = len(vocab)
+    pairs = [(a, b) for a in chars for b in chars]
+    triples = ((a + b, c) for a, b in pairs for c in chars)
+    # Every merged string is new (two or three characters), so ids stay dense.
+    merges = list(itertools.islice(itertools.chain(pairs, triples), first_special - len(vocab)))
+    assert len(vocab) + len(merges) == first_special, "BPE_CHARS too few for this vocabulary"
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
