@@ -21,7 +21,9 @@ from typing import Any
 import torch
 
 from loadtest import offline
+from loadtest.gpu.hosttime import HostTimes
 from loadtest.gpu.models import llama8b_dir
+from loadtest.gpu.timeline import abort_all, start_decoding
 
 FAMILIES = (
     ("gemm", ("gemm", "gemv", "cutlass", "sm90", "matmul", "cublas", "nvjet")),
@@ -46,42 +48,22 @@ def _engine(model: Path, *extra: str) -> Any:
     return offline.make_engine(args)
 
 
-class _WaitTimer:
-    """Wraps runner.wait to add up the time the host spends blocked on the device."""
-
-    def __init__(self, engine: Any) -> None:
-        self.total = 0.0
-        self._wait = engine.runner.wait
-        engine.runner.wait = self
-
-    def __call__(self, launched: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return self._wait(launched)
-        finally:
-            self.total += time.perf_counter() - t0
-
-
-def decode_breakdown(engine: Any, bs: int, ctx: int, steps: int) -> dict[str, Any]:
+def decode_breakdown(engine: Any, host: HostTimes, bs: int, ctx: int, steps: int) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
 
     vocab = engine.runner.vocab_size
+    reqs = []
     for i in range(bs):
         ids = [(7 * i + j) % (vocab - 10) + 10 for j in range(ctx)]
-        engine.submit(offline.request(f"p{i}", ids, 4 * steps + 64))
-    engine.step()  # moves the submissions from the inbox to the queue
-    while engine.policy.waiting or engine.policy.prefilling:
-        engine.step()
-    for _ in range(8):
-        engine.step()
-    torch.cuda.synchronize()
-    timer = _WaitTimer(engine)
+        reqs.append(offline.request(f"p{i}", ids, 4 * steps + 64))
+    start_decoding(engine, reqs, 8)
+    host.start()
     t0 = time.perf_counter()
     for _ in range(steps):
         engine.step()
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
-    blocked = timer.total
+    blocked = host.seconds["wait"]
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             engine.step()
@@ -94,10 +76,7 @@ def decode_breakdown(engine: Any, bs: int, ctx: int, steps: int) -> dict[str, An
         us = e.device_time_total / steps
         by_family[family(e.key)] += us
         top.append((us, e.key[:90]))
-    for rid in list(engine.reqs):
-        engine.submit(offline.AbortRequest(rid=rid))
-    while engine.has_work():
-        engine.step()
+    abort_all(engine)
     return {
         "batch": bs,
         "context": ctx,
@@ -250,10 +229,11 @@ def profile_section() -> dict[str, Any]:
     result: dict[str, Any] = {"gpu": torch.cuda.get_device_name()}
     result["prefill_ms"] = prefill_latency(engine, (128, 512, 1024, 2048, 4096))
     result["extend_host_512"] = extend_host_profile(engine, 512)
-    result["decode_bs256_ctx1024"] = decode_breakdown(engine, 256, 1024, 32)
-    result["decode_bs256_ctx2048"] = decode_breakdown(engine, 256, 2048, 16)
-    result["decode_bs8_ctx1024"] = decode_breakdown(engine, 8, 1024, 64)
-    result["decode_bs1_ctx256"] = decode_breakdown(engine, 1, 256, 64)
+    host = HostTimes(engine)
+    result["decode_bs256_ctx1024"] = decode_breakdown(engine, host, 256, 1024, 32)
+    result["decode_bs256_ctx2048"] = decode_breakdown(engine, host, 256, 2048, 16)
+    result["decode_bs8_ctx1024"] = decode_breakdown(engine, host, 8, 1024, 64)
+    result["decode_bs1_ctx256"] = decode_breakdown(engine, host, 1, 256, 64)
     del engine
     torch.cuda.empty_cache()
     result["decode_attention_grid"] = decode_attention_grid()

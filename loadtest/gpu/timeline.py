@@ -72,6 +72,27 @@ def summarize(intervals: list[tuple[float, float, str]], steps: int) -> dict[str
     }
 
 
+def start_decoding(engine: Engine, reqs: list[TokenizedRequest], warm: int) -> None:
+    """Submit `reqs` and step until every prompt is computed, then `warm` decode steps more;
+    the device is idle on return."""
+    for r in reqs:
+        engine.submit(r)
+    engine.step()  # moves the submissions from the inbox to the queue
+    while engine.policy.waiting or engine.policy.prefilling:
+        engine.step()
+    for _ in range(warm):
+        engine.step()
+    torch.cuda.synchronize()
+
+
+def abort_all(engine: Engine) -> None:
+    """Abort every request in the engine and step until it is empty."""
+    for rid in list(engine.reqs):
+        engine.submit(AbortRequest(rid=rid, reason="measured"))
+    while engine.has_work():
+        engine.step()
+
+
 def profile_decode(
     engine: Engine,
     reqs: list[TokenizedRequest],
@@ -84,14 +105,7 @@ def profile_decode(
     `host`: the engine's phase timers, to break the slowest steps down by phase."""
     from torch.profiler import ProfilerActivity, profile
 
-    for r in reqs:
-        engine.submit(r)
-    engine.step()
-    while engine.policy.waiting or engine.policy.prefilling:
-        engine.step()
-    for _ in range(warm):
-        engine.step()
-    torch.cuda.synchronize()
+    start_decoding(engine, reqs, warm)
     per_step: list[tuple[float, dict[str, float]]] = []
     with GcPauses() as gc_pauses, profile(activities=[ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
@@ -107,10 +121,7 @@ def profile_decode(
         path = Path(d) / "trace.json"
         prof.export_chrome_trace(str(path))
         trace = json.loads(path.read_text())
-    for rid in list(engine.reqs):
-        engine.submit(AbortRequest(rid=rid, reason="profiled"))
-    while engine.has_work():
-        engine.step()
+    abort_all(engine)
     out = summarize(device_intervals(trace), steps)
     out["wall_ms_per_step_profiled"] = 1000 * wall / steps
     walls = sorted(w for w, _ in per_step)
