@@ -135,7 +135,7 @@ class ReqToTokenPool:
             return
         table = self.req_to_token
         rows, cols, vals = pack_aligned(
-            [self._rows, self._cols, self._vals], torch.int64, table.device, pin=table.is_cuda
+            [self._rows, self._cols, self._vals], torch.int64, table.device
         )
         table[rows, cols] = vals
         self._rows, self._cols, self._vals = [], [], []

@@ -27,6 +27,7 @@ from typing import Protocol
 
 import torch
 
+from services.executor.packing import upload
 from services.executor.request import PENDING
 from shared.messages.common import SamplingParams
 
@@ -133,10 +134,7 @@ class LogitsProcessor:
         n_int = sum(len(x) for x in ints)
         ids = torch.tensor(list(itertools.chain.from_iterable(ints)), dtype=torch.int32)
         values = torch.tensor(list(itertools.chain.from_iterable(floats)), dtype=torch.float32)
-        host = torch.cat([ids, values.view(torch.int32)])
-        if device.type == "cuda":  # a pageable source would make the copy wait on the host
-            host = host.pin_memory()
-        dev = host.to(device, non_blocking=True)
+        dev = upload(torch.cat([ids, values.view(torch.int32)]), device)
         br, bc, mr, mc, pr, sr, sc, or_, oc = dev[:n_int].long().split([len(x) for x in ints])
         bv, rep, freq, pres = dev[n_int:].view(torch.float32).split([len(x) for x in floats])
         return cls(

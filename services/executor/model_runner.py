@@ -89,11 +89,10 @@ class ModelRunner:
             [ids, positions, slots, [r.row for r in plan.reqs], [r.kv_len for r in plan.reqs]],
             torch.int64,
             self.device,
-            pin=self.cuda,
         )
         if pending:
             assert prev is not None
-            at, src = pack_aligned([pending_at, pending], torch.int64, self.device, pin=self.cuda)
+            at, src = pack_aligned([pending_at, pending], torch.int64, self.device)
             input_ids = input_ids.clone()
             input_ids[at] = prev.tokens[src]
         return ForwardBatch(

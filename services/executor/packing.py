@@ -19,12 +19,11 @@ ALIGN_BYTES = 16  # Triton's pointer specialisation (tt.divisibility = 16)
 
 
 def pack_aligned(
-    tables: Sequence[Sequence[int]], dtype: torch.dtype, device: torch.device, pin: bool = False
+    tables: Sequence[Sequence[int]], dtype: torch.dtype, device: torch.device
 ) -> list[torch.Tensor]:
-    """One tensor per table, all views of one device tensor filled by one (non-blocking)
-    copy, each starting at a multiple of ALIGN_BYTES from the allocation's start (the
-    allocators align allocations at least that much). `pin`: copy from pinned host memory,
-    so a CUDA copy does not wait for the device."""
+    """One tensor per table, all views of one device tensor filled by one copy (see
+    `upload`), each starting at a multiple of ALIGN_BYTES from the allocation's start (the
+    allocators align allocations at least that much)."""
     per = ALIGN_BYTES // torch.empty(0, dtype=dtype).element_size()
     flat: list[int] = []
     starts: list[int] = []
@@ -32,14 +31,18 @@ def pack_aligned(
         starts.append(len(flat))
         flat += table
         flat += [0] * (-len(flat) % per)
-    host = torch.tensor(flat, dtype=dtype)
-    if pin:
-        host = host.pin_memory()
-    dev = host.to(device, non_blocking=True)
+    dev = upload(torch.tensor(flat, dtype=dtype), device)
     return [dev[s : s + len(t)] for s, t in zip(starts, tables, strict=True)]
 
 
 def to_device(values: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """One small integer table on `device`, copied without blocking the host. A pageable
-    source would make the copy wait on the host; on CUDA it goes through pinned memory."""
-    return pack_aligned([values], dtype, device, pin=device.type == "cuda")[0]
+    """One small integer table on `device` (see `upload`)."""
+    return pack_aligned([values], dtype, device)[0]
+
+
+def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor's copy on `device`, queued without the host waiting for the device: on
+    CUDA through pinned memory, since a pageable source makes the copy wait on the host."""
+    if device.type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from services.executor.packing import upload
 from shared.messages.common import SamplingParams
 
 
@@ -39,10 +40,7 @@ class SamplingTensors:
         # waits for the whole forward pass queued before it, and the host would stop
         # preparing the next step until the device is done with this one.
         bs = len(params)
-        host = torch.tensor([*temps, *top_p, *min_p, *top_k], dtype=torch.float32)
-        if device.type == "cuda":
-            host = host.pin_memory()
-        dev = host.to(device, non_blocking=True)
+        dev = upload(torch.tensor([*temps, *top_p, *min_p, *top_k], dtype=torch.float32), device)
         return cls(
             temperature=dev[:bs],
             top_p=dev[bs : 2 * bs],
