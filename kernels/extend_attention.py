@@ -10,7 +10,11 @@ the few rows of a long context that would be cheaper to read from k/v directly.
 
 Grid: (bs, num_heads, cdiv(max_extend_len, BLOCK_M)); a program takes BLOCK_M new tokens of
 one request and one head (KV head = head // group), and returns at once past its request's
-new tokens. It walks the prefix without a causal mask, then the new tokens with one.
+new tokens. It walks the prefix and the new tokens every query of the block sees without a
+causal mask, then the diagonal tiles with one. Under a causal mask the last blocks of a
+request have the most keys, so the grid's third axis runs backwards (HEAVY_FIRST): the GPU
+dispatches blocks in grid order, and the longest ones starting last would leave a tail of
+a few busy SMs.
 """
 
 from __future__ import annotations
@@ -96,10 +100,14 @@ def _extend_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    HEAVY_FIRST: tl.constexpr,
 ):
     b = tl.program_id(0)
     head = tl.program_id(1)
-    m_start = tl.program_id(2) * BLOCK_M
+    if HEAVY_FIRST:
+        m_start = (tl.num_programs(2) - 1 - tl.program_id(2)) * BLOCK_M
+    else:
+        m_start = tl.program_id(2) * BLOCK_M
     extend_len = tl.load(extend_lens_ptr + b).to(tl.int32)
     if m_start < extend_len:
         kv_head = head // GROUP
@@ -126,9 +134,17 @@ def _extend_kernel(
                 kv_head, stride_kt, stride_kh, stride_vt, stride_vh, offs_d, d_mask, qk_scale,
                 False, BLOCK_N, DOT_PRECISION,
             )  # fmt: skip
-        # The new tokens, causally; those past the block's last query are invisible to it.
+        # New tokens before the block's first query: every query sees whole tiles of them.
+        seen_by_all = prefix + (m_start // BLOCK_N) * BLOCK_N
+        for n0 in range(prefix, seen_by_all, BLOCK_N):
+            acc, l_i, m_i = _attend_tile(
+                acc, l_i, m_i, q, q_pos, n0, seen_by_all, k_buf_ptr, v_buf_ptr, table_row_ptr,
+                kv_head, stride_kt, stride_kh, stride_vt, stride_vh, offs_d, d_mask, qk_scale,
+                False, BLOCK_N, DOT_PRECISION,
+            )  # fmt: skip
+        # The diagonal, causally; new tokens past the block's last query are invisible to it.
         end = prefix + tl.minimum(extend_len, m_start + BLOCK_M)
-        for n0 in range(prefix, end, BLOCK_N):
+        for n0 in range(seen_by_all, end, BLOCK_N):
             acc, l_i, m_i = _attend_tile(
                 acc, l_i, m_i, q, q_pos, n0, end, k_buf_ptr, v_buf_ptr, table_row_ptr,
                 kv_head, stride_kt, stride_kh, stride_vt, stride_vh, offs_d, d_mask, qk_scale,
@@ -158,6 +174,9 @@ def extend_attention(
     out: torch.Tensor | None = None,
     block_m: int | None = None,
     block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    heavy_first: bool = True,
 ) -> torch.Tensor:
     """Causal attention of the new tokens over prefix + new tokens; returns `out`.
 
@@ -166,7 +185,9 @@ def extend_attention(
     new tokens' K/V already stored. req_to_token: [max_reqs, max_context].
     req_rows, prefix_lens, extend_lens, extend_starts: [bs] ints; extend_starts[b] is the
     first row of request b in q. max_extend_len >= every extend_lens[b] (it sizes the grid;
-    not checked, as that would sync). block_m, block_n: powers of two >= 16 (default per dtype).
+    not checked, as that would sync). block_m, block_n: powers of two >= 16; num_warps,
+    num_stages: the launch configuration (defaults per dtype and head dim); heavy_first: the
+    grid order (see the module docstring).
     """
     op = "extend_attention"
     num_heads, head_dim, num_kv_heads = check_attention_inputs(
@@ -191,14 +212,27 @@ def extend_attention(
         return out
 
     block_d = max(16, triton.next_power_of_2(head_dim))
-    # 64x64 tiles, 4 warps, 3 stages was the fastest of the configurations tried on an H200
-    # for 16-bit head dim 128; fp32 and head dims over 128 take 32x32 to fit shared memory.
+    # 16-bit, head dim 128, one prompt of 2,048 or 4,096 tokens inside Llama-3.1-8B on an
+    # H100 (loadtest/gpu/prefill.py): 128 queries x 32 keys, 4 warps, 3 stages took 4.7 and
+    # 17.9 ms a prefill against 5.2 and 18.6 for the 64x64 tiles before, the best of five
+    # configurations there (the kernel alone, on fresh contiguous slots, ranks 13 of them
+    # differently and by wider margins). Extends of up to 64 tokens (decode rows with forced
+    # text, short chunks) keep 64x64: the rows of a tile past a request's end are computed
+    # and thrown away. fp32 and head dims over 128 take 32x32 to fit shared memory.
     small = q.dtype == torch.float32 or block_d > 128
-    block_m = block_m or (32 if small else 64)
-    block_n = block_n or (32 if small else 64)
+    long_extend = not small and max_extend_len > 64
+    block_m = block_m or (32 if small else 128 if long_extend else 64)
+    block_n = block_n or (32 if small or long_extend else 64)
     for name, blk in (("block_m", block_m), ("block_n", block_n)):
         if blk < 16 or blk & (blk - 1):
             raise ValueError(f"{op}: {name} must be a power of two >= 16, got {blk}")
+    num_warps = num_warps or 4
+    num_stages = num_stages or (2 if small else 3)
+    if not 1 <= num_stages <= 8 or num_warps not in (1, 2, 4, 8, 16):
+        raise ValueError(
+            f"{op}: num_stages must be 1 to 8 and num_warps a power of two up to 16, "
+            f"got {num_stages} and {num_warps}"
+        )
     grid = (bs, num_heads, triton.cdiv(max_extend_len, block_m))
     _extend_kernel[grid](
         q,
@@ -226,8 +260,9 @@ def extend_attention(
         BLOCK_N=block_n,
         BLOCK_D=block_d,
         DOT_PRECISION=dot_precision(q.dtype),
-        num_warps=4,
-        num_stages=2 if small else 3,
+        HEAVY_FIRST=heavy_first,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
     return out
 

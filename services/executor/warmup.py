@@ -23,8 +23,16 @@ from shared.messages.schedule import TokenizedRequest
 
 log = logging.getLogger(__name__)
 
-# (prompt lengths of one batch): 1, 16 and 17 tokens alone and together, and a batch of 16
-WARMUP_BATCHES: tuple[tuple[int, ...], ...] = ((1,), (16,), (17,), (1, 16, 17), (32,) * 16)
+# (prompt lengths of one batch): 1, 16 and 17 tokens alone and together, a batch of 16, and
+# a prompt past 64 tokens (extend attention's larger query tiles)
+WARMUP_BATCHES: tuple[tuple[int, ...], ...] = (
+    (1,),
+    (16,),
+    (17,),
+    (1, 16, 17),
+    (32,) * 16,
+    (80,),
+)
 
 
 def _request(rid: str, seed: int, length: int, vocab: int, sampled: bool) -> TokenizedRequest:

@@ -43,21 +43,27 @@ def run(
     *,
     out: torch.Tensor | None = None,
     block: int | None = None,
+    block_n: int | None = None,
+    heavy_first: bool = True,
 ) -> torch.Tensor:
     if out is None:
         out = poison(torch.empty_like(q))
+    tables = batch_tensors(prefix_lens, extend_lens)
     return extend_attention(
         q=q,
         k_buffer=ctx.k_buffer,
         v_buffer=ctx.v_buffer,
         req_to_token=ctx.req_to_token,
         req_rows=ctx.req_rows,
-        **batch_tensors(prefix_lens, extend_lens),
+        prefix_lens=tables["prefix_lens"],
+        extend_lens=tables["extend_lens"],
+        extend_starts=tables["extend_starts"],
         max_extend_len=max(extend_lens),
         sm_scale=1 / math.sqrt(q.shape[-1]),
         out=out,
         block_m=block,
-        block_n=block,
+        block_n=block_n or block,
+        heavy_first=heavy_first,
     )
 
 
@@ -149,6 +155,24 @@ def test_default_blocks_and_strided_views() -> None:
     assert wide[:, 0].isnan().all()
 
 
+@pytest.mark.parametrize("heavy_first", [True, False])
+@pytest.mark.parametrize(("block_m", "block_n"), [(16, 32), (32, 16), (64, 16)])
+def test_unequal_tiles_and_grid_order(block_m: int, block_n: int, heavy_first: bool) -> None:
+    """Query and key tiles of different sizes move the line between the tiles every query
+    sees and the diagonal ones (masked) off the tile grid; either grid order gives the same.
+    Extends up to 100 tokens span several query blocks, beside and after cached prefixes."""
+    gen = torch.Generator().manual_seed(block_m + 3 * block_n)
+    prefix_lens, extend_lens = [0, 37, 5, 0], [100, 70, 1, 33]
+    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
+    ctx = make_context(seq_lens, 2, 32, torch.float32, gen)
+    q = randn(sum(extend_lens), 4, 32, dtype=torch.float32, gen=gen)
+    out = run(ctx, q, prefix_lens, extend_lens, block=block_m, block_n=block_n,
+              heavy_first=heavy_first)  # fmt: skip
+    torch.testing.assert_close(
+        out, reference(ctx, q, prefix_lens, extend_lens), **TOLERANCES[torch.float32]
+    )
+
+
 def test_prefix_is_the_causal_past() -> None:
     """Extending a request chunk by chunk gives what one extend over all of it gives."""
     gen = torch.Generator().manual_seed(2)
@@ -189,6 +213,8 @@ def _args(**overrides: object) -> dict[str, object]:
         ({"out": torch.zeros(4, 4, 16, dtype=torch.float16, device=DEVICE)}, TypeError, r"out"),
         ({"max_extend_len": -1}, ValueError, r"max_extend_len"),
         ({"block_m": 8}, ValueError, r"block_m must be a power of two"),
+        ({"num_warps": 3}, ValueError, r"num_warps a power of two"),
+        ({"num_stages": 9}, ValueError, r"num_stages must be 1 to 8"),
         (
             {"k_buffer": torch.zeros(9, 2, 16, dtype=torch.float64, device=DEVICE)},
             TypeError,
