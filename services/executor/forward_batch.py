@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from services.executor.kv_pool import KVPool, ReqToTokenPool
+from services.executor.packing import upload
 
 
 class ForwardMode(enum.Enum):
@@ -32,7 +33,8 @@ class ForwardBatch:
     extend_lens_cpu: list[int]  # [bs] new tokens this step (1 each for decode)
     kv_pool: KVPool
     req_to_token: ReqToTokenPool
-    # [bs] int64 on the device: set by CUDA-graph replay, whose decode rows are 0..bs-1
+    # [bs] int64 on the device, each request's last new token along the token dimension;
+    # the model runner sends it with the other tables, CUDA-graph replay has its own
     last_indices: torch.Tensor | None = None
     # Token indices whose final hidden states are wanted too (prompt logprobs); the model
     # leaves them in `extra_hidden` ([len(extra_indices), hidden]).
@@ -52,4 +54,5 @@ class ForwardBatch:
         if self.last_indices is not None:
             return self.last_indices
         ends = torch.tensor(self.extend_lens_cpu, dtype=torch.int64).cumsum(0) - 1
-        return ends.to(self.input_ids.device)
+        # Pinned and queued: a blocking copy would hold the host until every layer ran.
+        return upload(ends, self.input_ids.device)

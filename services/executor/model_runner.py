@@ -9,6 +9,7 @@ device from that step's sampled tensor (`PENDING` marks them on the host).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,8 +86,16 @@ class ModelRunner:
             prefix_lens.append(start)
         # One host-to-device copy for every integer input of the step, each table aligned so
         # that the kernels reading them compile once (see packing.py).
-        input_ids, positions_t, out_cache_loc, req_rows, seq_lens = pack_aligned(
-            [ids, positions, slots, [r.row for r in plan.reqs], [r.kv_len for r in plan.reqs]],
+        last = list(itertools.accumulate(plan.extend_lens, initial=-1))[1:]
+        input_ids, positions_t, out_cache_loc, req_rows, seq_lens, last_t = pack_aligned(
+            [
+                ids,
+                positions,
+                slots,
+                [r.row for r in plan.reqs],
+                [r.kv_len for r in plan.reqs],
+                last,
+            ],
             torch.int64,
             self.device,
         )
@@ -106,6 +115,7 @@ class ModelRunner:
             extend_lens_cpu=list(plan.extend_lens),
             kv_pool=self.kv,
             req_to_token=self.rows,
+            last_indices=last_t,
         )
 
     @torch.inference_mode()
