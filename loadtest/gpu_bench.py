@@ -5,7 +5,7 @@
 Each section runs in its own process (fresh GPU memory) with its own time limit; results go to
 DIR/gpu_bench.json (DIR: --out, else $OUT, else results/) and a short table is printed last.
 Sections: roofline, correctness, decode1, peer, heavy, structured, offline, offline_fp8 (the
-same 500 prompts with --kv-cache-dtype fp8_e5m2), online, profile.
+same 500 prompts with --kv-cache-dtype fp8_e5m2), online, profile, prefill.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ SECTIONS = [
     "offline_fp8",
     "online",
     "profile",
+    "prefill",
 ]
 # Seconds per section; together they fit one ten-minute command.
 TIME_LIMITS = {
@@ -43,6 +44,7 @@ TIME_LIMITS = {
     "offline_fp8": 230,
     "online": 240,
     "profile": 300,
+    "prefill": 240,
 }
 OFFLINE_RUN_S = 130  # the 500-prompt run stops here and reports what it finished
 
@@ -74,6 +76,10 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         from loadtest.gpu.profile import profile_section
 
         return profile_section()
+    if name == "prefill":
+        from loadtest.gpu.prefill import prefill_section
+
+        return prefill_section()
     raise SystemExit(f"unknown section {name!r}; known: {', '.join(SECTIONS)}")
 
 

@@ -260,6 +260,8 @@ def offline_throughput(time_limit: float = 400.0, kv_cache_dtype: str = "auto") 
     result["kv_pool_tokens"] = engine.policy.kv.num_slots
     result["host_ms_per_step"] = host.per_step()
     result["kv_cache_dtype"] = str(engine.policy.kv.dtype).removeprefix("torch.")
+    result["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+    result["total_gib"] = torch.cuda.mem_get_info()[1] / 2**30
     return result
 
 
