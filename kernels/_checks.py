@@ -75,6 +75,21 @@ def check_device(op: str, t: torch.Tensor) -> None:
         )
 
 
+def check_tile(op: str, name: str, size: int) -> None:
+    """A tile dimension fed to tl.dot: a power of two, at least 16."""
+    if size < 16 or size & (size - 1):
+        raise ValueError(f"{op}: {name} must be a power of two >= 16, got {size}")
+
+
+def check_launch(op: str, num_warps: int, num_stages: int) -> None:
+    """A launch configuration Triton accepts."""
+    if not 1 <= num_stages <= 8 or num_warps not in (1, 2, 4, 8, 16):
+        raise ValueError(
+            f"{op}: num_stages must be 1 to 8 and num_warps a power of two up to 16, "
+            f"got {num_stages} and {num_warps}"
+        )
+
+
 def dot_precision(dtype: torch.dtype) -> str:
     """tl.dot input precision: exact fp32 products for fp32 inputs (the default, tf32, keeps
     only 10 mantissa bits); 16-bit inputs are exact either way."""

@@ -25,7 +25,9 @@ import triton.language as tl
 from kernels._checks import (
     INDEX_DTYPES,
     check_attention_inputs,
+    check_launch,
     check_tensor,
+    check_tile,
     dot_precision,
 )
 from kernels.fp8_kv import gather_kv
@@ -282,13 +284,8 @@ def decode_attention(
     block_d = max(16, triton.next_power_of_2(head_dim))
     if block_n is None:
         block_n = 32  # measured on an H200 (bf16, head dim 128): a little ahead of 64
-    if block_n < 16 or block_n & (block_n - 1):
-        raise ValueError(f"{op}: block_n must be a power of two >= 16, got {block_n}")
-    if not 1 <= num_stages <= 8 or num_warps not in (1, 2, 4, 8, 16):
-        raise ValueError(
-            f"{op}: num_stages must be 1 to 8 and num_warps a power of two up to 16, "
-            f"got {num_stages} and {num_warps}"
-        )
+    check_tile(op, "block_n", block_n)
+    check_launch(op, num_warps, num_stages)
     group = num_heads // num_kv_heads
     head_blocks = triton.cdiv(group, _BLOCK_H)
     max_splits = workspace.max_kv_splits

@@ -23,7 +23,14 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import INDEX_DTYPES, check_attention_inputs, check_tensor, dot_precision
+from kernels._checks import (
+    INDEX_DTYPES,
+    check_attention_inputs,
+    check_launch,
+    check_tensor,
+    check_tile,
+    dot_precision,
+)
 from kernels.fp8_kv import gather_kv
 
 
@@ -223,16 +230,11 @@ def extend_attention(
     long_extend = not small and max_extend_len > 64
     block_m = block_m or (32 if small else 128 if long_extend else 64)
     block_n = block_n or (32 if small or long_extend else 64)
-    for name, blk in (("block_m", block_m), ("block_n", block_n)):
-        if blk < 16 or blk & (blk - 1):
-            raise ValueError(f"{op}: {name} must be a power of two >= 16, got {blk}")
+    check_tile(op, "block_m", block_m)
+    check_tile(op, "block_n", block_n)
     num_warps = num_warps or 4
     num_stages = num_stages or (2 if small else 3)
-    if not 1 <= num_stages <= 8 or num_warps not in (1, 2, 4, 8, 16):
-        raise ValueError(
-            f"{op}: num_stages must be 1 to 8 and num_warps a power of two up to 16, "
-            f"got {num_stages} and {num_warps}"
-        )
+    check_launch(op, num_warps, num_stages)
     grid = (bs, num_heads, triton.cdiv(max_extend_len, block_m))
     _extend_kernel[grid](
         q,
