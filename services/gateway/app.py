@@ -41,7 +41,7 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
     try:
         return await handler(request)
     except ApiError as e:
-        return json_response(e.body(), e.status)
+        return json_response(e.body(), e.status, e.headers())
     except web.HTTPException as e:  # aiohttp's own: unknown route, wrong method, body too large
         if e.status < 400:
             raise

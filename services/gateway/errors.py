@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -22,17 +23,25 @@ class ApiError(Exception):
         message: str,
         param: str | None = None,
         type: str | None = None,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.param = status, message, param
         self.type = type or default_type(status)
+        self.retry_after = retry_after
 
     @classmethod
     def from_info(cls, info: ErrorInfo) -> ApiError:
-        return cls(info.status, info.message, info.param, info.type)
+        return cls(info.status, info.message, info.param, info.type, info.retry_after)
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.type, self.param, self.status)
+
+    def headers(self) -> dict[str, str]:
+        """`Retry-After` (whole seconds, at least 1) when the error says when to retry."""
+        if self.retry_after is None:
+            return {}
+        return {"Retry-After": str(max(1, math.ceil(self.retry_after)))}
 
 
 def default_type(status: int) -> str:

@@ -98,7 +98,7 @@ async def respond_many(
         await resp.write_eof()
         return resp
     except ApiError as e:
-        return json_response(e.body(), e.status, headers)
+        return json_response(e.body(), e.status, {**headers, **e.headers()})
     except (ClientGone, ConnectionResetError):
         for p in pendings:
             p.abort_reason = "client disconnected"

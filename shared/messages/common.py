@@ -69,6 +69,9 @@ class ErrorInfo(msgspec.Struct, kw_only=True, frozen=True):
     message: str
     param: str | None = None
     type: str = "invalid_request_error"
+    # seconds after which a retry may succeed (overload, a service restarting): sent to HTTP
+    # clients as `Retry-After`
+    retry_after: float | None = None
 
 
 class JsonSchemaConstraint(msgspec.Struct, tag="json_schema", kw_only=True, frozen=True):
