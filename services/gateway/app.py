@@ -19,13 +19,14 @@ from services.gateway import (
     openapi,
     tokenize_api,
 )
+from services.gateway.admission import Admission, watch_load
 from services.gateway.dispatch import Dispatcher
 from services.gateway.errors import ApiError, default_type, error_body
 from services.gateway.replies import ReplyRouter
 from services.gateway.responses import json_response
 from services.gateway.state import STATE, GatewaySettings, GatewayState
 from shared import constants
-from shared.bus import TRANSIENT, connect
+from shared.bus import TRANSIENT, close, connect
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +67,8 @@ async def build_app(settings: GatewaySettings, r: aioredis.Redis | None = None) 
     owns_client = r is None
     client = connect(settings.redis_url) if r is None else r
     router = ReplyRouter(client, constants.reply_stream(settings.instance_id))
-    dispatcher = Dispatcher(
-        client, router, router.stream, settings.request_timeout_s, settings.max_inflight
-    )
+    admission = Admission(settings.max_inflight, settings.max_queued_tokens)
+    dispatcher = Dispatcher(client, router, router.stream, settings.request_timeout_s, admission)
     state = GatewayState(settings=settings, r=client, router=router, dispatcher=dispatcher)
     app = web.Application(middlewares=[errors_as_json], client_max_size=settings.max_body_bytes)
     app[STATE] = state
@@ -76,16 +76,22 @@ async def build_app(settings: GatewaySettings, r: aioredis.Redis | None = None) 
     async def reply_listener(app: web.Application) -> AsyncIterator[None]:
         await router.start()
         state.listener = asyncio.create_task(router.run(), name="reply-listener")
+        if admission.max_queued_tokens:
+            state.load_watch = asyncio.create_task(watch_load(client, admission), name="load-watch")
         yield
         state.listener.cancel()
         await asyncio.gather(state.listener, return_exceptions=True)
+        if state.load_watch is not None:
+            state.load_watch.cancel()
+            await asyncio.gather(state.load_watch, return_exceptions=True)
         await dispatcher.close()
         try:
             await client.delete(router.stream)  # its one reader is gone
         except TRANSIENT as e:
             log.warning("could not delete %s: %s", router.stream, e)
+        await router.reader.close()
         if owns_client:
-            await client.aclose()
+            await close(client)
 
     app.cleanup_ctx.append(reply_listener)
     openai_api.add_routes(app)

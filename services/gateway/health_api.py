@@ -3,10 +3,12 @@ one-token generation through all of them)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import Any
 
+import redis.asyncio as aioredis
 from aiohttp import web
 
 from services.gateway.dispatch import ClientGone
@@ -28,6 +30,13 @@ PIPELINE = ("tokenizer", "grammar", "scheduler", "executor", "detokenizer")
 # balancer's check.
 PROBE_PROMPT = "Hello"
 PROBE_TIMEOUT_S = 10.0
+# /health answers 503 rather than wait out the client's retries while Redis is away.
+REDIS_TIMEOUT_S = 2.0
+
+
+async def instance_counts(r: aioredis.Redis) -> dict[str, int]:
+    await r.ping()
+    return {name: len(await live_instances(r, name)) for name in PIPELINE}
 
 
 def unavailable(status: str, message: str, **extra: Any) -> web.Response:
@@ -40,10 +49,10 @@ async def health(request: web.Request) -> web.StreamResponse:
     if state.draining:
         return unavailable("draining", "the gateway is shutting down")
     try:
-        await state.r.ping()
-        counts = {name: len(await live_instances(state.r, name)) for name in PIPELINE}
-    except TRANSIENT as e:
-        return unavailable("unavailable", f"redis is unreachable: {e}", missing=["redis"])
+        counts = await asyncio.wait_for(instance_counts(state.r), REDIS_TIMEOUT_S)
+    except (*TRANSIENT, asyncio.TimeoutError) as e:
+        reason = str(e) or f"no answer within {REDIS_TIMEOUT_S:g}s"
+        return unavailable("unavailable", f"redis is unreachable: {reason}", missing=["redis"])
     missing = [name for name, n in counts.items() if n == 0]
     if missing:
         message = f"no live instance of: {', '.join(missing)}"

@@ -50,7 +50,15 @@ def add_flags(p: EnvArgumentParser) -> None:
         type=int,
         default=4096,
         check=positive,
-        help="requests in flight at once; more get 503",
+        help="requests in flight at once; more get 503 with Retry-After",
+    )
+    p.add_flag(
+        "--max-queued-tokens",
+        type=int,
+        default=1_000_000,
+        check=non_negative,
+        help="prompt tokens waiting to start in the executors (from their heartbeats) past "
+        "which new requests get 503 with Retry-After; 0: no limit",
     )
 
 
@@ -61,7 +69,11 @@ class Gateway:
         self.args = args
         # The Service's own drain outlasts the HTTP drain, so the site always shuts down itself.
         self.service = Service(
-            "gateway", args.instance_id, args.redis_url, drain_timeout_s=args.drain_timeout + 5
+            "gateway",
+            args.instance_id,
+            args.redis_url,
+            drain_timeout_s=args.drain_timeout + 5,
+            max_connections=args.redis_max_connections,
         )
         self.settings = GatewaySettings(
             redis_url=args.redis_url,
@@ -69,6 +81,7 @@ class Gateway:
             model_name=model_name,
             request_timeout_s=args.request_timeout,
             max_inflight=args.max_inflight,
+            max_queued_tokens=args.max_queued_tokens,
             model_path=model_path,
         )
         self.port: int | None = None  # the bound port, once serving
@@ -84,19 +97,18 @@ class Gateway:
         self.serving.set()
         stopping = asyncio.create_task(self.service.stopping.wait())
         try:
-            done, _ = await asyncio.wait(
-                {stopping, state.listener}, return_when=asyncio.FIRST_COMPLETED
-            )
-            if state.listener in done:  # it only ends by failing: stop the service loudly
-                error = None if state.listener.cancelled() else state.listener.exception()
-                raise RuntimeError("the reply listener stopped") from error
+            watched = {state.listener} | ({state.load_watch} if state.load_watch else set())
+            done, _ = await asyncio.wait(watched | {stopping}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done & watched:  # they only end by failing: stop the service loudly
+                error = None if task.cancelled() else task.exception()
+                raise RuntimeError(f"the gateway's {task.get_name()} stopped") from error
         finally:
             stopping.cancel()
             state.draining = True
             await runner.cleanup()  # stop accepting; in-flight requests finish or time out
 
     async def run(self) -> None:
-        await self.service.run(self.serve_http())
+        await self.service.run(self.serve_http)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -20,6 +20,7 @@ class GatewaySettings:
     model_name: str  # the served model's name in the API
     request_timeout_s: float = 600.0
     max_inflight: int = 4096
+    max_queued_tokens: int = 0  # prompt tokens waiting in the executors; 0: no limit
     max_body_bytes: int = 32 * 1024 * 1024
     model_path: str = ""  # the HF directory or .gguf file, as --model resolved here
 
@@ -32,6 +33,7 @@ class GatewayState:
     dispatcher: Dispatcher
     started: float = field(default_factory=time.time)
     listener: asyncio.Task[None] | None = None  # the reply router's task, while the app runs
+    load_watch: asyncio.Task[None] | None = None  # keeps admission's executor load current
     draining: bool = False  # set at shutdown: new requests get 503
 
 
