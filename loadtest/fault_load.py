@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,7 +75,7 @@ class Load:
         self,
         session: aiohttp.ClientSession,
         url: str,
-        body: dict[str, Any],
+        body: dict[str, Any] | Callable[[], dict[str, Any]],  # the same body, or a new each time
         interval: float,
         hang_s: float,
         headers: dict[str, str] | None = None,
@@ -99,7 +100,8 @@ class Load:
             await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
 
     async def _one(self) -> None:
-        out = await send(self.session, self.url, self.body, self.hang_s, True, self.headers)
+        body = self.body() if callable(self.body) else self.body
+        out = await send(self.session, self.url, body, self.hang_s, True, self.headers)
         self.outcomes.append(out)
         self._changed.set()
 
