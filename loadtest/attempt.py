@@ -1,5 +1,6 @@
 """One request as an operator's client sends it: a status, whether it was refused with a
-retry hint, and whether it hung, with an optional retry of 429/503 that honours Retry-After.
+retry hint, and whether it hung; optionally a 429/503 that carries Retry-After is sent again
+after it.
 
 Shared by the burst mode and the fault-suite driver: both count outcomes, not tokens, so the
 answer is read whole (non-streaming) and only its status, headers and time are kept.
@@ -17,8 +18,6 @@ import aiohttp
 # Final outcomes, in report order.
 KINDS = ("2xx", "429", "503", "4xx", "5xx", "connection", "hung")
 RETRYABLE = (429, 503)
-# Where a refusal carries no Retry-After, the retry waits this long (seconds).
-DEFAULT_BACKOFF_S = 0.5
 
 
 @dataclass
@@ -97,9 +96,10 @@ async def send(
         out.refusals += 1
         out.refusals_with_retry_after += wait is not None
         out.error = f"{out.status}: {text[:300]}"
-        pause = DEFAULT_BACKOFF_S if wait is None else wait
-        if not retry or time.perf_counter() + pause >= deadline:
+        # Only a refusal that says when to come back is retried: one without Retry-After is
+        # the server's final word, and counted as such.
+        if not retry or wait is None or time.perf_counter() + wait >= deadline:
             break
-        await asyncio.sleep(pause)
+        await asyncio.sleep(wait)
     out.end = time.perf_counter()
     return out

@@ -11,6 +11,8 @@ USAGE = """usage: radixserve-loadtest <command> [flags]
 commands:
   serving   benchmark a running server (flags as in SGLang's bench_serving)
   burst     N requests at once to a running server: status counts, Retry-After, latency
+  faults    start a stack and break it (each service killed, Redis restarted, hostile input)
+            under a steady load: ok / retried / failed-fast / hung per scenario
 
 `radixserve-loadtest <command> --help` lists a command's flags.
 """
@@ -30,7 +32,13 @@ def _serving(argv: list[str]) -> None:
     serving.main(argv)
 
 
-COMMANDS = {"serving": _serving, "burst": _burst}
+def _faults(argv: list[str]) -> None:
+    from loadtest import faults
+
+    faults.main(argv)
+
+
+COMMANDS = {"serving": _serving, "burst": _burst, "faults": _faults}
 
 
 def main(argv: list[str] | None = None) -> None:
