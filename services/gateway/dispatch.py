@@ -54,11 +54,11 @@ class Dispatcher:
         self.hop_stats = HopStats()  # per-stage latency of recent requests' first tokens
 
     async def submit(
-        self, jobs: list[Job], traceparent: str, timeout_s: float | None = None
+        self, jobs: list[Job], traceparent: str, timeout_s: float | None = None, owner: str = ""
     ) -> list[Pending]:
         """Register a reply queue for each job, then publish them all to the tokenizer (and
-        record them in the in-flight registry) in one round trip. The jobs are one HTTP call:
-        an abort of any of them aborts them all."""
+        record them in the in-flight registry, under `owner`) in one round trip. The jobs are
+        one HTTP call: an abort of any of them aborts them all."""
         if self.router.failed is not None:
             raise ApiError(503, "the gateway lost its reply stream", type="server_error")
         refused = self.admission.check(len(self.router.queues), len(jobs))
@@ -93,12 +93,12 @@ class Dispatcher:
             for rid, job in zip(rids, jobs, strict=True)
         ]
         queues = [self.router.register(rid) for rid in rids]
-        self.inflight.add(rids)
+        self.inflight.add(rids, owner)
         try:
             await self.batcher.publish(
                 [(constants.TOKENIZE_STREAM, req) for req in requests],
                 maxlen=constants.WORK_STREAM_MAXLEN,
-                expiring=self.inflight.registry_keys(rids, timeout_s),
+                expiring=self.inflight.registry_keys(rids, timeout_s, owner),
             )
         except BaseException as e:
             for rid in rids:

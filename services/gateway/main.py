@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 
+from services.gateway.access_policy import AccessPolicy, keys_problem
 from services.gateway.app import STATE, bound_port, build_app, start_site
 from services.gateway.state import GatewaySettings
 from shared.config import EnvArgumentParser, add_common_flags, non_negative, positive
@@ -60,6 +61,27 @@ def add_flags(p: EnvArgumentParser) -> None:
         help="prompt tokens waiting to start in the executors (from their heartbeats) past "
         "which new requests get 503 with Retry-After; 0: no limit",
     )
+    p.add_flag(
+        "--api-key",
+        default="",
+        check=keys_problem,
+        help="comma-separated keys the API needs as `Authorization: Bearer <key>` "
+        "(prefer the environment variable: flags show in `ps`)",
+    )
+    p.add_flag(
+        "--admin-api-key",
+        default="",
+        check=keys_problem,
+        help="comma-separated keys for /flush_cache, the full /get_server_info, and "
+        "aborting other callers' requests",
+    )
+    p.add_flag(
+        "--max-inflight-per-key",
+        type=int,
+        default=0,
+        check=non_negative,
+        help="generation calls one API key may have in flight here; more get 429 (0: no limit)",
+    )
 
 
 class Gateway:
@@ -84,11 +106,15 @@ class Gateway:
             max_queued_tokens=args.max_queued_tokens,
             model_path=model_path,
         )
+        # Only the keys' digests are kept past this point (not in settings: they are shown).
+        self.access = AccessPolicy.from_flags(
+            args.api_key, args.admin_api_key, args.max_inflight_per_key
+        )
         self.port: int | None = None  # the bound port, once serving
         self.serving = asyncio.Event()
 
     async def serve_http(self) -> None:
-        app = await build_app(self.settings, self.service.r)
+        app = await build_app(self.settings, self.service.r, self.access)
         runner = await start_site(app, self.args.host, self.args.port, self.args.drain_timeout)
         state = app[STATE]
         assert state.listener is not None

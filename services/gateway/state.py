@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 from aiohttp import web
 
+from services.gateway.access_policy import AccessPolicy
 from services.gateway.dispatch import Dispatcher
+from services.gateway.key_budget import KeyBudget
 from services.gateway.replies import ReplyRouter
 
 
@@ -31,6 +33,8 @@ class GatewayState:
     r: aioredis.Redis
     router: ReplyRouter
     dispatcher: Dispatcher
+    access: AccessPolicy = field(default_factory=AccessPolicy)  # default: no keys, all open
+    key_budget: KeyBudget = field(default_factory=lambda: KeyBudget(0))
     started: float = field(default_factory=time.time)
     listener: asyncio.Task[None] | None = None  # the reply router's task, while the app runs
     load_watch: asyncio.Task[None] | None = None  # keeps admission's executor load current
