@@ -8,7 +8,7 @@ import asyncio
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import aiohttp
@@ -19,8 +19,14 @@ from tests.redis_server import RedisServer
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
-LONG = {"input_ids": [5, 6, 7, 8], "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
-SHORT = {"input_ids": [9, 10, 11], "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+LONG: dict[str, object] = {
+    "input_ids": [5, 6, 7, 8],
+    "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True},
+}
+SHORT: dict[str, object] = {
+    "input_ids": [9, 10, 11],
+    "sampling_params": {"max_new_tokens": 4, "temperature": 0},
+}
 
 
 @pytest.fixture
@@ -47,9 +53,9 @@ def health(stack: Stack) -> int:
         return 0
 
 
-def wait_for(check: object, what: str, stack: Stack, timeout: float = 30.0) -> None:
+def wait_for(check: Callable[[], bool], what: str, stack: Stack, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
-    while not check():  # type: ignore[operator]
+    while not check():
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not within {timeout}s\n{stack.log_tail()}")
         time.sleep(0.1)
@@ -65,7 +71,7 @@ def test_a_redis_restart_fails_in_flight_requests_clearly_and_serving_resumes(
     stack = restart_stack
     url = f"{stack.base_url}/generate"
 
-    async def call(s: aiohttp.ClientSession, body: dict[str, object]) -> tuple[int, str | None]:
+    async def call(s: aiohttp.ClientSession, body: Mapping[str, object]) -> tuple[int, str | None]:
         async with s.post(url, json=body) as resp:
             await resp.read()
             return resp.status, resp.headers.get("Retry-After")
