@@ -17,6 +17,7 @@ from services.gateway import (
     native_api,
     openai_api,
     openapi,
+    ready_gate,
     tokenize_api,
 )
 from services.gateway.dispatch import Dispatcher
@@ -70,7 +71,8 @@ async def build_app(settings: GatewaySettings, r: aioredis.Redis | None = None) 
         client, router, router.stream, settings.request_timeout_s, settings.max_inflight
     )
     state = GatewayState(settings=settings, r=client, router=router, dispatcher=dispatcher)
-    app = web.Application(middlewares=[errors_as_json], client_max_size=settings.max_body_bytes)
+    middlewares = [errors_as_json, ready_gate.until_ready]
+    app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[STATE] = state
 
     async def reply_listener(app: web.Application) -> AsyncIterator[None]:
@@ -88,6 +90,7 @@ async def build_app(settings: GatewaySettings, r: aioredis.Redis | None = None) 
             await client.aclose()
 
     app.cleanup_ctx.append(reply_listener)
+    app.cleanup_ctx.append(ready_gate.readiness_ctx)
     openai_api.add_routes(app)
     native_api.add_routes(app)
     admin_api.add_routes(app)

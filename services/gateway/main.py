@@ -52,6 +52,11 @@ def add_flags(p: EnvArgumentParser) -> None:
         check=positive,
         help="requests in flight at once; more get 503",
     )
+    p.add_bool(
+        "--serve-before-ready",
+        help="pass API requests on before every stage is live (default: 503 with Retry-After "
+        "until GET /health first says a request can be served end to end)",
+    )
 
 
 class Gateway:
@@ -70,6 +75,7 @@ class Gateway:
             request_timeout_s=args.request_timeout,
             max_inflight=args.max_inflight,
             model_path=model_path,
+            wait_until_ready=not args.serve_before_ready,
         )
         self.port: int | None = None  # the bound port, once serving
         self.serving = asyncio.Event()
@@ -80,9 +86,11 @@ class Gateway:
         state = app[STATE]
         assert state.listener is not None
         self.port = bound_port(runner)
-        log.info("serving %s on http://%s:%d", self.settings.model_name, self.args.host, self.port)
+        url = f"http://{self.args.host}:{self.port}"
+        log.info("listening on %s; waiting until every stage is ready", url)
         self.serving.set()
         stopping = asyncio.create_task(self.service.stopping.wait())
+        announce = asyncio.create_task(self._announce_ready(state.ready, url))
         try:
             done, _ = await asyncio.wait(
                 {stopping, state.listener}, return_when=asyncio.FIRST_COMPLETED
@@ -92,8 +100,13 @@ class Gateway:
                 raise RuntimeError("the reply listener stopped") from error
         finally:
             stopping.cancel()
+            announce.cancel()
             state.draining = True
             await runner.cleanup()  # stop accepting; in-flight requests finish or time out
+
+    async def _announce_ready(self, ready: asyncio.Event, url: str) -> None:
+        await ready.wait()
+        log.info("ready: serving %s on %s", self.settings.model_name, url)
 
     async def run(self) -> None:
         await self.service.run(self.serve_http())

@@ -10,6 +10,7 @@ import redis.asyncio as aioredis
 from aiohttp import web
 
 from services.gateway.dispatch import Dispatcher
+from services.gateway.readiness import Readiness
 from services.gateway.replies import ReplyRouter
 
 
@@ -22,6 +23,7 @@ class GatewaySettings:
     max_inflight: int = 4096
     max_body_bytes: int = 32 * 1024 * 1024
     model_path: str = ""  # the HF directory or .gguf file, as --model resolved here
+    wait_until_ready: bool = False  # refuse API requests (503) until the stack is first ready
 
 
 @dataclass
@@ -33,6 +35,8 @@ class GatewayState:
     started: float = field(default_factory=time.time)
     listener: asyncio.Task[None] | None = None  # the reply router's task, while the app runs
     draining: bool = False  # set at shutdown: new requests get 503
+    ready: asyncio.Event = field(default_factory=asyncio.Event)  # the stack was ready once
+    readiness: Readiness | None = None  # the last one read while waiting for `ready`
 
 
 STATE = web.AppKey("state", GatewayState)
