@@ -76,5 +76,14 @@ async def until_ready(request: web.Request, handler: Handler) -> web.StreamRespo
     state = request.app[STATE]
     if state.ready.is_set() or request.method != "POST" or request.path in UNGATED:
         return await handler(request)
-    waiting = state.readiness.message() if state.readiness else "checking the services"
+    # Read it now rather than trust the watcher's last look: a client that saw /health say
+    # 200 must not get a 503 here.
+    try:
+        state.readiness = await read_readiness(state.r)
+    except TRANSIENT as e:
+        raise ApiError(503, f"cannot reach the request bus: {e}", retry_after=RETRY_AFTER_S) from e
+    if state.readiness.ready:
+        state.ready.set()
+        return await handler(request)
+    waiting = state.readiness.message()
     raise ApiError(503, f"the server is starting ({waiting})", retry_after=RETRY_AFTER_S)
