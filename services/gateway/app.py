@@ -11,6 +11,7 @@ from aiohttp import web
 
 from services.gateway import (
     abort_api,
+    access,
     admin_api,
     health_api,
     info_api,
@@ -20,13 +21,16 @@ from services.gateway import (
     ready_gate,
     tokenize_api,
 )
+from services.gateway.access_policy import AccessPolicy
+from services.gateway.admission import Admission, watch_load
 from services.gateway.dispatch import Dispatcher
 from services.gateway.errors import ApiError, default_type, error_body
+from services.gateway.key_budget import KeyBudget
 from services.gateway.replies import ReplyRouter
 from services.gateway.responses import json_response
 from services.gateway.state import STATE, GatewaySettings, GatewayState
 from shared import constants
-from shared.bus import TRANSIENT, connect
+from shared.bus import TRANSIENT, close, connect
 
 log = logging.getLogger(__name__)
 
@@ -60,34 +64,54 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         return json_response(error_body("internal server error", "server_error", None, 500), 500)
 
 
-async def build_app(settings: GatewaySettings, r: aioredis.Redis | None = None) -> web.Application:
+async def build_app(
+    settings: GatewaySettings,
+    r: aioredis.Redis | None = None,
+    access_policy: AccessPolicy | None = None,
+) -> web.Application:
     """The gateway application. `r` is borrowed if given; otherwise the app connects to
     `settings.redis_url` and closes the client at cleanup. The reply listener starts with the
-    app (on startup) and stops after in-flight handlers are done (on cleanup)."""
+    app (on startup) and stops after in-flight handlers are done (on cleanup). Without
+    `access_policy` every caller may do everything (no keys)."""
     owns_client = r is None
     client = connect(settings.redis_url) if r is None else r
     router = ReplyRouter(client, constants.reply_stream(settings.instance_id))
-    dispatcher = Dispatcher(
-        client, router, router.stream, settings.request_timeout_s, settings.max_inflight
+    admission = Admission(settings.max_inflight, settings.max_queued_tokens)
+    dispatcher = Dispatcher(client, router, router.stream, settings.request_timeout_s, admission)
+    policy = access_policy or AccessPolicy()
+    state = GatewayState(
+        settings=settings,
+        r=client,
+        router=router,
+        dispatcher=dispatcher,
+        access=policy,
+        key_budget=KeyBudget(policy.max_inflight_per_key),
     )
-    state = GatewayState(settings=settings, r=client, router=router, dispatcher=dispatcher)
-    middlewares = [errors_as_json, ready_gate.until_ready]
-    app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
+    app = web.Application(
+        middlewares=[errors_as_json, access.access_control, ready_gate.until_ready],
+        client_max_size=settings.max_body_bytes,
+    )
     app[STATE] = state
 
     async def reply_listener(app: web.Application) -> AsyncIterator[None]:
         await router.start()
         state.listener = asyncio.create_task(router.run(), name="reply-listener")
+        if admission.max_queued_tokens:
+            state.load_watch = asyncio.create_task(watch_load(client, admission), name="load-watch")
         yield
         state.listener.cancel()
         await asyncio.gather(state.listener, return_exceptions=True)
+        if state.load_watch is not None:
+            state.load_watch.cancel()
+            await asyncio.gather(state.load_watch, return_exceptions=True)
         await dispatcher.close()
         try:
             await client.delete(router.stream)  # its one reader is gone
         except TRANSIENT as e:
             log.warning("could not delete %s: %s", router.stream, e)
+        await router.reader.close()
         if owns_client:
-            await client.aclose()
+            await close(client)
 
     app.cleanup_ctx.append(reply_listener)
     app.cleanup_ctx.append(ready_gate.readiness_ctx)

@@ -3,6 +3,7 @@ one-token generation through all of them)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import Any
@@ -25,6 +26,8 @@ from shared.messages.tokenize import TextPrompt
 # balancer's check.
 PROBE_PROMPT = "Hello"
 PROBE_TIMEOUT_S = 10.0
+# /health answers 503 rather than wait out the client's retries while Redis is away.
+REDIS_TIMEOUT_S = 2.0
 
 
 def unavailable(status: str, message: str, **extra: Any) -> web.Response:
@@ -39,9 +42,10 @@ async def health(request: web.Request) -> web.StreamResponse:
     if state.draining:
         return unavailable("draining", "the gateway is shutting down")
     try:
-        readiness = await read_readiness(state.r)
-    except TRANSIENT as e:
-        return unavailable("unavailable", f"redis is unreachable: {e}", missing=["redis"])
+        readiness = await asyncio.wait_for(read_readiness(state.r), REDIS_TIMEOUT_S)
+    except (*TRANSIENT, asyncio.TimeoutError) as e:
+        reason = str(e) or f"no answer within {REDIS_TIMEOUT_S:g}s"
+        return unavailable("unavailable", f"redis is unreachable: {reason}", missing=["redis"])
     if not readiness.ready:
         return unavailable(
             "unavailable",

@@ -1,16 +1,19 @@
 """Which requests are in flight: this gateway's HTTP calls, and a registry in Redis that every
 gateway reads, so POST /abort_request reaches a request whichever gateway dispatched it.
 
-`constants.rid_key(rid)` holds the msgpack list of every rid dispatched by the same HTTP call
-(its `n` samples, its batch's other prompts): an abort of one rid aborts the whole call, which
-answers as one. The keys are set in the round trip that publishes the requests, with the
-requests' timeout as TTL, and deleted when the call ends (a crashed gateway's keys expire).
+`constants.rid_key(rid)` holds the call's owner (its caller's key digest, "" when anonymous:
+services/gateway/access_policy.py) and every rid dispatched by the same HTTP call (its `n`
+samples, its batch's other prompts): an abort of one rid aborts the whole call, which answers
+as one, and only its owner or an admin may abort it. The keys are set in the round trip that
+publishes the requests, with the requests' timeout as TTL, and deleted when the call ends (a
+crashed gateway's keys expire).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import msgspec
 import redis.asyncio as aioredis
@@ -22,30 +25,47 @@ from shared.bus import TRANSIENT
 log = logging.getLogger(__name__)
 
 _encode = msgspec.msgpack.encode
-_decode_rids = msgspec.msgpack.Decoder(list[str]).decode
+
+
+class Call(NamedTuple):
+    rids: tuple[str, ...]  # every rid of one HTTP call
+    owner: str  # who dispatched it: a key digest, "" when anonymous
+
+
+_decode_call = msgspec.msgpack.Decoder(Call).decode
+NO_CALL = Call((), "")
 
 
 class Inflight:
     def __init__(self, r: aioredis.Redis, background: Background) -> None:
         self.r, self.background = r, background
         self.calls: dict[str, tuple[str, ...]] = {}  # rid -> every rid of its HTTP call
+        self.owners: dict[str, str] = {}  # rid -> its call's owner
         self._released: list[str] = []  # rids whose registry keys are not deleted yet
         self._deleting = False  # a delete task is running: it takes what is released meanwhile
 
-    def registry_keys(self, rids: Sequence[str], ttl_s: float) -> list[tuple[str, bytes, float]]:
+    def registry_keys(
+        self, rids: Sequence[str], ttl_s: float, owner: str = ""
+    ) -> list[tuple[str, bytes, float]]:
         """The `(key, value, ttl_s)` entries to set with the requests' publication."""
-        value = _encode(list(rids))
+        value = _encode(Call(tuple(rids), owner))
         return [(constants.rid_key(rid), value, ttl_s) for rid in rids]
 
-    def add(self, rids: Sequence[str]) -> None:
+    def add(self, rids: Sequence[str], owner: str = "") -> None:
         call = tuple(rids)
         for rid in call:
             self.calls[rid] = call
+            self.owners[rid] = owner
+
+    def owned_by(self, owner: str) -> tuple[str, ...]:
+        """This gateway's rids in flight for `owner`, sorted."""
+        return tuple(sorted(rid for rid, who in self.owners.items() if who == owner))
 
     def release(self, rid: str) -> None:
         """The request ended here: forget it, and delete its key soon, in batches."""
         if self.calls.pop(rid, None) is None:
             return
+        self.owners.pop(rid, None)
         self._released.append(rid)
         if not self._deleting:
             self._deleting = True
@@ -63,11 +83,11 @@ class Inflight:
         finally:
             self._deleting = False
 
-    async def lookup(self, rid: str) -> tuple[str, ...]:
-        """Every rid of the HTTP call that dispatched `rid`, from this gateway or from the
-        registry; empty when no gateway has it in flight."""
+    async def lookup(self, rid: str) -> Call:
+        """The HTTP call that dispatched `rid` (every rid of it, and its owner), from this
+        gateway or from the registry; no rids when no gateway has it in flight."""
         local = self.calls.get(rid)
         if local is not None:
-            return local
+            return Call(local, self.owners.get(rid, ""))
         raw = await self.r.get(constants.rid_key(rid))
-        return tuple(_decode_rids(raw)) if raw is not None else ()
+        return _decode_call(raw) if raw is not None else NO_CALL

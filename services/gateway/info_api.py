@@ -2,17 +2,22 @@
 
 The gateway loads no model, so both read the services' heartbeats: tokenizers describe the
 model (shared/messages/heartbeat.py ModelInfo), executors report their context and load.
+Callers without the admin right (services/gateway/access_policy.py) see no file path, URL,
+instance name (host and pid) or process id: `public_model_info` and `public_server_info`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 from aiohttp import web
 
+from services.gateway.access import caller
 from services.gateway.errors import ApiError
 from services.gateway.readiness import PIPELINE
 from services.gateway.responses import json_response
@@ -43,19 +48,27 @@ async def get_model_info(request: web.Request) -> web.StreamResponse:
         context: int | None = min(contexts)
     else:
         context = model.context_length if model is not None else None
-    return json_response(
-        {
-            "model_path": path,
-            "tokenizer_path": path,  # the tokenizer always comes with the model here
-            "served_model_name": state.settings.model_name,
-            "is_generation": True,
-            "context_length": context,
-            "architecture": model.architecture if model is not None else None,
-            "vocab_size": model.vocab_size if model is not None else None,
-            "eos_token_ids": model.eos_token_ids if model is not None else None,
-            "has_chat_template": model.has_chat_template if model is not None else None,
-        }
-    )
+    info = {
+        "model_path": path,
+        "tokenizer_path": path,  # the tokenizer always comes with the model here
+        "served_model_name": state.settings.model_name,
+        "is_generation": True,
+        "context_length": context,
+        "architecture": model.architecture if model is not None else None,
+        "vocab_size": model.vocab_size if model is not None else None,
+        "eos_token_ids": model.eos_token_ids if model is not None else None,
+        "has_chat_template": model.has_chat_template if model is not None else None,
+    }
+    return json_response(info if caller(request).admin else public_model_info(info))
+
+
+def public_model_info(info: dict[str, Any]) -> dict[str, Any]:
+    """The model's file name in place of its path."""
+    out = dict(info)
+    for key in ("model_path", "tokenizer_path"):
+        if isinstance(out[key], str):
+            out[key] = os.path.basename(out[key].rstrip("/"))
+    return out
 
 
 def redact(url: str) -> str:
@@ -80,36 +93,62 @@ async def get_server_info(request: web.Request) -> web.StreamResponse:
     settings = dataclasses.asdict(state.settings)
     settings["redis_url"] = redact(state.settings.redis_url)
     now = time.time()
-    return json_response(
-        {
-            "gateway": {
-                **settings,
-                "started": state.started,
-                "inflight": len(state.dispatcher.inflight.calls),
-                "draining": state.draining,
-                # medians over recent requests of where their first token's time went
-                "first_token_hops": state.dispatcher.hop_stats.summary(),
-            },
-            "scheduler_leader": leader.decode() if leader is not None else None,
-            "instances": {
-                name: [
-                    {
-                        "instance": b.instance,
-                        "pid": b.pid,
-                        "started": b.started,
-                        "heartbeat_age_s": round(now - b.ts, 3),
-                    }
-                    for b in sorted(found, key=lambda b: b.instance)
-                ]
-                for name, found in beats.items()
-            },
-            "executors": [
-                {"instance": b.instance, **msgspec.to_builtins(b.executor)}
-                for b in sorted(beats["executor"], key=lambda b: b.instance)
-                if b.executor is not None
-            ],
-        }
-    )
+    full = {
+        "gateway": {
+            **settings,
+            "started": state.started,
+            "inflight": len(state.dispatcher.inflight.calls),
+            "draining": state.draining,
+            # medians over recent requests of where their first token's time went
+            "first_token_hops": state.dispatcher.hop_stats.summary(),
+        },
+        "scheduler_leader": leader.decode() if leader is not None else None,
+        "instances": {
+            name: [
+                {
+                    "instance": b.instance,
+                    "pid": b.pid,
+                    "started": b.started,
+                    "heartbeat_age_s": round(now - b.ts, 3),
+                }
+                for b in sorted(found, key=lambda b: b.instance)
+            ]
+            for name, found in beats.items()
+        },
+        "executors": [
+            {"instance": b.instance, **msgspec.to_builtins(b.executor)}
+            for b in sorted(beats["executor"], key=lambda b: b.instance)
+            if b.executor is not None
+        ],
+    }
+    return json_response(full if caller(request).admin else public_server_info(full))
+
+
+# The gateway settings anyone may see (a list of what is shown, so a new setting stays hidden).
+PUBLIC_GATEWAY = (
+    "model_name",
+    "request_timeout_s",
+    "max_inflight",
+    "max_queued_tokens",
+    "max_body_bytes",
+    "started",
+    "inflight",
+    "draining",
+    "first_token_hops",
+)
+
+
+def public_server_info(full: dict[str, Any]) -> dict[str, Any]:
+    """Load and limits without paths, URLs, instance names or process ids: the number of live
+    instances of each service, and each executor's load without its name and stream."""
+    return {
+        "gateway": {k: full["gateway"][k] for k in PUBLIC_GATEWAY if k in full["gateway"]},
+        "instances": {name: len(found) for name, found in full["instances"].items()},
+        "executors": [
+            {k: v for k, v in load.items() if k not in ("instance", "stream")}
+            for load in full["executors"]
+        ],
+    }
 
 
 def add_routes(app: web.Application) -> None:

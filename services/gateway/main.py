@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 
+from services.gateway.access_policy import AccessPolicy, keys_problem
 from services.gateway.app import STATE, bound_port, build_app, start_site
 from services.gateway.state import GatewaySettings
 from shared.config import EnvArgumentParser, add_common_flags, non_negative, positive
@@ -50,7 +51,36 @@ def add_flags(p: EnvArgumentParser) -> None:
         type=int,
         default=4096,
         check=positive,
-        help="requests in flight at once; more get 503",
+        help="requests in flight at once; more get 503 with Retry-After",
+    )
+    p.add_flag(
+        "--max-queued-tokens",
+        type=int,
+        default=1_000_000,
+        check=non_negative,
+        help="prompt tokens waiting to start in the executors (from their heartbeats) past "
+        "which new requests get 503 with Retry-After; 0: no limit",
+    )
+    p.add_flag(
+        "--api-key",
+        default="",
+        check=keys_problem,
+        help="comma-separated keys the API needs as `Authorization: Bearer <key>` "
+        "(prefer the environment variable: flags show in `ps`)",
+    )
+    p.add_flag(
+        "--admin-api-key",
+        default="",
+        check=keys_problem,
+        help="comma-separated keys for /flush_cache, the full /get_server_info, and "
+        "aborting other callers' requests",
+    )
+    p.add_flag(
+        "--max-inflight-per-key",
+        type=int,
+        default=0,
+        check=non_negative,
+        help="generation calls one API key may have in flight here; more get 429 (0: no limit)",
     )
     p.add_bool(
         "--serve-before-ready",
@@ -66,7 +96,11 @@ class Gateway:
         self.args = args
         # The Service's own drain outlasts the HTTP drain, so the site always shuts down itself.
         self.service = Service(
-            "gateway", args.instance_id, args.redis_url, drain_timeout_s=args.drain_timeout + 5
+            "gateway",
+            args.instance_id,
+            args.redis_url,
+            drain_timeout_s=args.drain_timeout + 5,
+            max_connections=args.redis_max_connections,
         )
         self.settings = GatewaySettings(
             redis_url=args.redis_url,
@@ -74,14 +108,19 @@ class Gateway:
             model_name=model_name,
             request_timeout_s=args.request_timeout,
             max_inflight=args.max_inflight,
+            max_queued_tokens=args.max_queued_tokens,
             model_path=model_path,
             wait_until_ready=not args.serve_before_ready,
+        )
+        # Only the keys' digests are kept past this point (not in settings: they are shown).
+        self.access = AccessPolicy.from_flags(
+            args.api_key, args.admin_api_key, args.max_inflight_per_key
         )
         self.port: int | None = None  # the bound port, once serving
         self.serving = asyncio.Event()
 
     async def serve_http(self) -> None:
-        app = await build_app(self.settings, self.service.r)
+        app = await build_app(self.settings, self.service.r, self.access)
         runner = await start_site(app, self.args.host, self.args.port, self.args.drain_timeout)
         state = app[STATE]
         assert state.listener is not None
@@ -92,12 +131,11 @@ class Gateway:
         stopping = asyncio.create_task(self.service.stopping.wait())
         announce = asyncio.create_task(self._announce_ready(state.ready, url))
         try:
-            done, _ = await asyncio.wait(
-                {stopping, state.listener}, return_when=asyncio.FIRST_COMPLETED
-            )
-            if state.listener in done:  # it only ends by failing: stop the service loudly
-                error = None if state.listener.cancelled() else state.listener.exception()
-                raise RuntimeError("the reply listener stopped") from error
+            watched = {state.listener} | ({state.load_watch} if state.load_watch else set())
+            done, _ = await asyncio.wait(watched | {stopping}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done & watched:  # they only end by failing: stop the service loudly
+                error = None if task.cancelled() else task.exception()
+                raise RuntimeError(f"the gateway's {task.get_name()} stopped") from error
         finally:
             stopping.cancel()
             announce.cancel()
@@ -109,7 +147,7 @@ class Gateway:
         log.info("ready: serving %s on %s", self.settings.model_name, url)
 
     async def run(self) -> None:
-        await self.service.run(self.serve_http())
+        await self.service.run(self.serve_http)
 
 
 def main(argv: list[str] | None = None) -> None:

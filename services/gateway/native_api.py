@@ -7,6 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from services.gateway import validation
+from services.gateway.access import caller
 from services.gateway.fanout import respond_many
 from services.gateway.logprob_format import native_logprobs
 from services.gateway.protocol import GenerateBody
@@ -74,7 +75,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     body = validation.decode(await request.read(), GenerateBody)
     jobs, many = validation.native_jobs(body)
     parent = traceparent(request)
-    pendings = await state.dispatcher.submit(jobs, parent)
+    pendings = await state.dispatcher.submit(jobs, parent, owner=caller(request).owner)
     renderer = NativeRenderer(
         [p.rid for p in pendings],
         many,

@@ -9,6 +9,7 @@ import msgspec
 from aiohttp import web
 
 from services.gateway import validation
+from services.gateway.access import caller
 from services.gateway.errors import ApiError
 from services.gateway.fanout import respond_many
 from services.gateway.openai_render import ChatRenderer, CompletionRenderer
@@ -35,7 +36,8 @@ async def _answer(
             replace(j, sampling=msgspec.structs.replace(j.sampling, return_logprob=True))
             for j in expanded
         ]
-    pendings = await state.dispatcher.submit(expanded, traceparent(request))
+    owner = caller(request).owner
+    pendings = await state.dispatcher.submit(expanded, traceparent(request), owner=owner)
     renderer.id = f"{renderer.id}-{pendings[0].rid}"
     return await respond_many(request, pendings, renderer, jobs[0].stream, group, keep)
 

@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 from aiohttp import web
 
+from services.gateway.access_policy import AccessPolicy
 from services.gateway.dispatch import Dispatcher
+from services.gateway.key_budget import KeyBudget
 from services.gateway.readiness import Readiness
 from services.gateway.replies import ReplyRouter
 
@@ -21,6 +23,7 @@ class GatewaySettings:
     model_name: str  # the served model's name in the API
     request_timeout_s: float = 600.0
     max_inflight: int = 4096
+    max_queued_tokens: int = 0  # prompt tokens waiting in the executors; 0: no limit
     max_body_bytes: int = 32 * 1024 * 1024
     model_path: str = ""  # the HF directory or .gguf file, as --model resolved here
     wait_until_ready: bool = False  # refuse API requests (503) until the stack is first ready
@@ -32,8 +35,11 @@ class GatewayState:
     r: aioredis.Redis
     router: ReplyRouter
     dispatcher: Dispatcher
+    access: AccessPolicy = field(default_factory=AccessPolicy)  # default: no keys, all open
+    key_budget: KeyBudget = field(default_factory=lambda: KeyBudget(0))
     started: float = field(default_factory=time.time)
     listener: asyncio.Task[None] | None = None  # the reply router's task, while the app runs
+    load_watch: asyncio.Task[None] | None = None  # keeps admission's executor load current
     draining: bool = False  # set at shutdown: new requests get 503
     ready: asyncio.Event = field(default_factory=asyncio.Event)  # the stack was ready once
     readiness: Readiness | None = None  # the last one read while waiting for `ready`

@@ -79,3 +79,25 @@ def test_multi_turn_through_the_stack_reuses_the_first_turn(tiny_stack: Stack) -
     prompt, output, cached = asyncio.run(main())
     assert cached == prompt + output - 1
     tiny_stack.wait_idle()
+
+
+def test_a_burst_through_the_stack_completes(tiny_stack: Stack, tmp_path: Path) -> None:
+    """radixserve-loadtest burst, as a user runs it: every request of the burst answered 200,
+    the JSON report says so, and the executor is left with nothing leaked."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "burst.json"
+    argv = ["burst", "--base-url", tiny_stack.base_url, "--n", "40", "--max-tokens", "4"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "loadtest", *argv, "--hang-timeout", "120", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(out.read_text())
+    assert summary["counts"]["2xx"] == 40, summary
+    assert summary["latency_ms_ok"] is not None
+    tiny_stack.wait_idle()

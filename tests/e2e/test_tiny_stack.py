@@ -292,7 +292,7 @@ def test_repeated_prompt_reports_cached_tokens_and_flush_empties_the_cache(
             async with s.post(f"{tiny_stack.base_url}/generate", json=body) as resp:
                 second = (await resp.json())["meta_info"]["cached_tokens"]
             tiny_stack.wait_idle()
-            async with s.post(f"{tiny_stack.base_url}/flush_cache") as resp:
+            async with s.post(f"{tiny_stack.base_url}/flush_cache", json={}) as resp:
                 status, data = resp.status, dict(await resp.json())
         return first, second, status, data
 
@@ -316,7 +316,7 @@ def test_flush_cache_refused_while_a_request_runs(tiny_stack: Stack) -> None:
         ):
             await gen.content.readline()  # the request is running
             await asyncio.sleep(0.6)  # a heartbeat reports it
-            async with s.post(f"{tiny_stack.base_url}/flush_cache") as resp:
+            async with s.post(f"{tiny_stack.base_url}/flush_cache", json={}) as resp:
                 return resp.status, dict(await resp.json())
 
     status, data = asyncio.run(main())

@@ -10,6 +10,7 @@ import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
 
+from services.gateway.access_policy import AccessPolicy
 from services.gateway.app import bound_port, build_app, start_site
 from services.gateway.state import STATE, GatewaySettings
 from tests.gateway.fake_backend import FakeBackend
@@ -30,14 +31,14 @@ async def start_gateway(
 ) -> AsyncIterator[Callable[..., Awaitable[Running]]]:
     runners: list[web.AppRunner] = []
 
-    async def start(timeout: float = 5.0) -> Running:
+    async def start(timeout: float = 5.0, access: AccessPolicy | None = None) -> Running:
         settings = GatewaySettings(
             redis_url=redis_url,
             instance_id=f"gw-{uuid.uuid4().hex[:8]}",
             model_name=MODEL,
             request_timeout_s=timeout,
         )
-        app = await build_app(settings)
+        app = await build_app(settings, access_policy=access)
         runner = await start_site(app, "127.0.0.1", 0, shutdown_timeout=2.0)
         runners.append(runner)
         return Running(f"http://127.0.0.1:{bound_port(runner)}", app[STATE], runner)

@@ -441,7 +441,8 @@ async def test_bad_input_is_400_naming_the_field(
     fragment: str,
 ) -> None:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    async with http.post(f"{gw.url}{path}", data=data) as r:
+    headers = {"Content-Type": "application/json"}  # raw bytes, declared as JSON
+    async with http.post(f"{gw.url}{path}", data=data, headers=headers) as r:
         assert r.status == 400 and r.content_type == "application/json"
         error = (await r.json())["error"]
     assert error["param"] == param, error

@@ -1,0 +1,53 @@
+"""`radixserve-loadtest <command>`: the benchmarks and stress tools of loadtest/ behind one
+console script."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+USAGE = """usage: radixserve-loadtest <command> [flags]
+
+commands:
+  serving   benchmark a running server (flags as in SGLang's bench_serving)
+  burst     N requests at once to a running server: status counts, Retry-After, latency
+  faults    start a stack and break it (each service killed, Redis restarted, hostile input)
+            under a steady load: ok / retried / failed-fast / hung per scenario
+
+`radixserve-loadtest <command> --help` lists a command's flags.
+"""
+
+
+def _burst(argv: list[str]) -> None:
+    from loadtest import burst
+
+    p = argparse.ArgumentParser(prog="radixserve-loadtest burst", description=burst.__doc__)
+    burst.add_arguments(p)
+    burst.run(p.parse_args(argv))
+
+
+def _serving(argv: list[str]) -> None:
+    from loadtest import serving
+
+    serving.main(argv)
+
+
+def _faults(argv: list[str]) -> None:
+    from loadtest import faults
+
+    faults.main(argv)
+
+
+COMMANDS = {"serving": _serving, "burst": _burst, "faults": _faults}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE)
+        raise SystemExit(0 if args else 2)
+    command = COMMANDS.get(args[0])
+    if command is None:
+        print(f"radixserve-loadtest: unknown command {args[0]!r}\n\n{USAGE}", file=sys.stderr)
+        raise SystemExit(2)
+    command(args[1:])

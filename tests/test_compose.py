@@ -1,0 +1,115 @@
+"""compose.yaml with the .env that scripts/make_env.sh writes: Redis needs the generated password,
+every service connects with it, and only the gateway is published (on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import re
+import stat
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from redis.connection import parse_url
+
+ROOT = Path(__file__).resolve().parents[1]
+_VAR = re.compile(r"\$\{(\w+)(?::([-?])([^}]*))?\}")
+
+
+def make_env(path: Path) -> str:
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "make_env.sh"), str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout
+
+
+def read_env(path: Path) -> dict[str, str]:
+    lines = path.read_text().splitlines()
+    pairs = (line.split("=", 1) for line in lines if line and not line.startswith("#"))
+    return {k: v for k, v in pairs}
+
+
+def interpolate(value: Any, env: dict[str, str]) -> Any:
+    """Compose's `${VAR}`, `${VAR:-default}` and `${VAR:?error}` over a parsed file."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def one(m: re.Match[str]) -> str:
+        name, op, arg = m.group(1), m.group(2), m.group(3)
+        if env.get(name):
+            return env[name]
+        if op == "?":
+            raise LookupError(f"{name}: {arg}")
+        return arg if op == "-" else ""
+
+    return _VAR.sub(one, value)
+
+
+def compose(env: dict[str, str]) -> dict[str, Any]:
+    services: dict[str, Any] = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]
+    return {name: interpolate(spec, env) for name, spec in services.items()}
+
+
+def test_make_env_generates_a_private_password_and_never_overwrites(tmp_path: Path) -> None:
+    path = tmp_path / ".env"
+    assert "wrote" in make_env(path)
+    first = path.read_text()
+    env = read_env(path)
+    assert re.fullmatch(r"[0-9a-f]{64}", env["REDIS_PASSWORD"])
+    assert env["RADIXSERVE_API_KEY"] == "" and env["GATEWAY_BIND"] == "127.0.0.1"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert "left as it is" in make_env(path)
+    assert path.read_text() == first
+    other = tmp_path / "other.env"
+    make_env(other)
+    assert read_env(other)["REDIS_PASSWORD"] != env["REDIS_PASSWORD"]  # not a fixed default
+    mine = tmp_path / "mine.env"
+    mine.write_text("REDIS_PASSWORD=chosen\n")
+    make_env(mine)
+    assert mine.read_text() == "REDIS_PASSWORD=chosen\n"
+
+
+def test_compose_needs_the_password_and_publishes_only_the_gateway(tmp_path: Path) -> None:
+    make_env(tmp_path / ".env")
+    env = read_env(tmp_path / ".env")
+    env["RADIXSERVE_API_KEY"] = "k1,k2"
+    services = compose(env)
+    password = env["REDIS_PASSWORD"]
+    redis = services["redis"]
+    assert "ports" not in redis and "network_mode" not in redis
+    command = redis["command"]
+    assert command[command.index("--requirepass") + 1] == password
+    assert redis["environment"]["REDISCLI_AUTH"] == password  # its healthcheck authenticates
+    clients = {name: spec for name, spec in services.items() if name != "redis"}
+    assert set(clients) >= {"gateway", "tokenizer", "scheduler", "executor", "detokenizer"}
+    for name, spec in clients.items():
+        url = parse_url(spec["environment"]["REDIS_URL"])
+        assert (url["host"], url["password"]) == ("redis", password), name
+        assert ("ports" in spec) == (name == "gateway"), name
+    assert services["gateway"]["ports"] == ["127.0.0.1:8000:8000"]
+    assert services["gateway"]["environment"]["RADIXSERVE_API_KEY"] == "k1,k2"
+    assert "RADIXSERVE_API_KEY" not in services["tokenizer"]["environment"]
+
+
+def test_compose_refuses_to_start_without_a_password() -> None:
+    with pytest.raises(LookupError, match=r"REDIS_PASSWORD: run scripts/make_env\.sh"):
+        compose({})
+
+
+def test_install_writes_the_env_the_image_runs_unprivileged_and_env_is_ignored() -> None:
+    assert "make_env.sh" in (ROOT / "scripts" / "install.sh").read_text()
+    dockerfile = (ROOT / "Dockerfile").read_text().splitlines()
+    users = [line.split()[1] for line in dockerfile if line.startswith("USER ")]
+    assert users and users[-1] not in ("root", "0")
+    ignored = subprocess.run(
+        ["git", "check-ignore", "-q", ".env"], cwd=ROOT, check=False
+    ).returncode
+    assert ignored == 0
