@@ -30,10 +30,13 @@ async def send_in_order(
             while True:
                 try:
                     await publish(outputs)
-                    backoff.reset()
                     break
                 except TRANSIENT as e:
-                    log.warning("publishing %d output(s) failed (%r); retrying", len(outputs), e)
+                    if backoff.attempt == 0:  # once per outage, not once per attempt
+                        log.warning("publishing outputs failed (%r); retrying in order", e)
                     await backoff.wait()
+            if backoff.attempt:
+                log.info("publishing again after %d failed attempt(s)", backoff.attempt)
+                backoff.reset()
         finally:
             outbox.task_done()
