@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any
 
 from loadtest.backends import BACKENDS
@@ -109,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--model", help="the model name to send (default: GET /v1/models)")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("OPENAI_API_KEY", ""),
+        help="sent as Authorization: Bearer (default: $OPENAI_API_KEY; none when empty)",
+    )
     p.add_argument(
         "--tokenizer",
         help="an HF directory or name, a tokenizer.json, a .gguf file, or 'default' (the GGUF "

@@ -103,7 +103,8 @@ async def benchmark(args: argparse.Namespace) -> Metrics:
         report.pyplot()  # fail before the run, not after it
     connector = aiohttp.TCPConnector(limit=0)  # the default 100 would cap concurrency silently
     timeout = aiohttp.ClientTimeout(total=args.request_timeout)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    auth = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else None
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=auth) as session:
         model = args.model or await served_model(session, base_url)
         if model is None and args.backend != "radixserve":
             raise SystemExit(f"{base_url}/v1/models names no model: pass --model")
@@ -133,6 +134,7 @@ async def benchmark(args: argparse.Namespace) -> Metrics:
 
     metrics = compute(done.results, done.duration_s, source.count)
     config = {**vars(args), "base_url": base_url, "model": model}
+    config.pop("api_key", None)  # a secret: never in the printed or appended report
     print(report.summary(metrics, config))
     if args.output_file is not None:
         report.append_jsonl(Path(args.output_file), metrics, config)

@@ -8,7 +8,11 @@ Each entry holds one msgpack-encoded message in field `m`. Two readers:
 - `StreamReader`: a per-instance stream with exactly one reader (XREAD from the last id seen).
 
 Both survive a Redis restart or a dropped connection: reads retry with exponential backoff and
-a lost consumer group is re-created.
+a lost consumer group is re-created. Blocking reads run on a connection of their own (see
+`dedicated`), so they never hold one of the pool's, and surface its errors at once: after any
+error a reader compares the server's `run_id` with the one it started on, and on a change (a
+restarted, empty Redis) it starts over from the new streams' beginning and tells its owner
+(`on_restart`), which drops the state of requests that can no longer be answered.
 """
 
 from __future__ import annotations
@@ -16,12 +20,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, NamedTuple, TypeVar
 
 import msgspec
 import redis.asyncio as aioredis
-from redis.backoff import ExponentialBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -36,14 +41,59 @@ FIELD = b"m"
 TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionResetError, OSError)
 
 
-def connect(url: str) -> aioredis.Redis:
-    """A client whose commands retry transient failures with backoff."""
-    return aioredis.from_url(
+# Seconds a command waits for a free pooled connection before failing (as a transient error).
+POOL_WAIT_S = 10.0
+DEFAULT_MAX_CONNECTIONS = 64
+
+
+def connect(url: str, max_connections: int = DEFAULT_MAX_CONNECTIONS) -> aioredis.Redis:
+    """A client whose commands retry transient failures with backoff, over at most
+    `max_connections` sockets: past that a command waits for a free one (a burst queues
+    instead of failing with "Too many connections")."""
+    pool = aioredis.BlockingConnectionPool.from_url(
         url,
+        max_connections=max_connections,
+        timeout=POOL_WAIT_S,
         retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=8),
         retry_on_error=[RedisConnectionError, RedisTimeoutError],
         health_check_interval=15,
     )
+    return aioredis.Redis.from_pool(pool)
+
+
+def dedicated(r: aioredis.Redis) -> aioredis.Redis:
+    """A one-connection client to `r`'s server for one reader's blocking reads. It does not
+    retry: a dropped connection surfaces at once, so the reader checks for a restart before it
+    reads again (a transparent retry could read a restarted server's entries from a stale id)."""
+    source = r.connection_pool
+    kwargs = dict(source.connection_kwargs)
+    kwargs["retry"] = Retry(NoBackoff(), 0)
+    kwargs.pop("maint_notifications_pool_handler", None)  # each pool makes its own
+    pool = aioredis.BlockingConnectionPool(
+        connection_class=source.connection_class, max_connections=1, timeout=None, **kwargs
+    )
+    client = aioredis.Redis.from_pool(pool)
+    _dedicated.setdefault(r, []).append(client)
+    return client
+
+
+# client -> the dedicated clients made from it, closed with it by `close`
+_dedicated: weakref.WeakKeyDictionary[aioredis.Redis, list[aioredis.Redis]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def close(r: aioredis.Redis) -> None:
+    """Close `r` and the readers' connections made from it."""
+    for client in _dedicated.pop(r, []):
+        await client.aclose()
+    await r.aclose()
+
+
+async def server_run_id(r: aioredis.Redis) -> str:
+    """The id Redis picks at each start: it changes exactly when the server restarted."""
+    info = await r.info("server")
+    return str(info["run_id"])
 
 
 class Backoff:
@@ -119,10 +169,56 @@ async def publish_many(
         await pipe.execute()
 
 
+def _raise_if_cancelling() -> None:
+    """redis-py (8.1) can swallow a cancellation that lands while it (re)connects and return
+    the command's result: a reader cancelled then would read on forever. Honour it here."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 class _Reader(Generic[T]):
     def __init__(self, r: aioredis.Redis, stream: str, type_: Any) -> None:
         self.r, self.stream, self.codec = r, stream, Codec[T](type_)
+        self.rb = dedicated(r)  # blocking reads only
         self.backoff = Backoff()
+        self.run_id: str | None = None  # the server's, as this reader last saw it
+        self._suspect = True  # check the run_id before the next read (first read, errors)
+        self.on_restart: list[Callable[[], None]] = []  # called when Redis restarted empty
+        self.restarts = 0
+
+    async def check_restart(self) -> bool:
+        """Whether Redis restarted since this reader last looked (the first look records)."""
+        current = await server_run_id(self.r)
+        previous, self.run_id = self.run_id, current
+        if previous is None or previous == current:
+            return False
+        self.restarts += 1
+        log.warning(
+            "redis restarted (run_id %s -> %s): %s starts over", previous, current, self.stream
+        )
+        self._restarted()
+        for callback in self.on_restart:
+            callback()
+        return True
+
+    def _restarted(self) -> None:
+        """What a reader resets when the server restarted empty."""
+
+    async def _before_read(self) -> None:
+        if self._suspect:
+            await self.check_restart()
+            self._suspect = False
+
+    async def _failed(self, e: BaseException) -> None:
+        _raise_if_cancelling()
+        log.warning("redis unavailable reading %s (%s); retrying", self.stream, e)
+        self._suspect = True
+        await self.backoff.wait()
+
+    async def close(self) -> None:
+        """Close the reader's own connection (`close(r)` also does)."""
+        await self.rb.aclose()
 
     def _decode_entries(self, raw: list[Any]) -> tuple[list[Entry[T]], list[bytes]]:
         """Decode entries; undecodable ones are logged and returned separately for acking."""
@@ -190,9 +286,11 @@ class GroupConsumer(_Reader[T]):
                     entries = await self.claim_stale()
                 if entries:
                     return entries
-                res = await self.r.xreadgroup(
+                await self._before_read()
+                res = await self.rb.xreadgroup(
                     self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms
                 )
+                _raise_if_cancelling()
                 self.backoff.reset()
                 if not res:
                     return []
@@ -210,8 +308,7 @@ class GroupConsumer(_Reader[T]):
                 )
                 await self.ensure_group()
             except TRANSIENT as e:
-                log.warning("redis unavailable reading %s (%s); retrying", self.stream, e)
-                await self.backoff.wait()
+                await self._failed(e)
 
     async def ack(self, ids: Sequence[bytes]) -> None:
         if ids:
@@ -234,13 +331,17 @@ class StreamReader(_Reader[T]):
 
     async def start_from_now(self) -> None:
         """Pin the position to the stream's current end so no entry is skipped by '$' races."""
+        await self.check_restart()
+        self._suspect = False
         info = await self.r.xinfo_stream(self.stream) if await self.r.exists(self.stream) else None
         self.last_id = info["last-generated-id"] if info else "0-0"
 
     async def read(self, count: int = 256, block_ms: int = 1000) -> list[Entry[T]]:
         while True:
             try:
-                res = await self.r.xread({self.stream: self.last_id}, count=count, block=block_ms)
+                await self._before_read()
+                res = await self.rb.xread({self.stream: self.last_id}, count=count, block=block_ms)
+                _raise_if_cancelling()
                 self.backoff.reset()
                 if not res:
                     return []
@@ -249,5 +350,8 @@ class StreamReader(_Reader[T]):
                 good, _ = self._decode_entries(raw)
                 return good
             except TRANSIENT as e:
-                log.warning("redis unavailable reading %s (%s); retrying", self.stream, e)
-                await self.backoff.wait()
+                await self._failed(e)
+
+    def _restarted(self) -> None:
+        # The new server's stream began empty: its ids say nothing about the old position.
+        self.last_id = "0-0"

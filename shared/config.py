@@ -103,6 +103,14 @@ def add_common_flags(p: EnvArgumentParser) -> None:
         env="REDIS_URL",
         help="Redis server the services talk through",
     )
+    p.add_flag(
+        "--redis-max-connections",
+        type=int,
+        default=64,
+        check=positive,
+        help="Redis connections this process shares (more concurrent commands wait for one); "
+        "each stream reader also has one of its own",
+    )
     p.add_flag("--instance-id", default="", help="this instance's name (default: host-pid)")
     p.add_flag(
         "--log-level",

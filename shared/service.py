@@ -2,7 +2,9 @@
 
 - a liveness key refreshed every HEARTBEAT_INTERVAL_S with a TTL (plus load, for executors,
   and the model's description, for tokenizers);
-- every task it starts is kept and its result checked: one crashing stops the service loudly;
+- every task it starts is supervised: a worker given as a function that fails with a transient
+  Redis error (an outage outlasting the client's retries) is logged and started again with
+  backoff; any other failure stops the service loudly (exit non-zero, for its supervisor);
 - SIGTERM / SIGINT set `stopping`: workers finish what they hold, then the rest is cancelled.
 """
 
@@ -22,10 +24,15 @@ import msgspec
 import redis.asyncio as aioredis
 
 from shared import constants
-from shared.bus import TRANSIENT, connect
+from shared.bus import DEFAULT_MAX_CONNECTIONS, TRANSIENT, Backoff, close, connect
 from shared.messages.heartbeat import ExecutorLoad, Heartbeat, ModelInfo
 
 log = logging.getLogger(__name__)
+
+# A worker: a coroutine function (restartable) or a coroutine (runs once).
+Worker = Callable[[], Coroutine[Any, Any, None]] | Coroutine[Any, Any, None]
+# A worker that ran this long before failing restarts without waiting.
+RESTART_RESET_S = 30.0
 
 
 def default_instance_id() -> str:
@@ -41,9 +48,10 @@ class Service:
         load: Callable[[], ExecutorLoad | None] | None = None,
         drain_timeout_s: float = 10.0,
         model: ModelInfo | None = None,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
     ) -> None:
         self.name, self.instance = name, instance or default_instance_id()
-        self.r: aioredis.Redis = connect(redis_url)
+        self.r: aioredis.Redis = connect(redis_url, max_connections)
         self.stopping = asyncio.Event()
         self.started = time.time()
         self._load = load
@@ -99,12 +107,34 @@ class Service:
             log.info("stopping: draining for up to %.0fs", self.drain_timeout_s)
             self.stopping.set()
 
-    async def run(self, *workers: Coroutine[Any, Any, None]) -> None:
+    async def supervise(self, worker: Worker) -> None:
+        """Run `worker` to its end. A restartable one that fails with a transient Redis error
+        starts again after a backoff (its state lives outside the coroutine); any other
+        failure, or any failure of a one-shot coroutine, propagates."""
+        backoff = Backoff(base=0.1, cap=5.0)
+        name = getattr(worker, "__name__", "worker")
+        while True:
+            started = time.monotonic()
+            try:
+                await (worker() if callable(worker) else worker)
+                return
+            except TRANSIENT as e:
+                if not callable(worker) or self.stopping.is_set():
+                    raise
+                log.warning("%s: redis unavailable (%r); restarting it", name, e)
+            if time.monotonic() - started > RESTART_RESET_S:
+                backoff.reset()
+            await backoff.wait()
+
+    async def run(self, *workers: Worker) -> None:
         """Run `workers` until they all return, one fails, or a stop signal drains them."""
         self._install_signals()
         await self.wait_for_redis()
         await self.beat_once()
-        tasks = [asyncio.create_task(w) for w in workers]
+        tasks = [
+            asyncio.create_task(self.supervise(w), name=getattr(w, "__name__", "worker"))
+            for w in workers
+        ]
         tasks.append(asyncio.create_task(self._beat_forever(), name="heartbeat"))
         stop_wait = asyncio.create_task(self.stopping.wait())
         failure: BaseException | None = None
@@ -131,7 +161,7 @@ class Service:
             stop_wait.cancel()
             with contextlib.suppress(*TRANSIENT):
                 await self.r.delete(constants.live_key(self.name, self.instance))
-            await self.r.aclose()
+            await close(self.r)
         if failure is not None:
             raise SystemExit(f"{self.name} stopped after a failure: {failure!r}")
 

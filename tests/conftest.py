@@ -15,6 +15,8 @@ import redis
 import redis.asyncio as aioredis
 import torch
 
+from tests.redis_server import RedisServer
+
 # Triton kernels run under the interpreter where there is no GPU. This must be set before
 # anything imports triton (transformers does, through torch._dynamo).
 if not torch.cuda.is_available():
@@ -68,6 +70,15 @@ def redis_url() -> Iterator[str]:
     proc.terminate()
     proc.wait(timeout=10)
     shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def restartable_redis() -> Iterator[RedisServer]:
+    """A redis-server of the test's own, which the test may stop and start again."""
+    server = RedisServer(free_port())
+    server.start()
+    yield server
+    server.close()
 
 
 @pytest.fixture

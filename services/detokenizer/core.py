@@ -165,6 +165,11 @@ class Detokenizer:
             for s, m in out
         ]
 
+    def forget_all(self) -> None:
+        """Drop every request (their callers were told to retry)."""
+        self.states.clear()
+        self.finished.clear()
+
     def expire(self, now_wall: float | None = None) -> None:
         """Drop requests whose deadline passed (the gateway has given up on them)."""
         now_wall = time.time() if now_wall is None else now_wall

@@ -32,11 +32,14 @@ async def serve(a: argparse.Namespace) -> None:
     source = resolve_model(a.model, a.served_model_name)
     detok = Detokenizer(load_tokenizer(source))
     instance = a.instance_id or f"p{a.partition}-{default_instance_id()}"
-    svc = Service("detokenizer", instance, a.redis_url)
+    svc = Service("detokenizer", instance, a.redis_url, max_connections=a.redis_max_connections)
     checkpoint = f"{constants.detok_stream(a.partition)}:checkpoint"
     reader: StreamReader[DetokMessage] = StreamReader(
         svc.r, constants.detok_stream(a.partition), DetokMessage
     )
+
+    # Redis restarted empty: the gateways failed every request in flight, so drop their state.
+    reader.on_restart.append(detok.forget_all)
 
     async def work() -> None:
         # Resume where the previous instance of this partition stopped (its checkpoint is
@@ -57,7 +60,7 @@ async def serve(a: argparse.Namespace) -> None:
                 await publish_many(svc.r, out, checkpoint=(checkpoint, entries[-1].id))
 
     log.info("detokenizer partition %d ready", a.partition)
-    await svc.run(work())
+    await svc.run(work)
 
 
 def main(argv: list[str] | None = None) -> None:

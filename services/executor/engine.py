@@ -33,6 +33,15 @@ from shared.messages.tokenize import AbortRequest
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class AbortEverything:
+    """Submitted by the executor itself, never sent on the bus: end every request it holds.
+    Redis restarted empty, so nobody waits for their answers any more (the gateways failed
+    them); their KV slots are freed at once."""
+
+    reason: str
+
+
 @dataclass
 class StepResult:
     outputs: list[tuple[str, StepOutput | RequestFailed]] = field(default_factory=list)
@@ -73,7 +82,9 @@ class Engine:
         self.policy = policy
         self.runner = runner
         # (message, when it was submitted): the submit time is the request's executor_inbox
-        self.inbox: queue.SimpleQueue[tuple[ExecutorMessage, float]] = queue.SimpleQueue()
+        self.inbox: queue.SimpleQueue[tuple[ExecutorMessage | AbortEverything, float]] = (
+            queue.SimpleQueue()
+        )
         self.reqs: dict[str, Req] = {}
         self.step_no = 0
         self._seq = 0
@@ -86,9 +97,10 @@ class Engine:
         self._failures: list[tuple[str, StepOutput | RequestFailed]] = []
         self.grammars: GrammarBackend | None = None  # set when the executor serves grammars
         self.grammar_cache_stats: GrammarCacheStats | None = None
+        self.waiting_tokens = 0  # prompt tokens of the waiting requests, as of the last step
 
     # -- called from any thread --------------------------------------------------------------
-    def submit(self, msg: ExecutorMessage) -> None:
+    def submit(self, msg: ExecutorMessage | AbortEverything) -> None:
         self.inbox.put((msg, time.time()))
 
     def load(self) -> ExecutorLoad:
@@ -110,6 +122,7 @@ class Engine:
             grammar_load_s=self.grammar_cache_stats.load_s if self.grammar_cache_stats else 0.0,
             jump_forward_tokens=self.grammars.stats.jump_forward_tokens if self.grammars else 0,
             jump_extended_tokens=p.jump_extended_tokens,
+            waiting_tokens=self.waiting_tokens,
         )
 
     # -- the stepping thread -----------------------------------------------------------------
@@ -160,6 +173,8 @@ class Engine:
         result.outputs += self._collect(finished)
         for req in finished:
             self.reqs.pop(req.rid, None)
+        # Counted here, where the queue is not changing, for the heartbeat thread to read.
+        self.waiting_tokens = sum(len(r.input_ids) for r in self.policy.waiting)
         if self.check_integrity and self.inflight is None:
             self.policy.check_integrity()
         return result
@@ -222,6 +237,13 @@ class Engine:
                     finished.append(aborted)
             elif isinstance(msg, FlushCache):
                 self.flush_cache()
+            elif isinstance(msg, AbortEverything):
+                ended = [r for r in self.reqs.values() if r.finish is None]
+                log.warning("%s: ending %d request(s)", msg.reason, len(ended))
+                for req in ended:
+                    req.finish = "abort"
+                    self.policy.remove(req)
+                    finished.append(req)
 
     def flush_cache(self) -> bool:
         """Drop every cached prefix; refused (False) while any request is queued or running,

@@ -22,6 +22,7 @@ import redis.asyncio as aioredis
 import xgrammar as xgr
 
 from shared import constants
+from shared.bus import TRANSIENT
 from shared.grammar import (
     GrammarError,
     GrammarTokenizer,
@@ -118,7 +119,11 @@ class GrammarCache:
 
     async def _load(self, key: str) -> xgr.CompiledGrammar | None:
         """From Redis; None when absent or unreadable. GrammarError for a cached refusal."""
-        raw = await self.r.get(constants.grammar_cache_key(key))
+        try:
+            raw = await self.r.get(constants.grammar_cache_key(key))
+        except TRANSIENT as e:  # Redis away: compile here rather than stop the reader
+            log.warning("grammar %s: cache unreachable (%r)", key, e)
+            return None
         if raw is None:
             return None
         try:
@@ -147,9 +152,12 @@ class GrammarCache:
         entry = CompiledGrammarEntry(
             data=dump_compiled(compiled), compile_ms=elapsed_ms, kind=constraint_kind(constraint)
         )
-        await self.r.set(
-            constants.grammar_cache_key(key),
-            msgspec.msgpack.encode(entry),
-            px=self.cache_ttl_ms,
-        )
+        try:
+            await self.r.set(
+                constants.grammar_cache_key(key),
+                msgspec.msgpack.encode(entry),
+                px=self.cache_ttl_ms,
+            )
+        except TRANSIENT as e:  # only a cache: the request goes on with its grammar
+            log.warning("grammar %s: not stored (%r)", key, e)
         return compiled

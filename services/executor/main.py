@@ -16,9 +16,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from services.executor.builder import KV_CACHE_DTYPES, EngineSettings, build_engine
-from services.executor.engine import Engine, stamp_published
+from services.executor.engine import AbortEverything, Engine, stamp_published
 from services.executor.grammar import GrammarBackend
 from services.executor.grammar_cache import GrammarCache
+from services.executor.load_progress import ProgressReporter
+from services.executor.sender import Outputs, send_in_order
 from shared import constants
 from shared.bus import StreamReader, publish_many
 from shared.config import EnvArgumentParser, add_common_flags, positive
@@ -136,7 +138,7 @@ async def run_engine(
 ) -> None:
     loop = asyncio.get_running_loop()
     wake = asyncio.Event()
-    outbox: asyncio.Queue[list] = asyncio.Queue()
+    outbox: asyncio.Queue[Outputs] = asyncio.Queue()
     stepper_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="step")
 
     async def read() -> None:
@@ -178,18 +180,26 @@ async def run_engine(
                 outbox.put_nowait(result.outputs)
         await outbox.join()
 
-    async def send() -> None:
-        while True:
-            outputs = await outbox.get()
-            try:
-                await publish_many(svc.r, stamp_published(outputs, time.time()))
-            finally:
-                outbox.task_done()
+    async def publish(outputs: Outputs) -> None:
+        await publish_many(svc.r, stamp_published(outputs, time.time()))
 
-    sender = asyncio.create_task(send(), name="sender")
-    try:
+    # The sender is watched like the other two: should it fail (not a Redis outage: it
+    # retries those), the executor stops rather than stepping with nobody publishing.
+    async def read_and_step() -> None:
         await asyncio.gather(read(), step())
+
+    sender = asyncio.create_task(send_in_order(outbox, publish), name="sender")
+    work = asyncio.create_task(read_and_step(), name="read-and-step")
+    try:
+        await asyncio.wait([sender, work], return_when=asyncio.FIRST_COMPLETED)
+        if sender.done():
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+            sender.result()  # its error, if it has one
+            raise RuntimeError("the executor's sender stopped")
+        work.result()
     finally:
+        work.cancel()
         sender.cancel()
         stepper_pool.shutdown(wait=False)
 
@@ -198,6 +208,8 @@ async def serve(a: argparse.Namespace) -> None:
     source = resolve_model(a.model, a.served_model_name)
     instance = a.instance_id or default_instance_id()
     stream = constants.executor_stream(instance)
+    progress = ProgressReporter(a.redis_url, instance)
+    progress("tokenizer", 0.0)
     grammar_tok = GrammarTokenizer.load(source)
     engine = build_engine(
         EngineSettings(
@@ -221,19 +233,31 @@ async def serve(a: argparse.Namespace) -> None:
             page_size=a.page_size,
             schedule_policy=a.schedule_policy,
             sample_vocab=len(grammar_tok.tokenizer),
-        )
+        ),
+        progress,
     )
+    progress.finish()
     # Everything loaded so far lives as long as the process: keep the collector from walking
     # it on every collection (a full pass over the radix tree's nodes stalls a step).
     gc.collect()
     gc.freeze()
-    svc = Service("executor", instance, a.redis_url, load=engine.load, drain_timeout_s=30.0)
+    svc = Service(
+        "executor",
+        instance,
+        a.redis_url,
+        load=engine.load,
+        drain_timeout_s=30.0,
+        max_connections=a.redis_max_connections,
+    )
     grammar_cache = GrammarCache(svc.r, grammar_tok)
     engine.grammars = GrammarBackend(
         grammar_tok, grammar_cache.get, jump_forward=not a.disable_jump_forward
     )
     engine.grammar_cache_stats = grammar_cache.stats
     reader: StreamReader[ExecutorMessage] = StreamReader(svc.r, stream, ExecutorMessage)
+    # Queued before the first entry of the restarted server is read, so it ends only the
+    # requests from before the restart.
+    reader.on_restart.append(lambda: engine.submit(AbortEverything("redis restarted")))
     await reader.start_from_now()  # before the first heartbeat makes the scheduler route here
     log.info(
         "executor ready: %s on %s, %d KV slots",

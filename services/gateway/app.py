@@ -18,9 +18,11 @@ from services.gateway import (
     native_api,
     openai_api,
     openapi,
+    ready_gate,
     tokenize_api,
 )
 from services.gateway.access_policy import AccessPolicy
+from services.gateway.admission import Admission, watch_load
 from services.gateway.dispatch import Dispatcher
 from services.gateway.errors import ApiError, default_type, error_body
 from services.gateway.key_budget import KeyBudget
@@ -28,7 +30,7 @@ from services.gateway.replies import ReplyRouter
 from services.gateway.responses import json_response
 from services.gateway.state import STATE, GatewaySettings, GatewayState
 from shared import constants
-from shared.bus import TRANSIENT, connect
+from shared.bus import TRANSIENT, close, connect
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +76,8 @@ async def build_app(
     owns_client = r is None
     client = connect(settings.redis_url) if r is None else r
     router = ReplyRouter(client, constants.reply_stream(settings.instance_id))
-    dispatcher = Dispatcher(
-        client, router, router.stream, settings.request_timeout_s, settings.max_inflight
-    )
+    admission = Admission(settings.max_inflight, settings.max_queued_tokens)
+    dispatcher = Dispatcher(client, router, router.stream, settings.request_timeout_s, admission)
     policy = access_policy or AccessPolicy()
     state = GatewayState(
         settings=settings,
@@ -87,7 +88,7 @@ async def build_app(
         key_budget=KeyBudget(policy.max_inflight_per_key),
     )
     app = web.Application(
-        middlewares=[errors_as_json, access.access_control],
+        middlewares=[errors_as_json, access.access_control, ready_gate.until_ready],
         client_max_size=settings.max_body_bytes,
     )
     app[STATE] = state
@@ -95,18 +96,25 @@ async def build_app(
     async def reply_listener(app: web.Application) -> AsyncIterator[None]:
         await router.start()
         state.listener = asyncio.create_task(router.run(), name="reply-listener")
+        if admission.max_queued_tokens:
+            state.load_watch = asyncio.create_task(watch_load(client, admission), name="load-watch")
         yield
         state.listener.cancel()
         await asyncio.gather(state.listener, return_exceptions=True)
+        if state.load_watch is not None:
+            state.load_watch.cancel()
+            await asyncio.gather(state.load_watch, return_exceptions=True)
         await dispatcher.close()
         try:
             await client.delete(router.stream)  # its one reader is gone
         except TRANSIENT as e:
             log.warning("could not delete %s: %s", router.stream, e)
+        await router.reader.close()
         if owns_client:
-            await client.aclose()
+            await close(client)
 
     app.cleanup_ctx.append(reply_listener)
+    app.cleanup_ctx.append(ready_gate.readiness_ctx)
     openai_api.add_routes(app)
     native_api.add_routes(app)
     admin_api.add_routes(app)

@@ -12,14 +12,16 @@ import msgspec
 import redis.asyncio as aioredis
 from aiohttp import web
 
+from services.gateway.admission import Admission
 from services.gateway.background import Background
+from services.gateway.batcher import Batcher
 from services.gateway.errors import ApiError, invalid
 from services.gateway.hop_stats import FirstToken, HopStats, stage_ms
 from services.gateway.inflight import Inflight
 from services.gateway.replies import ReplyRouter
 from services.gateway.validation import Job
 from shared import constants
-from shared.bus import TRANSIENT, publish, publish_many
+from shared.bus import TRANSIENT
 from shared.messages.common import ErrorInfo, HopTimes, Trace
 from shared.messages.reply import Delta, Failure, GenerationReply, ReplyMessage
 from shared.messages.tokenize import AbortRequest, GenerateRequest
@@ -42,10 +44,11 @@ class Dispatcher:
         router: ReplyRouter,
         reply_to: str,
         request_timeout_s: float,
-        max_inflight: int,
+        admission: Admission,
     ) -> None:
         self.r, self.router, self.reply_to = r, router, reply_to
-        self.request_timeout_s, self.max_inflight = request_timeout_s, max_inflight
+        self.request_timeout_s, self.admission = request_timeout_s, admission
+        self.batcher = Batcher(r)  # every publication of this gateway, coalesced
         self.background = Background()  # abort publications, registry clean-up
         self.inflight = Inflight(r, self.background)
         self.hop_stats = HopStats()  # per-stage latency of recent requests' first tokens
@@ -58,8 +61,9 @@ class Dispatcher:
         one HTTP call: an abort of any of them aborts them all."""
         if self.router.failed is not None:
             raise ApiError(503, "the gateway lost its reply stream", type="server_error")
-        if len(self.router.queues) + len(jobs) > self.max_inflight:
-            raise ApiError(503, f"too many requests in flight (limit {self.max_inflight})")
+        refused = self.admission.check(len(self.router.queues), len(jobs))
+        if refused is not None:
+            raise refused
         rids = [job.rid or uuid.uuid4().hex for job in jobs]
         for rid in rids:
             if rid in self.router.queues:
@@ -91,8 +95,7 @@ class Dispatcher:
         queues = [self.router.register(rid) for rid in rids]
         self.inflight.add(rids, owner)
         try:
-            await publish_many(
-                self.r,
+            await self.batcher.publish(
                 [(constants.TOKENIZE_STREAM, req) for req in requests],
                 maxlen=constants.WORK_STREAM_MAXLEN,
                 expiring=self.inflight.registry_keys(rids, timeout_s, owner),
@@ -104,7 +107,7 @@ class Dispatcher:
                 if isinstance(e, asyncio.CancelledError):  # it may have gone out: take it back
                     self.abort(rid, "client disconnected")
             if isinstance(e, TRANSIENT):
-                raise ApiError(503, f"cannot reach the request bus: {e}") from e
+                raise unreachable(e) from e
             raise
         return [Pending(self, rid, q, timeout_s) for rid, q in zip(rids, queues, strict=True)]
 
@@ -121,11 +124,11 @@ class Dispatcher:
         queue = self.router.register(rid)
         try:
             try:
-                await publish(
-                    self.r, constants.TOKENIZE_STREAM, build(trace), constants.WORK_STREAM_MAXLEN
+                await self.batcher.publish(
+                    [(constants.TOKENIZE_STREAM, build(trace))], constants.WORK_STREAM_MAXLEN
                 )
             except TRANSIENT as e:
-                raise ApiError(503, f"cannot reach the request bus: {e}") from e
+                raise unreachable(e) from e
             try:
                 reply = await asyncio.wait_for(queue.get(), timeout_s)
             except asyncio.TimeoutError:
@@ -145,7 +148,7 @@ class Dispatcher:
         ends it when it arrives if it has not yet (see services/scheduler/router.py)."""
         log.info("aborting %s: %s", ", ".join(rids), reason)
         aborts = [(constants.SCHEDULE_STREAM, AbortRequest(rid=rid, reason=reason)) for rid in rids]
-        await publish_many(self.r, aborts, maxlen=constants.WORK_STREAM_MAXLEN)
+        await self.batcher.publish(aborts, maxlen=constants.WORK_STREAM_MAXLEN)
 
     async def close(self) -> None:
         """Let the aborts and clean-ups already started reach Redis."""
@@ -207,6 +210,10 @@ class Pending:
         self.dispatcher.inflight.release(self.rid)
         if not self.finished:
             self.dispatcher.abort(self.rid, self.abort_reason)
+
+
+def unreachable(e: BaseException) -> ApiError:
+    return ApiError(503, f"cannot reach the request bus: {e}", retry_after=1.0)
 
 
 def client_gone(request: web.BaseRequest) -> bool:

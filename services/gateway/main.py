@@ -51,7 +51,15 @@ def add_flags(p: EnvArgumentParser) -> None:
         type=int,
         default=4096,
         check=positive,
-        help="requests in flight at once; more get 503",
+        help="requests in flight at once; more get 503 with Retry-After",
+    )
+    p.add_flag(
+        "--max-queued-tokens",
+        type=int,
+        default=1_000_000,
+        check=non_negative,
+        help="prompt tokens waiting to start in the executors (from their heartbeats) past "
+        "which new requests get 503 with Retry-After; 0: no limit",
     )
     p.add_flag(
         "--api-key",
@@ -74,6 +82,11 @@ def add_flags(p: EnvArgumentParser) -> None:
         check=non_negative,
         help="generation calls one API key may have in flight here; more get 429 (0: no limit)",
     )
+    p.add_bool(
+        "--serve-before-ready",
+        help="pass API requests on before every stage is live (default: 503 with Retry-After "
+        "until GET /health first says a request can be served end to end)",
+    )
 
 
 class Gateway:
@@ -83,7 +96,11 @@ class Gateway:
         self.args = args
         # The Service's own drain outlasts the HTTP drain, so the site always shuts down itself.
         self.service = Service(
-            "gateway", args.instance_id, args.redis_url, drain_timeout_s=args.drain_timeout + 5
+            "gateway",
+            args.instance_id,
+            args.redis_url,
+            drain_timeout_s=args.drain_timeout + 5,
+            max_connections=args.redis_max_connections,
         )
         self.settings = GatewaySettings(
             redis_url=args.redis_url,
@@ -91,7 +108,9 @@ class Gateway:
             model_name=model_name,
             request_timeout_s=args.request_timeout,
             max_inflight=args.max_inflight,
+            max_queued_tokens=args.max_queued_tokens,
             model_path=model_path,
+            wait_until_ready=not args.serve_before_ready,
         )
         # Only the keys' digests are kept past this point (not in settings: they are shown).
         self.access = AccessPolicy.from_flags(
@@ -106,23 +125,29 @@ class Gateway:
         state = app[STATE]
         assert state.listener is not None
         self.port = bound_port(runner)
-        log.info("serving %s on http://%s:%d", self.settings.model_name, self.args.host, self.port)
+        url = f"http://{self.args.host}:{self.port}"
+        log.info("listening on %s; waiting until every stage is ready", url)
         self.serving.set()
         stopping = asyncio.create_task(self.service.stopping.wait())
+        announce = asyncio.create_task(self._announce_ready(state.ready, url))
         try:
-            done, _ = await asyncio.wait(
-                {stopping, state.listener}, return_when=asyncio.FIRST_COMPLETED
-            )
-            if state.listener in done:  # it only ends by failing: stop the service loudly
-                error = None if state.listener.cancelled() else state.listener.exception()
-                raise RuntimeError("the reply listener stopped") from error
+            watched = {state.listener} | ({state.load_watch} if state.load_watch else set())
+            done, _ = await asyncio.wait(watched | {stopping}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done & watched:  # they only end by failing: stop the service loudly
+                error = None if task.cancelled() else task.exception()
+                raise RuntimeError(f"the gateway's {task.get_name()} stopped") from error
         finally:
             stopping.cancel()
+            announce.cancel()
             state.draining = True
             await runner.cleanup()  # stop accepting; in-flight requests finish or time out
 
+    async def _announce_ready(self, ready: asyncio.Event, url: str) -> None:
+        await ready.wait()
+        log.info("ready: serving %s on %s", self.settings.model_name, url)
+
     async def run(self) -> None:
-        await self.service.run(self.serve_http())
+        await self.service.run(self.serve_http)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from services.gateway.access_policy import ADMIN_PATHS, BUDGETED_PATHS, OPEN_PATHS
 from services.gateway.protocol import (
     AbortBody,
     ChatBody,
@@ -158,6 +159,23 @@ OPERATIONS = [
 _PARAM = re.compile(r"\{(\w+)\}")
 
 
+def access_errors(op: Operation) -> dict[int, str]:
+    """What services/gateway/access_policy.py answers before the handler runs."""
+    errors = {403: "a cross-site browser request (`Sec-Fetch-Site: cross-site`)"}
+    if op.path in OPEN_PATHS:
+        return errors
+    if op.path in ADMIN_PATHS:
+        errors[401] = "no valid key where `--api-key` or `--admin-api-key` is set"
+        errors[403] += "; or a key that is not an admin key"
+    else:
+        errors[401] = "no valid key where `--api-key` is set"
+    if op.method == "post":
+        errors[415] = "a body not declared `Content-Type: application/json`"
+    if op.path in BUDGETED_PATHS:
+        errors[429] = "the key's `--max-inflight-per-key` calls are in flight; see Retry-After"
+    return errors
+
+
 def _operation(op: Operation, body_ref: dict[str, Any] | None) -> dict[str, Any]:
     ok: dict[str, Any] = {"application/json": {}}
     if op.streams:
@@ -172,10 +190,12 @@ def _operation(op: Operation, body_ref: dict[str, Any] | None) -> dict[str, Any]
                     "description": why,
                     "content": {"application/json": {"schema": ERROR}},
                 }
-                for status, why in op.errors.items()
+                for status, why in sorted({**access_errors(op), **op.errors}.items())
             },
         },
     }
+    if op.path not in OPEN_PATHS:
+        out["security"] = [{"bearer": []}, {}]  # {}: no key needed on a server without keys
     params = _PARAM.findall(op.path)
     if params:
         out["parameters"] = [
@@ -210,7 +230,10 @@ def document() -> dict[str, Any]:
             "description": "OpenAI-compatible and SGLang-style native endpoints.",
         },
         "paths": paths,
-        "components": {"schemas": {**schemas, "Error": ERROR_SCHEMA}},
+        "components": {
+            "schemas": {**schemas, "Error": ERROR_SCHEMA},
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
     }
 
 

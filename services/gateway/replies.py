@@ -29,6 +29,7 @@ class ReplyRouter:
         # rid -> when its first delta (the one carrying HopTimes) was read; the handler pops it
         self.replied_at: dict[str, float] = {}
         self.failed: BaseException | None = None
+        self.reader.on_restart.append(self.bus_restarted)
 
     async def start(self) -> None:
         """Pin the read position before any request is published, so no reply is missed."""
@@ -53,6 +54,20 @@ class ReplyRouter:
         if isinstance(message, Delta) and message.hops is not None:
             self.replied_at[message.rid] = time.time()
         queue.put_nowait(message)
+
+    def bus_restarted(self) -> None:
+        """Redis restarted empty: the requests in flight were lost with its streams, so each
+        waiting call fails now with a retryable 503 instead of hanging until its deadline."""
+        error = ErrorInfo(
+            status=503,
+            message="the request bus (Redis) restarted and lost this request; please retry",
+            type="server_error",
+            retry_after=1,
+        )
+        if self.queues:
+            log.warning("redis restarted: failing %d request(s) in flight", len(self.queues))
+        for rid, queue in self.queues.items():
+            queue.put_nowait(Failure(rid=rid, error=error))
 
     async def run(self) -> None:
         """Read and route until cancelled. If reading fails for good, every waiting request

@@ -120,7 +120,10 @@ class GrammarWorker:
         finally:
             for t in tasks:
                 t.cancel()
-            self.pool.shutdown(wait=False)
+
+    def close(self) -> None:
+        """Stop the compile threads (after the last `run`: a failed run may be started again)."""
+        self.pool.shutdown(wait=False)
 
     async def handle(self, entry: Entry[GrammarMessage]) -> None:
         req = entry.message
@@ -208,7 +211,12 @@ async def serve(a: argparse.Namespace) -> None:
     started = time.perf_counter()
     tok = GrammarTokenizer.load(source)
     compiler = GrammarCompiler(tok, threads=a.grammar_threads)
-    svc = Service("grammar", a.instance_id or default_instance_id(), a.redis_url)
+    svc = Service(
+        "grammar",
+        a.instance_id or default_instance_id(),
+        a.redis_url,
+        max_connections=a.redis_max_connections,
+    )
     worker = GrammarWorker(
         svc.r, compiler, svc.instance, threads=a.grammar_threads, cache_ttl_s=a.grammar_cache_ttl
     )
@@ -219,7 +227,14 @@ async def serve(a: argparse.Namespace) -> None:
         tok.fingerprint[:12],
         time.perf_counter() - started,
     )
-    await svc.run(worker.run(svc.stopping))
+
+    async def work() -> None:
+        await worker.run(svc.stopping)
+
+    try:
+        await svc.run(work)
+    finally:
+        worker.close()
     log.info("grammar cache: %s", compiler.stats.summary())
 
 

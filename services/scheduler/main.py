@@ -46,7 +46,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def serve(a: argparse.Namespace) -> None:
-    svc = Service("scheduler", a.instance_id or default_instance_id(), a.redis_url)
+    svc = Service(
+        "scheduler",
+        a.instance_id or default_instance_id(),
+        a.redis_url,
+        max_connections=a.redis_max_connections,
+    )
     router = Router(max_queued=a.max_queued_requests)
     # Claim quickly: entries pending at a dead leader should not wait the default 30 s.
     consumer: GroupConsumer[ScheduleMessage] = GroupConsumer(
@@ -56,6 +61,11 @@ async def serve(a: argparse.Namespace) -> None:
         svc.instance,
         ScheduleMessage,
         claim_idle_ms=2000,
+    )
+
+    # A few heartbeat intervals: every live executor has beaten again by then.
+    consumer.on_restart.append(
+        lambda: router.bus_restarted(grace_s=4 * constants.HEARTBEAT_INTERVAL_S + 1.0)
     )
 
     async def lead() -> bool:
@@ -114,7 +124,7 @@ async def serve(a: argparse.Namespace) -> None:
                 await svc.r.delete(LEADER_KEY)
 
     log.info("scheduler ready")
-    await svc.run(work())
+    await svc.run(work)
 
 
 def main(argv: list[str] | None = None) -> None:

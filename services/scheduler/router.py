@@ -49,9 +49,23 @@ class Router:
     executors: dict[str, ExecutorView] = field(default_factory=dict)
     assigned: dict[str, Assignment] = field(default_factory=dict)  # rid -> where it went
     early_aborts: dict[str, float] = field(default_factory=dict)  # rid -> deadline
+    # Until then (monotonic) an executor missing from the heartbeats is kept, not lost: after
+    # a Redis restart every liveness key is gone until its owner's next beat.
+    grace_until: float = 0.0
 
-    def update_executors(self, beats: list[Heartbeat]) -> list[tuple[str, Struct]]:
+    def bus_restarted(self, grace_s: float, now: float | None = None) -> None:
+        """Redis restarted empty: the requests routed before are gone (the gateways failed
+        them and the executors end them), and executors get `grace_s` to beat again."""
+        now = time.monotonic() if now is None else now
+        self.assigned.clear()
+        self.early_aborts.clear()
+        self.grace_until = now + grace_s
+
+    def update_executors(
+        self, beats: list[Heartbeat], now: float | None = None
+    ) -> list[tuple[str, Struct]]:
         """Take the live executors' heartbeats; fail the requests of executors that vanished."""
+        now = time.monotonic() if now is None else now
         live: dict[str, ExecutorView] = {}
         for hb in beats:
             if hb.executor is None:
@@ -60,6 +74,9 @@ class Router:
             sent = old.sent_since_beat if old is not None and old.beat_ts == hb.ts else 0
             live[hb.instance] = ExecutorView(hb.instance, hb.executor, hb.ts, sent)
         lost = set(self.executors) - set(live)
+        if lost and now < self.grace_until:
+            live.update({name: self.executors[name] for name in lost})
+            lost = set()
         self.executors = live
         out: list[tuple[str, Struct]] = []
         if lost:

@@ -42,7 +42,11 @@ async def serve(a: argparse.Namespace) -> None:
     source = resolve_model(a.model, a.served_model_name)
     tok = Tokenization(source)
     svc = Service(
-        "tokenizer", a.instance_id or default_instance_id(), a.redis_url, model=tok.model_info()
+        "tokenizer",
+        a.instance_id or default_instance_id(),
+        a.redis_url,
+        model=tok.model_info(),
+        max_connections=a.redis_max_connections,
     )
     consumer: GroupConsumer[TokenizeMessage] = GroupConsumer(
         svc.r, constants.TOKENIZE_STREAM, constants.TOKENIZE_GROUP, svc.instance, TokenizeMessage
@@ -64,7 +68,7 @@ async def serve(a: argparse.Namespace) -> None:
 
     log.info("tokenizer ready: model %s, context %d", source.name, tok.context_length)
     try:
-        await svc.run(work())
+        await svc.run(work)
     finally:
         pool.shutdown(wait=False)
 

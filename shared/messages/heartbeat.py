@@ -24,6 +24,7 @@ class ExecutorLoad(msgspec.Struct, kw_only=True, frozen=True):
     grammar_load_s: float = 0.0  # time spent loading (or compiling) grammars
     jump_forward_tokens: int = 0  # forced tokens appended, never sampled (no mask, no draw)
     jump_extended_tokens: int = 0  # of those, computed beside another token: passes saved
+    waiting_tokens: int = 0  # prompt tokens of the requests waiting to start (gateway admission)
 
 
 class ModelInfo(msgspec.Struct, kw_only=True, frozen=True):

@@ -7,6 +7,8 @@ import hashlib
 import pytest
 
 from services.gateway.access_policy import (
+    BUDGETED_PATHS,
+    OPEN_PATHS,
     AccessDenied,
     AccessPolicy,
     Caller,
@@ -18,6 +20,7 @@ from services.gateway.access_policy import (
 )
 from services.gateway.errors import ApiError
 from services.gateway.key_budget import KeyBudget
+from services.gateway.openapi import OPERATIONS, document
 
 BOTH = AccessPolicy.from_flags("k1, k2", "root")
 USERS_ONLY = AccessPolicy.from_flags("k1")
@@ -163,3 +166,16 @@ def test_a_zero_budget_is_no_limit() -> None:
     for _ in range(100):
         budget.acquire("a")
     assert budget.inflight == {}
+
+
+def test_the_openapi_document_states_the_access_refusals() -> None:
+    doc = document()
+    assert doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    for op in OPERATIONS:
+        described = doc["paths"][op.path][op.method]
+        statuses = set(described["responses"])
+        guarded = op.path not in OPEN_PATHS
+        assert "403" in statuses and ("401" in statuses) == guarded, op.path
+        assert ("security" in described) == guarded, op.path
+        assert ("415" in statuses) == (guarded and op.method == "post"), op.path
+        assert ("429" in statuses) == (op.path in BUDGETED_PATHS), op.path

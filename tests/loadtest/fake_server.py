@@ -41,6 +41,7 @@ class Served:
     body: dict[str, Any]
     received: float  # time.perf_counter()
     finished: float = 0.0
+    authorization: str | None = None  # the request's Authorization header
 
 
 class FakeServer:
@@ -72,6 +73,7 @@ class FakeServer:
     async def generate(self, request: web.Request) -> web.StreamResponse:
         s = self.script
         served = Served(request.path, await request.json(), time.perf_counter())
+        served.authorization = request.headers.get("Authorization")
         self.served.append(served)
         if s.fail_status is not None:
             return _error(s.fail_status, "scripted failure")

@@ -62,6 +62,16 @@ async def test_metrics_agree_with_what_the_server_served(
     assert record["mean_ttft_ms"] == pytest.approx(m.ttft.mean)
 
 
+async def test_the_api_key_is_sent_and_kept_out_of_the_report(
+    start_fake: StartFake, bpe_path: Path, tmp_path: Path
+) -> None:
+    fake = await start_fake(Script())
+    out = tmp_path / "runs.jsonl"
+    await bench(fake, bpe_path, "--api-key", "s3cret-key", "--output-file", str(out))
+    assert {s.authorization for s in fake.served} == {"Bearer s3cret-key"}
+    assert "s3cret-key" not in out.read_text()
+
+
 async def test_without_usage_output_tokens_are_re_tokenized(
     start_fake: StartFake, bpe_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -122,3 +122,23 @@ def test_routing_stamps_the_requests_hop_times() -> None:
     assert msgspec.structs.replace(sent.trace.hops, routed=0.0) == hops
     # a request without HopTimes goes on unchanged
     assert router.route(make_request("b")) == [("rs:exec:e1", make_request("b"))]
+
+
+def test_after_a_redis_restart_routes_are_forgotten_and_executors_get_a_grace() -> None:
+    r = Router(max_queued=10)
+    r.update_executors([beat("e1")], now=0.0)
+    r.route(make_request("old"))
+    r.abort(AbortRequest(rid="early"))
+    r.bus_restarted(grace_s=3.0, now=10.0)
+    assert r.assigned == {} and r.early_aborts == {}
+    # Every liveness key went with the old server: no heartbeat yet, but e1 is not lost.
+    assert r.update_executors([], now=11.0) == []
+    assert list(r.executors) == ["e1"]
+    routed = r.route(make_request("new"))
+    assert routed[0][0] == "rs:exec:e1"
+    # Still silent after the grace: lost, and what it holds fails with a retryable 503.
+    out = r.update_executors([], now=13.5)
+    assert r.executors == {}
+    ((stream, failed),) = out
+    assert isinstance(failed, RequestFailed)
+    assert (stream, failed.rid, failed.error.status) == ("rs:detok:0", "new", 503)
