@@ -69,6 +69,7 @@ async def under_load(stack: Stack, fault: Callable[[], object], s: Settings) -> 
             if not await load.wait_ok(s.before_ok, 0.0, s.recover_timeout):
                 outcomes = await load.stop()
                 raise NotServing(f"nothing served before the fault: {tally(outcomes, None)}")
+            await load.wait_busy(s.recover_timeout)
             fault_at = time.perf_counter()
             await asyncio.to_thread(fault)
             await load.wait_ok(s.after_ok, fault_at, s.recover_timeout)
