@@ -89,6 +89,7 @@ class Load:
         self._requests: set[asyncio.Task[None]] = set()
         self._pacer: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
+        self.in_flight = 0  # requests sent (their start time taken) and not yet answered
 
     def start(self) -> None:
         self._pacer = asyncio.create_task(self._pace())
@@ -104,7 +105,11 @@ class Load:
 
     async def _one(self) -> None:
         body = self.body() if callable(self.body) else self.body
-        out = await send(self.session, self.url, body, self.hang_s, True, self.headers)
+        self.in_flight += 1  # send() takes its start time before its first await
+        try:
+            out = await send(self.session, self.url, body, self.hang_s, True, self.headers)
+        finally:
+            self.in_flight -= 1
         self.outcomes.append(out)
         self._changed.set()
 
@@ -128,7 +133,7 @@ class Load:
     async def wait_busy(self, timeout: float) -> bool:
         """Until a request is in flight, so that a fault meets work mid-way."""
         deadline = time.perf_counter() + timeout
-        while not self._requests:
+        while not self.in_flight:
             if time.perf_counter() >= deadline:
                 return False
             await asyncio.sleep(0.005)  # polled: the pacer starts requests on its own clock

@@ -99,11 +99,11 @@ async def hostile_answers(stack: Stack, timeout: float) -> list[dict[str, Any]]:
 
 def ensure_executors(stack: Stack, n: int, executor_args: list[str], timeout: float) -> None:
     """At least n live executors (serve starts one)."""
-    from loadtest.fault_stack import _wait
+    from loadtest.fault_stack import wait_for
 
     for _ in range(n - len(stack.pids("executor"))):
         stack.add_executor(executor_args)
-    _wait(lambda: len(stack.pids("executor")) >= n, timeout, f"{n} executors")
+    wait_for(lambda: len(stack.pids("executor")) >= n, timeout, f"{n} executors")
     stack.wait_healthy(timeout)
 
 
