@@ -158,7 +158,6 @@ def main(argv: list[str] | None = None) -> None:
 
     def on_ready() -> None:
         display.end()
-        progress_client.close()
         print(
             f"ready: radixserve is serving {name} at {url} (ready in "
             f"{time.monotonic() - started:.1f}s; Ctrl-C stops it)",
@@ -170,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
         a.redis_url,
         is_ready=lambda: health_ok(url),
         on_ready=on_ready,
-        on_waiting=show_progress,
+        on_tick=show_progress,  # an executor restarted later shows its load too
         policy=RestartPolicy(max_restarts=a.max_restarts, window_s=a.restart_window),
         redis_server=redis_server,
         startup_timeout_s=a.startup_timeout,
@@ -179,5 +178,6 @@ def main(argv: list[str] | None = None) -> None:
         code = supervisor.run()
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        progress_client.close()
     if code:
         raise SystemExit(code)

@@ -30,6 +30,9 @@ class ProgressDisplay:
         self.drawn = False
 
     def show(self, items: list[LoadProgress]) -> None:
+        if not items:
+            self.end()  # every load finished
+            return
         for p in sorted(items, key=lambda p: p.instance):
             mark = (p.phase, int(p.fraction * 10))
             if self.shown.get(p.instance) == mark and not self.tty:

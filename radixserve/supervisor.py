@@ -40,7 +40,7 @@ class Supervisor:
         redis_url: str,
         is_ready: Callable[[], bool],
         on_ready: Callable[[], None] = lambda: None,
-        on_waiting: Callable[[], None] = lambda: None,
+        on_tick: Callable[[], None] = lambda: None,
         policy: RestartPolicy | None = None,
         redis_server: RedisServer | None = None,
         startup_timeout_s: float = 600.0,
@@ -51,7 +51,7 @@ class Supervisor:
         self.redis_url, self.redis_server = redis_url, redis_server
         self.redis_tracker = RestartTracker(self.policy)
         self.redis_restart_at: float | None = None
-        self.is_ready, self.on_ready, self.on_waiting = is_ready, on_ready, on_waiting
+        self.is_ready, self.on_ready, self.on_tick = is_ready, on_ready, on_tick
         self.startup_timeout_s = startup_timeout_s
         self.ready = False
         self._stop = threading.Event()
@@ -76,8 +76,7 @@ class Supervisor:
                     elif now - started > self.startup_timeout_s:
                         say(f"not ready after {self.startup_timeout_s:.0f}s; stopping everything")
                         return 1
-                    else:
-                        self.on_waiting()
+                self.on_tick()
                 self._stop.wait(TICK_S)
         except KeyboardInterrupt:
             say("stopping")

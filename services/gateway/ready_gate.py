@@ -28,8 +28,8 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.25
 RETRY_AFTER_S = 2.0
-# Routes that need no pipeline: stopping requests is always allowed.
-UNGATED = frozenset({"/abort_request", "/abort_all"})
+# Routes that answer for themselves: stopping requests, the probe, the executors' cache.
+UNGATED = frozenset({"/abort_request", "/abort_all", "/health_generate", "/flush_cache"})
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _decoder = msgspec.msgpack.Decoder(Heartbeat)
