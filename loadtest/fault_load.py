@@ -31,6 +31,7 @@ class Tally:
     failed: int = 0
     hung: int = 0
     recover_s: float | None = None  # the fault until the first 2xx of a request sent after it
+    in_flight_at_fault: int = 0  # requests sent before the fault and answered after it
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -44,6 +45,7 @@ class Tally:
             "failed_fast": self.failed,
             "hung": self.hung,
             "recover_s": None if self.recover_s is None else round(self.recover_s, 2),
+            "in_flight_at_fault": self.in_flight_at_fault,
             "first_errors": self.errors[:FIRST_ERRORS],
         }
 
@@ -65,6 +67,7 @@ def tally(outcomes: list[Outcome], fault_at: float | None) -> Tally:
     if fault_at is not None:
         after = [o.end for o in outcomes if o.kind == "2xx" and o.start >= fault_at]
         t.recover_s = min(after) - fault_at if after else None
+        t.in_flight_at_fault = sum(o.start < fault_at < o.end for o in outcomes)
     return t
 
 
@@ -86,6 +89,7 @@ class Load:
         self._requests: set[asyncio.Task[None]] = set()
         self._pacer: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
+        self.in_flight = 0  # requests sent (their start time taken) and not yet answered
 
     def start(self) -> None:
         self._pacer = asyncio.create_task(self._pace())
@@ -101,7 +105,11 @@ class Load:
 
     async def _one(self) -> None:
         body = self.body() if callable(self.body) else self.body
-        out = await send(self.session, self.url, body, self.hang_s, True, self.headers)
+        self.in_flight += 1  # send() takes its start time before its first await
+        try:
+            out = await send(self.session, self.url, body, self.hang_s, True, self.headers)
+        finally:
+            self.in_flight -= 1
         self.outcomes.append(out)
         self._changed.set()
 
@@ -120,6 +128,15 @@ class Load:
                 await asyncio.wait_for(self._changed.wait(), left)
             except asyncio.TimeoutError:
                 return False
+        return True
+
+    async def wait_busy(self, timeout: float) -> bool:
+        """Until a request is in flight, so that a fault meets work mid-way."""
+        deadline = time.perf_counter() + timeout
+        while not self.in_flight:
+            if time.perf_counter() >= deadline:
+                return False
+            await asyncio.sleep(0.005)  # polled: the pacer starts requests on its own clock
         return True
 
     async def stop(self) -> list[Outcome]:

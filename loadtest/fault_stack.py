@@ -33,7 +33,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait(condition: object, timeout: float, what: str, step: float = 0.1) -> float:
+def wait_for(condition: object, timeout: float, what: str, step: float = 0.1) -> float:
     """Poll condition() until true; the seconds it took. Raises TimeoutError naming `what`."""
     started = time.monotonic()
     while time.monotonic() - started < timeout:
@@ -61,7 +61,7 @@ class RedisServer:
         self.proc = subprocess.Popen(
             [binary, *args], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
         )
-        _wait(self.answers, timeout, f"redis-server on port {self.port}", 0.05)
+        wait_for(self.answers, timeout, f"redis-server on port {self.port}", 0.05)
 
     def answers(self) -> bool:
         try:
@@ -83,7 +83,7 @@ class RedisServer:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def _children(pid: int) -> list[int]:
+def children(pid: int) -> list[int]:
     found: list[int] = []
     task_dir = Path(f"/proc/{pid}/task")
     try:
@@ -95,7 +95,7 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _cmdline(pid: int) -> list[str]:
+def cmdline(pid: int) -> list[str]:
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
@@ -186,7 +186,7 @@ class Stack:
             return self.healthy()
 
         try:
-            return _wait(ready, timeout, "GET /health 200", 0.2)
+            return wait_for(ready, timeout, "GET /health 200", 0.2)
         except TimeoutError as e:
             raise TimeoutError(f"{e}\n{self.log_tail()}") from None
 
@@ -194,8 +194,8 @@ class Stack:
         """Live processes of one service: serve's children and the extra executors."""
         if self.proc is None:
             return []
-        candidates = _children(self.proc.pid) + [p.pid for p in self.extra if p.poll() is None]
-        return [p for p in candidates if _alive(p) and service_of(_cmdline(p)) == service]
+        candidates = children(self.proc.pid) + [p.pid for p in self.extra if p.poll() is None]
+        return [p for p in candidates if _alive(p) and service_of(cmdline(p)) == service]
 
     def kill(self, service: str, index: int = 0) -> int:
         """SIGKILL one process of service; its pid."""
@@ -208,7 +208,9 @@ class Stack:
 
     def wait_replaced(self, service: str, old: int, timeout: float) -> float:
         """Until a live process of service other than old runs; the seconds it took."""
-        return _wait(lambda: any(p != old for p in self.pids(service)), timeout, f"a new {service}")
+        return wait_for(
+            lambda: any(p != old for p in self.pids(service)), timeout, f"a new {service}"
+        )
 
     def serve_alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -69,6 +69,7 @@ async def under_load(stack: Stack, fault: Callable[[], object], s: Settings) -> 
             if not await load.wait_ok(s.before_ok, 0.0, s.recover_timeout):
                 outcomes = await load.stop()
                 raise NotServing(f"nothing served before the fault: {tally(outcomes, None)}")
+            await load.wait_busy(s.recover_timeout)
             fault_at = time.perf_counter()
             await asyncio.to_thread(fault)
             await load.wait_ok(s.after_ok, fault_at, s.recover_timeout)
@@ -98,11 +99,11 @@ async def hostile_answers(stack: Stack, timeout: float) -> list[dict[str, Any]]:
 
 def ensure_executors(stack: Stack, n: int, executor_args: list[str], timeout: float) -> None:
     """At least n live executors (serve starts one)."""
-    from loadtest.fault_stack import _wait
+    from loadtest.fault_stack import wait_for
 
     for _ in range(n - len(stack.pids("executor"))):
         stack.add_executor(executor_args)
-    _wait(lambda: len(stack.pids("executor")) >= n, timeout, f"{n} executors")
+    wait_for(lambda: len(stack.pids("executor")) >= n, timeout, f"{n} executors")
     stack.wait_healthy(timeout)
 
 

@@ -43,10 +43,15 @@ HOSTILE = [
     Hostile(
         "invalid UTF-8 body", "/v1/completions", b'{"prompt": "\xff\xfe\xfd", "max_tokens": 4}'
     ),
+    # Nested where the API takes any JSON (a schema object), so only depth can refuse it.
     Hostile(
         "1,000-deep nesting",
-        "/v1/completions",
-        b'{"max_tokens": 4, "prompt": ' + b"[" * DEPTH + b"]" * DEPTH + b"}",
+        "/generate",
+        b'{"text": "x", "sampling_params": {"max_new_tokens": 4, "json_schema": '
+        + b'{"a": ' * DEPTH
+        + b"{}"
+        + b"}" * DEPTH
+        + b"}}",
     ),
     Hostile(
         "10 MB prompt",

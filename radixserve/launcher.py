@@ -1,25 +1,33 @@
-"""`radixserve serve`: every service on this machine, as its own process.
+"""`radixserve serve`: every service on this machine, as its own supervised process.
 
-Starts a private redis-server when no REDIS_URL is given, then each service with the same
-`radixserve <service>` command compose.yaml runs, passing the configuration through the
-services' RADIXSERVE_* environment twins. Waits until the gateway reports every service live,
-prints the URL, and on Ctrl-C / SIGTERM stops the services (gateway first), then Redis.
+Starts a private redis-server (password-protected, on a private unix socket) when no REDIS_URL
+is given, then each service with the same `radixserve <service>` command compose.yaml runs,
+passing the configuration through the services' RADIXSERVE_* environment twins. Shows the
+model's load progress, prints a ready line once GET /health says a request can be served end
+to end, restarts a child (or its Redis) that dies, and on Ctrl-C / SIGTERM stops the services
+(gateway first), then Redis.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
-import shutil
 import signal
-import subprocess
+import socket
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
 
-from shared.config import EnvArgumentParser, add_common_flags, env_name, positive
+import redis
+
+from radixserve.children import ChildSpec
+from radixserve.progress import ProgressDisplay, read_progress
+from radixserve.redis_proc import RedisServer
+from radixserve.restart import RestartPolicy
+from radixserve.supervisor import Supervisor
+from shared.config import EnvArgumentParser, add_common_flags, env_name, non_negative, positive
 from shared.model_files import ModelNotFoundError, resolve_model
 
 SERVICE_ORDER = ["scheduler", "detokenizer", "tokenizer", "grammar", "executor", "gateway"]
@@ -38,6 +46,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         add(p)
     p.add_flag(
         "--tokenizer-replicas", type=int, default=1, check=positive, help="tokenizer processes"
+    )
+    p.add_flag(
+        "--max-restarts",
+        type=int,
+        default=5,
+        check=non_negative,
+        help="restarts of one child within --restart-window before everything stops (exit 1)",
+    )
+    p.add_flag(
+        "--restart-window",
+        type=float,
+        default=300.0,
+        check=positive,
+        help="seconds over which --max-restarts counts a child's restarts",
     )
     p.add_flag(
         "--startup-timeout",
@@ -69,42 +91,6 @@ def check_model(a: argparse.Namespace) -> str:
     return source.name
 
 
-def start_redis() -> tuple[subprocess.Popen[bytes], str, str]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit(
-            "radixserve serve: redis-server not found; install it (apt-get install redis-server) "
-            "or point REDIS_URL at a running Redis"
-        )
-    workdir = tempfile.mkdtemp(prefix="radixserve-redis-")
-    sock = os.path.join(workdir, "redis.sock")
-    proc = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            "0",
-            "--unixsocket",
-            sock,
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            workdir,
-        ],
-        stdout=subprocess.DEVNULL,
-        preexec_fn=_die_with_parent,
-    )
-    for _ in range(100):
-        if os.path.exists(sock):
-            return proc, f"unix://{sock}", workdir
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    proc.kill()
-    raise SystemExit("radixserve serve: the private redis-server did not start")
-
-
 def child_env(a: argparse.Namespace) -> dict[str, str]:
     env = dict(os.environ)
     for key, value in vars(a).items():
@@ -118,76 +104,40 @@ def child_env(a: argparse.Namespace) -> dict[str, str]:
     return env
 
 
-def _die_with_parent() -> None:
-    """In each child, before exec: get SIGTERM when the launcher dies, however it dies
-    (Linux), so no service outlives `radixserve serve`."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-
-def spawn(a: argparse.Namespace) -> dict[str, subprocess.Popen[bytes]]:
+def child_specs(a: argparse.Namespace, suffix: str = "") -> list[ChildSpec]:
+    """Every child, in start order; each runs the `radixserve <service>` command compose.yaml
+    runs. `suffix` keeps instance ids unique when other launches share the Redis."""
     env = child_env(a)
     cmd = [sys.executable, "-m", "radixserve"]
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def popen(args: list[str]) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(args, env=env, preexec_fn=_die_with_parent)
-
+    specs: list[ChildSpec] = []
     for service in SERVICE_ORDER:
-        if service == "tokenizer":
-            for i in range(a.tokenizer_replicas):
-                procs[f"tokenizer-{i}"] = popen([*cmd, "tokenizer"])
-        elif service == "detokenizer":
-            for i in range(a.detokenizer_partitions):
-                procs[f"detokenizer-{i}"] = popen([*cmd, "detokenizer", "--partition", str(i)])
-        else:
-            procs[service] = popen([*cmd, service])
-    return procs
+        count = {"tokenizer": a.tokenizer_replicas, "detokenizer": a.detokenizer_partitions}
+        for i in range(count.get(service, 1)):
+            argv = [*cmd, service]
+            if service == "detokenizer":
+                argv += ["--partition", str(i)]
+            specs.append(ChildSpec(f"{service}-{i}", service, argv, env, suffix))
+    return specs
 
 
-def wait_ready(url: str, procs: dict[str, subprocess.Popen[bytes]], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for name, p in procs.items():
-            if p.poll() is not None:
-                raise SystemExit(f"radixserve serve: {name} exited with code {p.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.25)
-    raise SystemExit(f"radixserve serve: services not ready after {timeout:.0f}s")
-
-
-def stop_all(procs: dict[str, subprocess.Popen[bytes]], timeout: float = 40.0) -> None:
-    """Gateway first (no new requests), then the rest; SIGKILL whatever outlives `timeout`."""
-    order = ["gateway"] + [n for n in procs if n != "gateway"]
-    for name in order:
-        p = procs.get(name)
-        if p is not None and p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    for p in procs.values():
-        try:
-            p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+def health_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=1) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def main(argv: list[str] | None = None) -> None:
     a = parse_args(argv)
     name = check_model(a)
-    redis_proc = workdir = None
+    redis_server = None
+    suffix = f"-{socket.gethostname()}-{os.getpid()}"
     if not a.redis_url:
-        redis_proc, a.redis_url, workdir = start_redis()
+        redis_server = RedisServer()
+        redis_server.start()
+        a.redis_url, suffix = redis_server.url, ""  # nothing else uses this Redis
     started = time.monotonic()
-    procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def on_signal(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # SIGTERM stops everything the way Ctrl-C does
@@ -195,25 +145,39 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, on_signal)
     host = "127.0.0.1" if a.host in ("0.0.0.0", "::") else a.host
     url = f"http://{host}:{a.port}"
-    try:
-        procs = spawn(a)
-        wait_ready(url, procs, a.startup_timeout)
+    display = ProgressDisplay()
+    progress_client = redis.Redis.from_url(a.redis_url, socket_timeout=1)
+    last_shown = [0.0]
+
+    def show_progress() -> None:
+        if time.monotonic() - last_shown[0] < 0.5:
+            return
+        last_shown[0] = time.monotonic()
+        with contextlib.suppress(redis.RedisError):
+            display.show(read_progress(progress_client))
+
+    def on_ready() -> None:
+        display.end()
         print(
-            f"radixserve is serving {name} at {url} (ready in {time.monotonic() - started:.1f}s; "
-            "Ctrl-C stops it)",
+            f"ready: radixserve is serving {name} at {url} (ready in "
+            f"{time.monotonic() - started:.1f}s; Ctrl-C stops it)",
             flush=True,
         )
-        while True:
-            for pname, p in procs.items():
-                if p.poll() is not None:
-                    raise SystemExit(f"radixserve serve: {pname} exited with code {p.returncode}")
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        print("radixserve: stopping", flush=True)
+
+    supervisor = Supervisor(
+        child_specs(a, suffix),
+        a.redis_url,
+        is_ready=lambda: health_ok(url),
+        on_ready=on_ready,
+        on_tick=show_progress,  # an executor restarted later shows its load too
+        policy=RestartPolicy(max_restarts=a.max_restarts, window_s=a.restart_window),
+        redis_server=redis_server,
+        startup_timeout_s=a.startup_timeout,
+    )
+    try:
+        code = supervisor.run()
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        stop_all(procs)
-        if redis_proc is not None:
-            redis_proc.terminate()
-            redis_proc.wait(timeout=10)
-            shutil.rmtree(workdir or "", ignore_errors=True)
+        progress_client.close()
+    if code:
+        raise SystemExit(code)

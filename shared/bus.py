@@ -68,6 +68,7 @@ def dedicated(r: aioredis.Redis) -> aioredis.Redis:
     source = r.connection_pool
     kwargs = dict(source.connection_kwargs)
     kwargs["retry"] = Retry(NoBackoff(), 0)
+    kwargs.pop("maint_notifications_pool_handler", None)  # each pool makes its own
     pool = aioredis.BlockingConnectionPool(
         connection_class=source.connection_class, max_connections=1, timeout=None, **kwargs
     )

@@ -71,3 +71,13 @@ def detok_partition(rid: str, partitions: int) -> int:
     for ch in rid.encode():
         h = (h * 131 + ch) & 0xFFFFFFFF
     return h % partitions
+
+
+# Model-load progress of a starting executor: f"{PROGRESS_PREFIX}:{service}:{instance}" holds a
+# LoadProgress (shared/messages/progress.py) with a TTL, deleted once the model is loaded.
+PROGRESS_PREFIX = f"{PREFIX}:progress"
+PROGRESS_TTL_S = 60.0
+
+
+def progress_key(service: str, instance: str) -> str:
+    return f"{PROGRESS_PREFIX}:{service}:{instance}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -125,7 +126,14 @@ def kv_pool_tokens(
     return tokens
 
 
-def build_engine(s: EngineSettings) -> Engine:
+def _no_progress(phase: str, done: float) -> None:
+    pass
+
+
+def build_engine(
+    s: EngineSettings, progress: Callable[[str, float], None] = _no_progress
+) -> Engine:
+    """The engine for `s`; `progress(phase, share of it done)` hears how far loading is."""
     device = pick_device(s.device)
     dtype = pick_dtype(s.dtype, device)
     backend = s.attention_backend
@@ -138,8 +146,10 @@ def build_engine(s: EngineSettings) -> Engine:
         dtype=dtype,
         load_format=s.load_format,
         attention_backend=backend,
+        progress=lambda done: progress("weights", done),
     )
     model.eval()
+    progress("kv pool", 0.0)
     slots = kv_pool_tokens(s, config, dtype, kv_dtype, device)
     kv = KVPool(slots, config.num_layers, config.num_kv_heads, config.head_dim, kv_dtype, device)
     context = config.max_position_embeddings
@@ -169,6 +179,7 @@ def build_engine(s: EngineSettings) -> Engine:
         graphs = CudaGraphRunner(
             model, kv, rows, min(s.cuda_graph_max_bs, s.max_running_requests), device
         )
+        progress("cuda graphs", 0.0)
         graphs.capture()
     runner = ModelRunner(
         model,
@@ -194,5 +205,6 @@ def build_engine(s: EngineSettings) -> Engine:
         s.name, s.stream, s.model.name, context, policy, runner, check_integrity=s.check_integrity
     )
     if device.type == "cuda":
+        progress("warm-up", 0.0)
         warm_up(engine)
     return engine

@@ -19,6 +19,7 @@ from services.executor.builder import KV_CACHE_DTYPES, EngineSettings, build_eng
 from services.executor.engine import AbortEverything, Engine, stamp_published
 from services.executor.grammar import GrammarBackend
 from services.executor.grammar_cache import GrammarCache
+from services.executor.load_progress import ProgressReporter
 from services.executor.sender import Outputs, send_in_order
 from shared import constants
 from shared.bus import StreamReader, publish_many
@@ -207,6 +208,8 @@ async def serve(a: argparse.Namespace) -> None:
     source = resolve_model(a.model, a.served_model_name)
     instance = a.instance_id or default_instance_id()
     stream = constants.executor_stream(instance)
+    progress = ProgressReporter(a.redis_url, instance)
+    progress("tokenizer", 0.0)
     grammar_tok = GrammarTokenizer.load(source)
     engine = build_engine(
         EngineSettings(
@@ -230,8 +233,10 @@ async def serve(a: argparse.Namespace) -> None:
             page_size=a.page_size,
             schedule_policy=a.schedule_policy,
             sample_vocab=len(grammar_tok.tokenizer),
-        )
+        ),
+        progress,
     )
+    progress.finish()
     # Everything loaded so far lives as long as the process: keep the collector from walking
     # it on every collection (a full pass over the radix tree's nodes stalls a step).
     gc.collect()

@@ -18,6 +18,7 @@ from services.gateway import (
     native_api,
     openai_api,
     openapi,
+    ready_gate,
     tokenize_api,
 )
 from services.gateway.access_policy import AccessPolicy
@@ -87,7 +88,7 @@ async def build_app(
         key_budget=KeyBudget(policy.max_inflight_per_key),
     )
     app = web.Application(
-        middlewares=[errors_as_json, access.access_control],
+        middlewares=[errors_as_json, access.access_control, ready_gate.until_ready],
         client_max_size=settings.max_body_bytes,
     )
     app[STATE] = state
@@ -113,6 +114,7 @@ async def build_app(
             await close(client)
 
     app.cleanup_ctx.append(reply_listener)
+    app.cleanup_ctx.append(ready_gate.readiness_ctx)
     openai_api.add_routes(app)
     native_api.add_routes(app)
     admin_api.add_routes(app)

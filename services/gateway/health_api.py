@@ -1,4 +1,4 @@
-"""GET /health (every service has a live instance) and GET or POST /health_generate (a real
+"""GET /health (every stage can serve right now) and GET or POST /health_generate (a real
 one-token generation through all of them)."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import time
 import uuid
 from typing import Any
 
-import redis.asyncio as aioredis
 from aiohttp import web
 
 from services.gateway.dispatch import ClientGone
 from services.gateway.errors import ApiError, error_body
+from services.gateway.ready_gate import read_readiness
 from services.gateway.responses import json_response, traceparent
 from services.gateway.state import STATE
 from services.gateway.validation import Job
@@ -20,10 +20,6 @@ from shared.bus import TRANSIENT
 from shared.messages.common import SamplingParams
 from shared.messages.reply import Failure
 from shared.messages.tokenize import TextPrompt
-from shared.service import live_instances
-
-# The services a request passes through: /health is ok only when each has a live instance.
-PIPELINE = ("tokenizer", "grammar", "scheduler", "executor", "detokenizer")
 
 # The probe of /health_generate: a tiny prompt, one greedy token. Its timeout leaves room for
 # the probe to wait behind a long prefill on a busy CPU, and is short enough for a load
@@ -34,31 +30,32 @@ PROBE_TIMEOUT_S = 10.0
 REDIS_TIMEOUT_S = 2.0
 
 
-async def instance_counts(r: aioredis.Redis) -> dict[str, int]:
-    await r.ping()
-    return {name: len(await live_instances(r, name)) for name in PIPELINE}
-
-
 def unavailable(status: str, message: str, **extra: Any) -> web.Response:
     body = {"status": status, **extra, **error_body(message, "service_unavailable", None, 503)}
     return json_response(body, 503)
 
 
 async def health(request: web.Request) -> web.StreamResponse:
+    """200 only when a request can be served end to end now (services/gateway/readiness.py);
+    503 naming each missing stage and why."""
     state = request.app[STATE]
     if state.draining:
         return unavailable("draining", "the gateway is shutting down")
     try:
-        counts = await asyncio.wait_for(instance_counts(state.r), REDIS_TIMEOUT_S)
+        readiness = await asyncio.wait_for(read_readiness(state.r), REDIS_TIMEOUT_S)
     except (*TRANSIENT, asyncio.TimeoutError) as e:
         reason = str(e) or f"no answer within {REDIS_TIMEOUT_S:g}s"
         return unavailable("unavailable", f"redis is unreachable: {reason}", missing=["redis"])
-    missing = [name for name, n in counts.items() if n == 0]
-    if missing:
-        message = f"no live instance of: {', '.join(missing)}"
-        return unavailable("unavailable", message, missing=missing, instances=counts)
+    if not readiness.ready:
+        return unavailable(
+            "unavailable",
+            f"not ready: {readiness.message()}",
+            missing=readiness.missing,
+            reasons=readiness.reasons,
+            instances=readiness.instances,
+        )
     return json_response(
-        {"status": "ok", "instances": counts, "inflight": len(state.router.queues)}
+        {"status": "ok", "instances": readiness.instances, "inflight": len(state.router.queues)}
     )
 
 

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from services.gateway.access import caller
 from services.gateway.errors import ApiError
-from services.gateway.health_api import PIPELINE
+from services.gateway.readiness import PIPELINE
 from services.gateway.responses import json_response
 from services.gateway.state import STATE, GatewayState
 from shared import constants

@@ -82,6 +82,11 @@ def add_flags(p: EnvArgumentParser) -> None:
         check=non_negative,
         help="generation calls one API key may have in flight here; more get 429 (0: no limit)",
     )
+    p.add_bool(
+        "--serve-before-ready",
+        help="pass API requests on before every stage is live (default: 503 with Retry-After "
+        "until GET /health first says a request can be served end to end)",
+    )
 
 
 class Gateway:
@@ -105,6 +110,7 @@ class Gateway:
             max_inflight=args.max_inflight,
             max_queued_tokens=args.max_queued_tokens,
             model_path=model_path,
+            wait_until_ready=not args.serve_before_ready,
         )
         # Only the keys' digests are kept past this point (not in settings: they are shown).
         self.access = AccessPolicy.from_flags(
@@ -119,9 +125,11 @@ class Gateway:
         state = app[STATE]
         assert state.listener is not None
         self.port = bound_port(runner)
-        log.info("serving %s on http://%s:%d", self.settings.model_name, self.args.host, self.port)
+        url = f"http://{self.args.host}:{self.port}"
+        log.info("listening on %s; waiting until every stage is ready", url)
         self.serving.set()
         stopping = asyncio.create_task(self.service.stopping.wait())
+        announce = asyncio.create_task(self._announce_ready(state.ready, url))
         try:
             watched = {state.listener} | ({state.load_watch} if state.load_watch else set())
             done, _ = await asyncio.wait(watched | {stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -130,8 +138,13 @@ class Gateway:
                 raise RuntimeError(f"the gateway's {task.get_name()} stopped") from error
         finally:
             stopping.cancel()
+            announce.cancel()
             state.draining = True
             await runner.cleanup()  # stop accepting; in-flight requests finish or time out
+
+    async def _announce_ready(self, ready: asyncio.Event, url: str) -> None:
+        await ready.wait()
+        log.info("ready: serving %s on %s", self.settings.model_name, url)
 
     async def run(self) -> None:
         await self.service.run(self.serve_http)

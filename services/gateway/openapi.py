@@ -58,7 +58,11 @@ class Operation:
 
 
 BAD = {400: "invalid input; `error.param` names the field"}
-BUSY = {503: "queue full, no live executor, or the bus unreachable", 504: "timed out"}
+BUSY = {
+    503: "queue full, no live executor, the bus unreachable, or the server still starting",
+    504: "timed out",
+}
+STARTING_OR_BUS = "the bus is unreachable, or the server is still starting"
 OPERATIONS = [
     Operation(
         "post",
@@ -105,7 +109,7 @@ OPERATIONS = [
         "the token ids of a text, or of chat messages through the chat template",
         '`{"tokens": [...], "count": N, "max_model_len": M}`',
         TokenizeBody,
-        {**BAD, 503: "the bus is unreachable", 504: "no tokenizer answered"},
+        {**BAD, 503: STARTING_OR_BUS, 504: "no tokenizer answered"},
     ),
     Operation(
         "post",
@@ -113,7 +117,7 @@ OPERATIONS = [
         "the text of token ids",
         '`{"text": "..."}`',
         DetokenizeBody,
-        {**BAD, 503: "the bus is unreachable", 504: "no tokenizer answered"},
+        {**BAD, 503: STARTING_OR_BUS, 504: "no tokenizer answered"},
     ),
     Operation(
         "get",
@@ -132,9 +136,9 @@ OPERATIONS = [
     Operation(
         "get",
         "/health",
-        "every service has a live instance",
+        "a request can be served end to end now: every stage has a fresh heartbeat",
         '`{"status": "ok", ...}`',
-        errors={503: "a service has no live instance, or redis is unreachable"},
+        errors={503: "a stage is missing (named in `missing`, with `reasons`), or no redis"},
     ),
     *(
         Operation(

@@ -12,6 +12,7 @@ from aiohttp import web
 from services.gateway.access_policy import AccessPolicy
 from services.gateway.dispatch import Dispatcher
 from services.gateway.key_budget import KeyBudget
+from services.gateway.readiness import Readiness
 from services.gateway.replies import ReplyRouter
 
 
@@ -25,6 +26,7 @@ class GatewaySettings:
     max_queued_tokens: int = 0  # prompt tokens waiting in the executors; 0: no limit
     max_body_bytes: int = 32 * 1024 * 1024
     model_path: str = ""  # the HF directory or .gguf file, as --model resolved here
+    wait_until_ready: bool = False  # refuse API requests (503) until the stack is first ready
 
 
 @dataclass
@@ -39,6 +41,8 @@ class GatewayState:
     listener: asyncio.Task[None] | None = None  # the reply router's task, while the app runs
     load_watch: asyncio.Task[None] | None = None  # keeps admission's executor load current
     draining: bool = False  # set at shutdown: new requests get 503
+    ready: asyncio.Event = field(default_factory=asyncio.Event)  # the stack was ready once
+    readiness: Readiness | None = None  # the last one read while waiting for `ready`
 
 
 STATE = web.AppKey("state", GatewayState)

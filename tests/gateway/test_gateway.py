@@ -265,7 +265,7 @@ async def test_generate_rid_in_flight_is_refused(gw: Running, backend: FakeBacke
     assert (await backend.wait_for_abort("x")).reason == "client disconnected"
 
 
-async def test_health(gw: Running, redis_url: str, http) -> None:
+async def test_health(gw: Running, redis_url: str, aredis: aioredis.Redis, http) -> None:
     async with http.get(f"{gw.url}/health") as r:
         assert r.status == 503
         body = await r.json()
@@ -277,13 +277,20 @@ async def test_health(gw: Running, redis_url: str, http) -> None:
     for s in services:
         await s.beat_once()
     async with http.get(f"{gw.url}/health") as r:
-        assert r.status == 503 and (await r.json())["missing"] == ["detokenizer"]
+        body = await r.json()
+    # A scheduler that does not lead routes nothing: it does not count.
+    assert r.status == 503 and body["missing"] == ["scheduler", "detokenizer"]
+    assert "leads" in body["reasons"]["scheduler"]
+    await aredis.set(constants.SCHEDULER_LEADER_KEY, "i1", px=5000)
     services.append(Service("detokenizer", "i1", redis_url))
     await services[-1].beat_once()
     async with http.get(f"{gw.url}/health") as r:
         assert r.status == 200
         body = await r.json()
     assert body["status"] == "ok" and set(body["instances"].values()) == {1}
+    await aredis.delete(constants.live_key("tokenizer", "i1"))  # what the supervisor does
+    async with http.get(f"{gw.url}/health") as r:
+        assert r.status == 503 and (await r.json())["missing"] == ["tokenizer"]
     for s in services:
         await s.r.aclose()
 
@@ -580,6 +587,7 @@ async def test_stop_drains_in_flight_requests(
             "3",
             "--served-model-name",
             MODEL,
+            "--serve-before-ready",  # the fake backend sends no heartbeats
         ]
     )
     gateway = Gateway(args, MODEL)

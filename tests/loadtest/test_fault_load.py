@@ -84,3 +84,11 @@ async def test_errors_count_as_failed_fast(scripted: Scripted) -> None:
 async def test_no_answer_within_the_bound_is_hung(scripted: Scripted) -> None:
     t, _ = await drive(scripted, "hang", hang_s=0.3)
     assert t.hung > 0 and t.failed == 0, t.row()
+
+
+def test_the_faults_command_refuses_unknown_scenarios(capsys: pytest.CaptureFixture[str]) -> None:
+    from loadtest.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["faults", "--scenarios", "tokenizer,typo"])
+    assert "typo" in str(e.value) and "redis-restart" in str(e.value)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Callable
 
 import torch
 
@@ -29,12 +30,14 @@ def load_model(
     dtype: torch.dtype | None = None,
     load_format: str = "auto",
     attention_backend: str = "torch",
+    progress: Callable[[float], None] | None = None,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Build the model for `path` on `device` in `dtype` (None: the checkpoint's own dtype).
 
     load_format: "auto" reads the weights; "dummy" fills them with N(0, 0.02) (norms = 1) and
     needs only the config. Raises ModelLoadError (missing/corrupt files, weights that don't
     match the config) or UnsupportedModelError (architecture, rope type, quantisation).
+    `progress` hears the share of the weights loaded.
     """
     if load_format not in ("auto", "dummy"):
         raise ValueError(f"unknown load_format {load_format!r}; known: auto, dummy")
@@ -56,9 +59,9 @@ def load_model(
     if load_format == "dummy":
         init_dummy_weights(model)
     elif gguf_path is not None:
-        load_weights(model, iter_gguf_weights(reader, config), source)
+        load_weights(model, iter_gguf_weights(reader, config), source, progress)
     else:
-        load_weights(model, iter_hf_weights(hf_weight_files(path)), source)
+        load_weights(model, iter_hf_weights(hf_weight_files(path)), source, progress)
     return model, config
 
 

@@ -7,7 +7,7 @@ peak memory is the model plus one tensor.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -63,13 +63,16 @@ def hf_state_dict(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
 
 
 def load_weights(
-    model: LlamaForCausalLM, weights: Iterable[tuple[str, torch.Tensor]], source: str
+    model: LlamaForCausalLM,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    source: str,
+    progress: Callable[[float], None] | None = None,
 ) -> None:
     """Copy every (HF name, tensor) into `model`; every checkpoint tensor the config implies
     must come exactly once.
 
     A tied lm_head.weight in the checkpoint is skipped. Raises ModelLoadError naming missing,
-    unexpected or mis-shaped weights.
+    unexpected or mis-shaped weights. `progress` hears the share loaded so far.
     """
     layout = checkpoint_layout(model)
     tied = model.config.tie_word_embeddings
@@ -91,6 +94,8 @@ def load_weights(
             )
         param[a:b].copy_(tensor)
         loaded.add(name)
+        if progress is not None:
+            progress(len(loaded) / len(layout))
     missing = sorted(set(layout) - loaded)
     if missing or unexpected:
         raise ModelLoadError(

@@ -1,0 +1,39 @@
+"""Each service SIGKILLed under a steady load: no request hangs, and where the issue says a
+service's death loses nothing, nothing fails (a 503 with Retry-After, retried by the client,
+counts as retried, not failed)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from loadtest.fault_stack import Stack
+from loadtest.faults import kill, under_load
+from tests.faults.conftest import GRAMMAR_SETTINGS, SETTINGS
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.faults]
+
+
+@pytest.mark.parametrize("service", ["tokenizer", "scheduler"])
+def test_a_killed_stage_loses_no_request(fault_stack: Stack, service: str) -> None:
+    t = asyncio.run(under_load(fault_stack, kill(fault_stack, service), SETTINGS))
+    assert t.in_flight_at_fault > 0, t.row()  # the kill met requests mid-flight
+    assert (t.hung, t.failed) == (0, 0), t.row()
+    assert t.recover_s is not None, f"not serving again: {t.row()}\n{fault_stack.log_tail()}"
+
+
+def test_a_killed_grammar_service_loses_no_constrained_request(fault_stack: Stack) -> None:
+    t = asyncio.run(under_load(fault_stack, kill(fault_stack, "grammar"), GRAMMAR_SETTINGS))
+    assert t.in_flight_at_fault > 0, t.row()  # the kill met requests mid-flight
+    assert (t.hung, t.failed) == (0, 0), t.row()
+    assert t.recover_s is not None, f"not serving again: {t.row()}\n{fault_stack.log_tail()}"
+
+
+def test_a_killed_gateway_drops_connections_and_its_successor_serves(fault_stack: Stack) -> None:
+    """Its clients see connection errors (they know at once), none hang, and the gateway the
+    supervisor starts again serves the requests sent after it."""
+    t = asyncio.run(under_load(fault_stack, kill(fault_stack, "gateway"), SETTINGS))
+    assert t.in_flight_at_fault > 0, t.row()
+    assert t.hung == 0, t.row()
+    assert t.recover_s is not None, f"not serving again: {t.row()}\n{fault_stack.log_tail()}"
