@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -9,9 +10,11 @@ import msgspec
 from msgspec import Struct
 
 from services.detokenizer.incremental import IncrementalDetokenizer
+from services.detokenizer.recovery import parse_id
 from services.detokenizer.stops import StopStrings
 from services.detokenizer.token_text import TokenTexts
 from shared.hops import stamp_hops
+from shared.messages.common import ErrorInfo
 from shared.messages.detok import (
     DetokMessage,
     DetokRegister,
@@ -22,6 +25,8 @@ from shared.messages.detok import (
 )
 from shared.messages.reply import Delta, Failure, TokenLogprob, TopLogprob, Usage
 from shared.messages.tokenize import AbortRequest
+
+log = logging.getLogger(__name__)
 
 # Finished request ids are remembered this long so late tokens of a stopped request are dropped
 # quietly instead of being mistaken for a request that was never registered.
@@ -43,9 +48,22 @@ def logprob_entries(b: LogprobBlock | None, texts: TokenTexts) -> list[TokenLogp
     return out
 
 
+# The answer for a request whose registration a new owner of its partition could not find
+# (trimmed from the stream while the request was open): the client may simply retry.
+LOST_STATE = ErrorInfo(
+    status=503,
+    message="the detokenizer lost this request's state (its partition changed owner); retry",
+    type="server_error",
+    retry_after=1,
+)
+
+
 class RequestState:
-    def __init__(self, reg: DetokRegister, tokenizer: Any, texts: TokenTexts) -> None:
+    def __init__(
+        self, reg: DetokRegister, tokenizer: Any, texts: TokenTexts, first_id: str = "0-0"
+    ) -> None:
         self.texts = texts
+        self.first_id = parse_id(first_id)  # its registration's entry: the low-water mark
         self.echo_text = reg.echo_text
         self.trace = reg.trace
         self.prompt_tokens = reg.prompt_tokens
@@ -113,14 +131,24 @@ class Detokenizer:
         self.texts = TokenTexts(tokenizer)
         self.states: dict[str, RequestState] = {}
         self.finished: dict[str, float] = {}  # rid -> when it finished
+        # While replaying after a takeover: requests the old owner had open (rid -> reply
+        # stream) whose registration has not been seen again yet.
+        self.orphans: dict[str, str] = {}
+        self.unknown = 0  # deltas of requests never registered here (logged, counted)
+        self.replaying = False  # replayed entries end requests but never count as unknown
 
-    def handle(self, msg: DetokMessage, schedule_stream: str) -> list[tuple[str, Struct]]:
+    def handle(
+        self, msg: DetokMessage, schedule_stream: str, entry_id: bytes | str = "0-0"
+    ) -> list[tuple[str, Struct]]:
         if isinstance(msg, DetokRegister):
             rid = msg.trace.rid
+            self.orphans.pop(rid, None)
             if rid not in self.states and rid not in self.finished:  # idempotent on redelivery
-                self.states[rid] = RequestState(msg, self.tokenizer, self.texts)
+                first = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                self.states[rid] = RequestState(msg, self.tokenizer, self.texts, first)
             return []
         if isinstance(msg, RequestFailed):
+            self.orphans.pop(msg.rid, None)  # ended before the takeover: answered already
             state = self.states.pop(msg.rid, None)
             if state is None:
                 return []
@@ -139,7 +167,8 @@ class Detokenizer:
         for d in deltas:
             state = self.states.get(d.rid)
             if state is None:
-                continue  # finished by a stop string already, or aborted
+                self._unknown(d)
+                continue
             reply, stopped_here = state.on_tokens(d)
             if d.hops is not None:  # the first delta: the executor's publication time too
                 hops = stamp_hops(d.hops, executor_published=published)
@@ -165,10 +194,40 @@ class Detokenizer:
             for s, m in out
         ]
 
+    def _unknown(self, d: TokenDelta) -> None:
+        if d.finish is not None:
+            self.orphans.pop(d.rid, None)  # it ended before the takeover: answered already
+        if self.replaying or d.rid in self.finished or d.rid in self.orphans:
+            return  # late tokens of a request a stop string ended; an orphan fails later
+        # Its registration always precedes its tokens on this stream, and a takeover replays
+        # from the oldest open request's: an id seen nowhere finished before that mark.
+        self.unknown += 1
+        self.finished[d.rid] = time.monotonic()  # say so once per request
+        log.warning("tokens for request %s, which this partition does not know; dropped", d.rid)
+
+    def low_water(self) -> tuple[int, int] | None:
+        """The first entry of the oldest open request (None: none is open)."""
+        return min((s.first_id for s in self.states.values()), default=None)
+
+    def open_replies(self) -> dict[str, str]:
+        return {rid: s.trace.reply_to for rid, s in self.states.items()}
+
+    def fail_orphans(self) -> list[tuple[str, Struct]]:
+        """After a replay: the requests the old owner had open that the replay did not find
+        (their registration was trimmed away) fail with a retryable 503 instead of hanging."""
+        out: list[tuple[str, Struct]] = []
+        for rid, reply_to in self.orphans.items():
+            log.warning("request %s: registration trimmed before a takeover; failing it", rid)
+            out.append((reply_to, Failure(rid=rid, error=LOST_STATE)))
+            self.finished[rid] = time.monotonic()
+        self.orphans.clear()
+        return out
+
     def forget_all(self) -> None:
         """Drop every request (their callers were told to retry)."""
         self.states.clear()
         self.finished.clear()
+        self.orphans.clear()
 
     def expire(self, now_wall: float | None = None) -> None:
         """Drop requests whose deadline passed (the gateway has given up on them)."""
@@ -176,6 +235,7 @@ class Detokenizer:
         for rid, state in list(self.states.items()):
             if state.trace.deadline < now_wall:
                 del self.states[rid]
+                self.finished[rid] = time.monotonic()
         cutoff = time.monotonic() - FINISHED_MEMORY_S
         for rid, t in list(self.finished.items()):
             if t < cutoff:

@@ -1,14 +1,25 @@
-"""Detokenizer service: the one reader of rs:detok:{partition}; text deltas to each gateway."""
+"""Detokenizer service: owns detokenizer partitions through leases in Redis and turns each one's
+tokens (rs:detok:{partition}) into text deltas for the gateways.
+
+`--partition N` pins one partition (waiting for its lease while a previous owner's runs out);
+without it the instance takes whichever partition is free, and waits as a standby when every
+one is owned. An owner that dies loses its lease within LEASE_TTL_S; the next owner replays the
+partition's open requests from the stream (see partition.py) and carries on.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import logging
-import time
+from typing import Any
 
-from services.detokenizer.core import Detokenizer
+from services.detokenizer import recovery
+from services.detokenizer.lease import REFRESH_EVERY_S, Leases
+from services.detokenizer.partition import Partition, resume_point
 from shared import constants
-from shared.bus import StreamReader, publish_many
+from shared.bus import StreamReader
 from shared.config import EnvArgumentParser, add_common_flags, non_negative
 from shared.logs import setup_logging
 from shared.messages.detok import DetokMessage
@@ -17,49 +28,103 @@ from shared.service import Service, default_instance_id, run_async
 
 log = logging.getLogger(__name__)
 
+# A standby (or a pinned instance waiting for its partition) looks for a free lease this often.
+TAKE_EVERY_S = 0.3
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = EnvArgumentParser(prog="radixserve detokenizer", description=__doc__)
     add_common_flags(p)
-    p.add_flag("--partition", type=int, default=0, check=non_negative, help="partition to serve")
+    p.add_flag(
+        "--partition",
+        type=int,
+        default=None,
+        check=non_negative,
+        help="serve only this partition (default: any free one)",
+    )
     a = p.parse_args(argv)
-    if a.partition >= a.detokenizer_partitions:
+    if a.partition is not None and a.partition >= a.detokenizer_partitions:
         p.error(f"--partition={a.partition} must be < --detokenizer-partitions")
     return a
 
 
-async def serve(a: argparse.Namespace) -> None:
-    source = resolve_model(a.model, a.served_model_name)
-    detok = Detokenizer(load_tokenizer(source))
-    instance = a.instance_id or f"p{a.partition}-{default_instance_id()}"
-    svc = Service("detokenizer", instance, a.redis_url, max_connections=a.redis_max_connections)
-    checkpoint = f"{constants.detok_stream(a.partition)}:checkpoint"
-    reader: StreamReader[DetokMessage] = StreamReader(
-        svc.r, constants.detok_stream(a.partition), DetokMessage
+class LeaseLost(Exception):
+    pass
+
+
+async def serve_partition(svc: Service, leases: Leases, tokenizer: Any, partition: int) -> None:
+    """Own `partition` until the service stops or the lease is lost."""
+    stream = constants.detok_stream(partition)
+    saved = await svc.r.get(recovery.checkpoint_key(stream))
+    rec = recovery.decode(await svc.r.get(recovery.recovery_key(stream)))
+    resume = resume_point(saved, rec)
+    part = Partition(tokenizer, constants.SCHEDULE_STREAM, resume, rec)
+    reader: StreamReader[DetokMessage] = StreamReader(svc.r, stream, DetokMessage)
+    reader.last_id = resume.read_after
+    # Redis restarted empty: the gateways failed every request in flight; the lease is gone
+    # too, so the next commit fails and the partition is taken again from scratch.
+    reader.on_restart.append(part.detok.forget_all)
+    log.info(
+        "partition %d taken (checkpoint %s, replaying %d open request(s))",
+        partition,
+        resume.checkpoint,
+        len(rec.open) if rec is not None and resume.replay_until is not None else 0,
     )
 
-    # Redis restarted empty: the gateways failed every request in flight, so drop their state.
-    reader.on_restart.append(detok.forget_all)
+    async def keep_lease() -> None:
+        while True:
+            await asyncio.sleep(REFRESH_EVERY_S)
+            if not await leases.extend(partition):
+                raise LeaseLost
+
+    keeper = asyncio.create_task(keep_lease())
+    try:
+        while not svc.stopping.is_set():
+            if keeper.done():
+                keeper.result()  # raises LeaseLost or the refresh's error
+            entries = await reader.read(count=512, block_ms=500)
+            was_replaying = part.replaying
+            c = part.feed(entries)
+            if was_replaying and not part.replaying:
+                log.info("partition %d: replayed %d entries", partition, part.replayed)
+            committed = not (c.checkpoint or c.out) or await leases.commit(
+                partition, c.out, c.checkpoint, c.recovery
+            )
+            if not committed:
+                raise LeaseLost
+    finally:
+        keeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError, LeaseLost):
+            await keeper
+        await reader.close()
+
+
+async def serve(a: argparse.Namespace) -> None:
+    source = resolve_model(a.model, a.served_model_name)
+    tokenizer = load_tokenizer(source)
+    instance = a.instance_id or default_instance_id()
+    svc = Service("detokenizer", instance, a.redis_url, max_connections=a.redis_max_connections)
+    leases = Leases(svc.r, instance, a.detokenizer_partitions)
 
     async def work() -> None:
-        # Resume where the previous instance of this partition stopped (its checkpoint is
-        # written atomically with what it published), so nothing is lost or sent twice.
-        saved = await svc.r.get(checkpoint)
-        reader.last_id = saved if saved is not None else "0-0"
-        last_expire = time.monotonic()
         while not svc.stopping.is_set():
-            entries = await reader.read(count=512, block_ms=500)
-            out = []
-            for e in entries:
-                out += detok.handle(e.message, constants.SCHEDULE_STREAM)
-            if time.monotonic() - last_expire > 1.0:
-                last_expire = time.monotonic()
-                detok.expire()
-            if entries:
-                out = detok.stamp_published(out, time.time())
-                await publish_many(svc.r, out, checkpoint=(checkpoint, entries[-1].id))
+            partition = await leases.take_any(a.partition)
+            if partition is None:  # every partition is owned: stand by
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(svc.stopping.wait(), TAKE_EVERY_S)
+                continue
+            try:
+                await serve_partition(svc, leases, tokenizer, partition)
+            except LeaseLost:
+                # Another instance owns it now and answers from our last commit on.
+                log.warning("partition %d: lease lost; its new owner carries on", partition)
+                continue
+            finally:
+                with contextlib.suppress(Exception):
+                    await leases.release(partition)  # a successor need not wait for the TTL
 
-    log.info("detokenizer partition %d ready", a.partition)
+    what = f"partition {a.partition}" if a.partition is not None else "any free partition"
+    log.info("detokenizer ready (%s of %d)", what, a.detokenizer_partitions)
     await svc.run(work)
 
 
