@@ -26,7 +26,7 @@ class SamplingTensors:
         cls, params: list[SamplingParams], vocab: int, device: torch.device
     ) -> SamplingTensors:
         temps = [p.temperature for p in params]
-        top_k = [p.top_k if p.top_k > 0 else vocab for p in params]
+        top_k = [min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params]
         top_p = [p.top_p for p in params]
         min_p = [p.min_p for p in params]
         all_greedy = all(t == 0 or k == 1 for t, k in zip(temps, top_k, strict=True))
@@ -62,14 +62,21 @@ def sample(
     Rows with their own generator (requests with a seed) draw from it alone, so a seeded
     request samples the same tokens whatever else shares its batch.
     """
-    greedy = logits.argmax(dim=-1)
+    greedy = finite_argmax(logits)
     if st.all_greedy:
         return greedy
-    is_greedy = (st.temperature == 0) | (st.top_k == 1)
+    # `not > 0` also catches a NaN temperature; a temperature that underflowed float32 is 0.
+    is_greedy = ~(st.temperature > 0) | (st.top_k == 1)
     temps = torch.where(is_greedy, torch.ones_like(st.temperature), st.temperature)
     probs = torch.softmax(logits / temps[:, None], dim=-1)
     if st.need_filter:
         probs = filter_probs(probs, st.top_k, st.top_p, st.min_p)
+    # A row with no usable distribution (inf/NaN logits, a tiny temperature that overflowed
+    # the division, everything masked) would make multinomial raise for the whole batch:
+    # such a row takes its greedy token instead.
+    usable = torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0)
+    is_greedy = is_greedy | ~usable
+    probs = torch.where(usable[:, None], probs, torch.ones_like(probs))
     sampled = torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
     for i, g in enumerate(row_generators or ()):
         if g is not None:
@@ -77,12 +84,22 @@ def sample(
     return torch.where(is_greedy, greedy, sampled)
 
 
+def finite_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """The argmax over each row's finite logits; token 0 for a row with none.
+
+    A NaN or +inf would otherwise win torch's argmax (NaN counts as the largest value).
+    """
+    finite = torch.isfinite(logits)
+    return logits.masked_fill(~finite, float("-inf")).argmax(dim=-1)
+
+
 def filter_probs(
     probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
 ) -> torch.Tensor:
     """Zero what top-k, then top-p (on the top-k survivors, renormalised), then min-p remove.
 
-    The most likely token always survives (k >= 1, nothing precedes it, and min_p <= 1).
+    The most likely token always survives, whatever the parameters: rank 0 is exempt from
+    top-p (a top_p like 1e-165 is 0 in float32) and min-p is clamped to [0, 1].
     Returns unnormalised probabilities in vocab order.
     """
     sorted_p, idx = probs.sort(dim=-1, descending=True)
@@ -92,6 +109,8 @@ def filter_probs(
     # Drop a token when the tokens before it already reach top_p. top_p = 1 is off: the float
     # cumsum can reach 1 before the tail, which would cut that row's tail in a filtered batch.
     before = kept.cumsum(dim=-1) - kept
-    sorted_p = sorted_p.masked_fill((before >= top_p[:, None]) & (top_p[:, None] < 1), 0.0)
-    sorted_p = sorted_p.masked_fill(sorted_p < (min_p * sorted_p[:, 0])[:, None], 0.0)
+    drop = (before >= top_p[:, None]) & (top_p[:, None] < 1) & (ranks > 0)
+    sorted_p = sorted_p.masked_fill(drop, 0.0)
+    floor = min_p.nan_to_num(0.0).clamp(0.0, 1.0) * sorted_p[:, 0]
+    sorted_p = sorted_p.masked_fill((sorted_p < floor[:, None]) & (ranks > 0), 0.0)
     return torch.zeros_like(probs).scatter_(-1, idx, sorted_p)

@@ -138,6 +138,11 @@ def test_native_defaults_follow_sglang() -> None:
     ("body", "param"),
     [
         (b'{"prompt": "a", "temperature": 1e999}', "temperature"),
+        (b'{"prompt": "a", "top_p": 1e999}', "top_p"),
+        (b'{"prompt": "a", "top_p": -1e999}', "top_p"),
+        (b'{"prompt": "a", "min_p": -1e999}', "min_p"),
+        (b'{"prompt": "a", "frequency_penalty": 1e999}', "frequency_penalty"),
+        (b'{"prompt": "a", "logit_bias": {"5": -1e999}}', "logit_bias[...]"),
         (b'{"prompt": "a", "min_tokens": 20, "max_tokens": 10}', "min_tokens"),
         (b'{"prompt": "a", "stop": ["x", ""]}', "stop"),
         (b'{"prompt": "a", "stop_token_ids": [-1]}', "stop_token_ids[0]"),
@@ -405,3 +410,9 @@ def test_native_constraints(params: bytes, constraint: object) -> None:
 def test_native_constraint_refusals(params: bytes, param: str, words: str) -> None:
     error = refusal(b'{"text": "x", "sampling_params": %s}' % params, GenerateBody)
     assert error.param == param and words in error.message, error.message
+
+
+def test_a_tiny_positive_top_p_is_accepted_as_sent() -> None:
+    """1e-165 is a valid (0, 1] value: the sampler keeps the most likely token for it."""
+    job = completion_jobs(decode(b'{"prompt": "a", "top_p": 1e-165}', CompletionBody), MODEL)[0]
+    assert job.sampling.top_p == 1e-165
