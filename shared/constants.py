@@ -47,6 +47,11 @@ def detok_stream(partition: int) -> str:
     return f"{PREFIX}:detok:{partition}"
 
 
+def detok_lease_key(partition: int) -> str:
+    """The owner of a detokenizer partition: its instance id, with a short TTL it extends."""
+    return f"{detok_stream(partition)}:lease"
+
+
 def reply_stream(gateway_id: str) -> str:
     """Reply stream of one gateway instance (one reader)."""
     return f"{PREFIX}:reply:{gateway_id}"

@@ -59,7 +59,7 @@ assert FIELD == b"m"  # the field _COMMIT writes
 
 
 def lease_key(partition: int) -> str:
-    return f"{constants.detok_stream(partition)}:lease"
+    return constants.detok_lease_key(partition)
 
 
 class Leases:

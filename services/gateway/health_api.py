@@ -42,7 +42,9 @@ async def health(request: web.Request) -> web.StreamResponse:
     if state.draining:
         return unavailable("draining", "the gateway is shutting down")
     try:
-        readiness = await asyncio.wait_for(read_readiness(state.r), REDIS_TIMEOUT_S)
+        readiness = await asyncio.wait_for(
+            read_readiness(state.r, state.settings.detokenizer_partitions), REDIS_TIMEOUT_S
+        )
     except (*TRANSIENT, asyncio.TimeoutError) as e:
         reason = str(e) or f"no answer within {REDIS_TIMEOUT_S:g}s"
         return unavailable("unavailable", f"redis is unreachable: {reason}", missing=["redis"])

@@ -129,6 +129,7 @@ class Gateway:
             max_prompt_chars=args.max_prompt_chars,
             model_path=model_path,
             wait_until_ready=not args.serve_before_ready,
+            detokenizer_partitions=args.detokenizer_partitions,
         )
         # Only the keys' digests are kept past this point (not in settings: they are shown).
         self.access = AccessPolicy.from_flags(

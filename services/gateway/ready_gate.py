@@ -35,12 +35,20 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _decoder = msgspec.msgpack.Decoder(Heartbeat)
 
 
-async def read_readiness(r: aioredis.Redis) -> Readiness:
+async def read_readiness(r: aioredis.Redis, partitions: int = 0) -> Readiness:
+    """From the heartbeats, the scheduler's leadership and the owners (leases) of the first
+    `partitions` detokenizer partitions."""
     keys = [k async for k in r.scan_iter(match=f"{constants.LIVE_PREFIX}:*", count=500)]
     values = await r.mget(keys) if keys else []
     leader = await r.get(constants.SCHEDULER_LEADER_KEY)
+    owners = (
+        await r.mget([constants.detok_lease_key(p) for p in range(partitions)])
+        if partitions
+        else []
+    )
     beats = [_decoder.decode(v) for v in values if v is not None]
-    return assess(beats, leader.decode() if leader else None, time.time())
+    holders = [o.decode() if o is not None else None for o in owners]
+    return assess(beats, leader.decode() if leader else None, time.time(), detok_owners=holders)
 
 
 async def watch_until_ready(app: web.Application) -> None:
@@ -48,7 +56,7 @@ async def watch_until_ready(app: web.Application) -> None:
     state = app[STATE]
     while True:
         try:
-            state.readiness = await read_readiness(state.r)
+            state.readiness = await read_readiness(state.r, state.settings.detokenizer_partitions)
             if state.readiness.ready:
                 state.ready.set()
                 return
@@ -79,7 +87,7 @@ async def until_ready(request: web.Request, handler: Handler) -> web.StreamRespo
     # Read it now rather than trust the watcher's last look: a client that saw /health say
     # 200 must not get a 503 here.
     try:
-        state.readiness = await read_readiness(state.r)
+        state.readiness = await read_readiness(state.r, state.settings.detokenizer_partitions)
     except TRANSIENT as e:
         raise ApiError(503, f"cannot reach the request bus: {e}", retry_after=RETRY_AFTER_S) from e
     if state.readiness.ready:

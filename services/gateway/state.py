@@ -28,6 +28,9 @@ class GatewaySettings:
     max_prompt_chars: int = 131_072 * 32  # --max-prompt-chars: see input_limits.py
     model_path: str = ""  # the HF directory or .gguf file, as --model resolved here
     wait_until_ready: bool = False  # refuse API requests (503) until the stack is first ready
+    # Readiness requires a live owner for each of these detokenizer partitions (0: any
+    # live detokenizer will do).
+    detokenizer_partitions: int = 0
 
 
 @dataclass

@@ -104,3 +104,13 @@ async def test_requests_get_503_with_retry_after_until_the_stack_is_ready(
         await runner.cleanup()
         for s in services:
             await s.r.aclose()
+
+
+def test_every_detokenizer_partition_needs_a_live_owner() -> None:
+    beats = [beat(s) for s in PIPELINE] + [beat("detokenizer", "b"), beat("detokenizer", "c", 5)]
+    assert assess(beats, "a", NOW, detok_owners=["a", "b"]).ready
+    # Partition 1's owner died (stale heartbeat) and partition 2 has none: a live standby
+    # ("b" owns another) does not make them servable until it takes them over.
+    r = assess(beats, "a", NOW, detok_owners=["b", "c", None])
+    assert r.missing == ["detokenizer"]
+    assert r.reasons["detokenizer"] == "no live owner of partition(s) 1, 2"
