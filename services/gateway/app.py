@@ -15,6 +15,7 @@ from services.gateway import (
     admin_api,
     health_api,
     info_api,
+    input_limits,
     native_api,
     openai_api,
     openapi,
@@ -88,7 +89,12 @@ async def build_app(
         key_budget=KeyBudget(policy.max_inflight_per_key),
     )
     app = web.Application(
-        middlewares=[errors_as_json, access.access_control, ready_gate.until_ready],
+        middlewares=[
+            errors_as_json,
+            access.access_control,
+            input_limits.body_limit,
+            ready_gate.until_ready,
+        ],
         client_max_size=settings.max_body_bytes,
     )
     app[STATE] = state

@@ -131,6 +131,7 @@ PUBLIC_GATEWAY = (
     "max_inflight",
     "max_queued_tokens",
     "max_body_bytes",
+    "max_prompt_chars",
     "started",
     "inflight",
     "draining",

@@ -62,6 +62,22 @@ def add_flags(p: EnvArgumentParser) -> None:
         "which new requests get 503 with Retry-After; 0: no limit",
     )
     p.add_flag(
+        "--max-request-bytes",
+        type=int,
+        default=GatewaySettings.max_body_bytes,
+        check=positive,
+        help="largest request body; a larger one gets 413, from Content-Length before it is "
+        "read or as a chunked body passes the limit",
+    )
+    p.add_flag(
+        "--max-prompt-chars",
+        type=int,
+        default=GatewaySettings.max_prompt_chars,
+        check=non_negative,
+        help="characters a prompt (or /tokenize input) may have; a longer one gets 400 before "
+        "it is tokenized (default: a 131,072-token context at 32 characters a token; 0: no limit)",
+    )
+    p.add_flag(
         "--api-key",
         default="",
         check=keys_problem,
@@ -109,6 +125,8 @@ class Gateway:
             request_timeout_s=args.request_timeout,
             max_inflight=args.max_inflight,
             max_queued_tokens=args.max_queued_tokens,
+            max_body_bytes=args.max_request_bytes,
+            max_prompt_chars=args.max_prompt_chars,
             model_path=model_path,
             wait_until_ready=not args.serve_before_ready,
         )

@@ -6,7 +6,7 @@ from typing import Any
 
 from aiohttp import web
 
-from services.gateway import validation
+from services.gateway import input_limits, validation
 from services.gateway.access import caller
 from services.gateway.fanout import respond_many
 from services.gateway.logprob_format import native_logprobs
@@ -74,6 +74,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     body = validation.decode(await request.read(), GenerateBody)
     jobs, many = validation.native_jobs(body)
+    input_limits.check_prompts((j.prompt for j in jobs), state.settings.max_prompt_chars, "text")
     parent = traceparent(request)
     pendings = await state.dispatcher.submit(jobs, parent, owner=caller(request).owner)
     renderer = NativeRenderer(

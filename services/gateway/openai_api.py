@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from services.gateway import validation
+from services.gateway import input_limits, validation
 from services.gateway.access import caller
 from services.gateway.errors import ApiError
 from services.gateway.fanout import respond_many
@@ -46,6 +46,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     body = validation.decode(await request.read(), CompletionBody)
     jobs = validation.completion_jobs(body, state.settings.model_name)
+    input_limits.check_prompts((j.prompt for j in jobs), state.settings.max_prompt_chars, "prompt")
     renderer = CompletionRenderer(
         "cmpl",
         state.settings.model_name,
@@ -61,6 +62,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     body = validation.decode(await request.read(), ChatBody)
     job = validation.chat_job(body, state.settings.model_name)
+    input_limits.check_prompts([job.prompt], state.settings.max_prompt_chars, "messages")
     renderer = ChatRenderer(
         "chatcmpl", state.settings.model_name, job.include_usage, logprobs=body.logprobs
     )

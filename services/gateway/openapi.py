@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from services.gateway import openapi_rules
 from services.gateway.access_policy import ADMIN_PATHS, BUDGETED_PATHS, OPEN_PATHS
 from services.gateway.protocol import (
     AbortBody,
@@ -155,11 +156,16 @@ OPERATIONS = [
         "/flush_cache",
         "empty every executor's prefix cache",
         "the cache is empty",
-        errors={400: "requests are queued or running", 409: "requests arrived meanwhile"},
+        errors={
+            400: "requests are queued or running",
+            409: "requests arrived meanwhile",
+            503: "no executor is alive, or the bus is unreachable",
+        },
     ),
     Operation("get", "/openapi.json", "this document", "the OpenAPI document"),
 ]
 
+PROMPT_BODIES = (CompletionBody, ChatBody, GenerateBody, TokenizeBody)
 _PARAM = re.compile(r"\{(\w+)\}")
 
 
@@ -180,6 +186,30 @@ def access_errors(op: Operation) -> dict[int, str]:
     return errors
 
 
+def input_errors(op: Operation) -> dict[int, str]:
+    """What every POST may meet before its handler: input_limits.py and the drain."""
+    if op.method != "post":
+        return {}
+    errors = {
+        413: "the body is larger than `--max-request-bytes`",
+        503: "the gateway is shutting down",
+    }
+    if op.body is not None:
+        errors[400] = "the body is not JSON, not UTF-8, or nests too deeply"
+    if op.body in PROMPT_BODIES:
+        errors[400] += "; or a prompt longer than `--max-prompt-chars` characters"
+    return errors
+
+
+def _errors(op: Operation) -> dict[int, str]:
+    """Each status with every reason for it, the route's own first."""
+    merged: dict[int, str] = {}
+    for source in (op.errors, access_errors(op), input_errors(op)):
+        for status, why in source.items():
+            merged[status] = f"{merged[status]}; or {why}" if status in merged else why
+    return merged
+
+
 def _operation(op: Operation, body_ref: dict[str, Any] | None) -> dict[str, Any]:
     ok: dict[str, Any] = {"application/json": {}}
     if op.streams:
@@ -194,7 +224,7 @@ def _operation(op: Operation, body_ref: dict[str, Any] | None) -> dict[str, Any]
                     "description": why,
                     "content": {"application/json": {"schema": ERROR}},
                 }
-                for status, why in sorted({**access_errors(op), **op.errors}.items())
+                for status, why in sorted(_errors(op).items())
             },
         },
     }
@@ -235,7 +265,7 @@ def document() -> dict[str, Any]:
         },
         "paths": paths,
         "components": {
-            "schemas": {**schemas, "Error": ERROR_SCHEMA},
+            "schemas": {**openapi_rules.apply(schemas), "Error": ERROR_SCHEMA},
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
     }

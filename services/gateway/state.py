@@ -24,7 +24,8 @@ class GatewaySettings:
     request_timeout_s: float = 600.0
     max_inflight: int = 4096
     max_queued_tokens: int = 0  # prompt tokens waiting in the executors; 0: no limit
-    max_body_bytes: int = 32 * 1024 * 1024
+    max_body_bytes: int = 16 * 1024 * 1024  # --max-request-bytes: see input_limits.py
+    max_prompt_chars: int = 131_072 * 32  # --max-prompt-chars: see input_limits.py
     model_path: str = ""  # the HF directory or .gguf file, as --model resolved here
     wait_until_ready: bool = False  # refuse API requests (503) until the stack is first ready
 

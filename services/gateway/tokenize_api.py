@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from services.gateway import validation
+from services.gateway import input_limits, validation
 from services.gateway.errors import ApiError, invalid
 from services.gateway.protocol import DetokenizeBody, TokenizeBody
 from services.gateway.responses import json_response
@@ -45,6 +45,8 @@ async def tokenize(request: web.Request) -> web.StreamResponse:
     body = validation.decode(await request.read(), TokenizeBody)
     validation.check_model(body.model, state.settings.model_name)
     prompt = tokenize_prompt(body)
+    param = "messages" if body.messages is not None else "text" if body.text else "prompt"
+    input_limits.check_prompts([prompt], state.settings.max_prompt_chars, param)
 
     def build(trace: Trace) -> TokenizeRequest:
         return TokenizeRequest(trace=trace, prompt=prompt)

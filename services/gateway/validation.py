@@ -65,6 +65,10 @@ def decode(body: bytes, type_: type[T]) -> T:
         return msgspec.json.decode(body, type=type_)
     except msgspec.DecodeError as e:  # ValidationError is a subclass
         raise from_decode_error(e) from None
+    except UnicodeDecodeError as e:  # JSON is UTF-8: a stray byte is the client's error
+        raise invalid(f"the body is not valid UTF-8: byte {e.start} ({e.reason})") from None
+    except RecursionError:  # msgspec recurses per level: ~1,000 levels exhaust the stack
+        raise invalid("the body's JSON nests too deeply") from None
 
 
 def completion_jobs(body: CompletionBody, served_model: str) -> list[Job]:

@@ -15,7 +15,7 @@ from tests.faults.conftest import GRAMMAR_SETTINGS, SETTINGS
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.faults]
 
 
-@pytest.mark.parametrize("service", ["tokenizer", "scheduler"])
+@pytest.mark.parametrize("service", ["tokenizer", "scheduler", "detokenizer"])
 def test_a_killed_stage_loses_no_request(fault_stack: Stack, service: str) -> None:
     t = asyncio.run(under_load(fault_stack, kill(fault_stack, service), SETTINGS))
     assert t.in_flight_at_fault > 0, t.row()  # the kill met requests mid-flight

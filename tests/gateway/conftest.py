@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import pytest
@@ -31,12 +32,15 @@ async def start_gateway(
 ) -> AsyncIterator[Callable[..., Awaitable[Running]]]:
     runners: list[web.AppRunner] = []
 
-    async def start(timeout: float = 5.0, access: AccessPolicy | None = None) -> Running:
+    async def start(
+        timeout: float = 5.0, access: AccessPolicy | None = None, **overrides: Any
+    ) -> Running:
         settings = GatewaySettings(
             redis_url=redis_url,
             instance_id=f"gw-{uuid.uuid4().hex[:8]}",
             model_name=MODEL,
             request_timeout_s=timeout,
+            **overrides,
         )
         app = await build_app(settings, access_policy=access)
         runner = await start_site(app, "127.0.0.1", 0, shutdown_timeout=2.0)
