@@ -33,6 +33,7 @@ from loadtest.hostile import HOSTILE, send_hostile
 
 KILLABLE = ("tokenizer", "grammar", "scheduler", "detokenizer", "executor", "gateway")
 SCENARIOS = (*KILLABLE, "redis-restart", "hostile")
+RECOVER_S = 300.0  # how long a stack broken by the last scenario may take to serve again
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,19 @@ def run_scenario(stack: Stack, name: str, s: Settings) -> dict[str, Any]:
     return row
 
 
+def ready(stack: Stack, executor_args: list[str] | None) -> None:
+    """Serving again before the next scenario: the supervisor gets time to restart what the
+    last fault killed; past that, the stack is started again. With executor_args, two
+    executors."""
+    try:
+        stack.wait_healthy(RECOVER_S)
+    except (TimeoutError, RuntimeError):
+        stack.stop()
+        stack.start()
+    if executor_args is not None:
+        ensure_executors(stack, 2, executor_args, 300.0)
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     head = f"{'scenario':<16}{'ok':>6}{'retried':>9}{'failed-fast':>13}{'hung':>6}{'recover s':>11}"
     lines = [head, "-" * len(head)]
@@ -172,12 +186,8 @@ def main(argv: list[str]) -> None:
     try:
         print(f"serve ready in {stack.start():.1f}s (logs in {log_dir})", file=sys.stderr)
         for name in names:
-            if not stack.healthy():  # the last fault left it broken: start it again
-                stack.stop()
-                stack.start()
-            if name == "executor":
-                ensure_executors(stack, 2, a.serve_args, 300.0)
             try:
+                ready(stack, a.serve_args if name == "executor" else None)
                 row = run_scenario(stack, name, s)
             except (NotServing, TimeoutError, RuntimeError) as e:
                 row = {"scenario": name, "ok": 0, "retried": 0, "failed_fast": 0, "hung": 0}

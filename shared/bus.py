@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 FIELD = b"m"
+# How often a StreamReader with trim_consumed trims what it has read (one XTRIM per interval).
+TRIM_INTERVAL_S = 0.5
 TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionResetError, OSError)
 
 
@@ -325,9 +327,36 @@ class StreamReader(_Reader[T]):
     """The single reader of a per-instance stream. Starts at `$` (only what arrives from now
     on) unless told to start at an earlier id."""
 
-    def __init__(self, r: aioredis.Redis, stream: str, type_: Any, last_id: str = "$") -> None:
+    def __init__(
+        self,
+        r: aioredis.Redis,
+        stream: str,
+        type_: Any,
+        last_id: str = "$",
+        trim_consumed: bool = False,
+    ) -> None:
         super().__init__(r, stream, type_)
         self.last_id: str | bytes = last_id
+        # With `trim_consumed`, what this reader has read is trimmed away behind it (XTRIM
+        # MINID), so the stream holds only unread entries. The writers' MAXLEN is then only a
+        # cap for a reader that died: a reader that merely lags (a gateway under a burst of
+        # 2,000 streams) never loses an unread entry to it.
+        self.trim_consumed = trim_consumed
+        self._trimmed_at = 0.0
+
+    async def trim_before(self, entry_id: str | bytes) -> None:
+        """Drop the entries older than `entry_id` (approximately: whole radix-tree nodes, never
+        an entry at or after it). Best effort: a failure only leaves them for the next call."""
+        try:
+            await self.r.xtrim(self.stream, minid=entry_id, approximate=True)
+        except TRANSIENT as e:
+            log.debug("could not trim %s: %s", self.stream, e)
+
+    async def _maybe_trim(self) -> None:
+        now = time.monotonic()
+        if now - self._trimmed_at >= TRIM_INTERVAL_S:
+            self._trimmed_at = now
+            await self.trim_before(self.last_id)
 
     async def start_from_now(self) -> None:
         """Pin the position to the stream's current end so no entry is skipped by '$' races."""
@@ -348,6 +377,8 @@ class StreamReader(_Reader[T]):
                 raw = res[0][1]
                 self.last_id = raw[-1][0]
                 good, _ = self._decode_entries(raw)
+                if self.trim_consumed:
+                    await self._maybe_trim()
                 return good
             except TRANSIENT as e:
                 await self._failed(e)

@@ -29,9 +29,13 @@ RID_PREFIX = f"{PREFIX}:rid"
 # The scheduler leader's instance id, a key with a TTL its leader refreshes.
 SCHEDULER_LEADER_KEY = f"{PREFIX}:leader:scheduler"
 
-# Streams trimmed with MAXLEN ~ so Redis memory stays bounded.
+# Streams trimmed with MAXLEN ~ so Redis memory stays bounded. A per-instance stream's readers
+# trim what they have consumed (StreamReader trim_consumed, or the detokenizer's low-water
+# mark), so INSTANCE_STREAM_MAXLEN is only the cap for a reader that is gone: it must exceed
+# what a live reader can lag by, since MAXLEN drops entries whether read or not (20,000 lost
+# replies of a 2,000-request burst whose gateway fell a few seconds behind).
 WORK_STREAM_MAXLEN = 100_000
-INSTANCE_STREAM_MAXLEN = 20_000
+INSTANCE_STREAM_MAXLEN = 200_000
 
 # Idle time after which a pending entry of a work queue is claimed by another consumer.
 CLAIM_IDLE_MS = 30_000

@@ -109,24 +109,49 @@ def new_compiler(tok: GrammarTokenizer, threads: int = 1) -> xgr.GrammarCompiler
 def compile_constraint(compiler: xgr.GrammarCompiler, c: Constraint) -> xgr.CompiledGrammar:
     """Compile one constraint; GrammarError naming the problem if it is not valid. Thread-safe
     (xgrammar releases the GIL while compiling)."""
-    source = constraint_source(c)
+    what = {
+        "json_schema": "unsupported or invalid JSON schema",
+        "regex": "invalid regex",
+        "ebnf": "invalid EBNF grammar",
+        "choice": "invalid choices",
+    }[constraint_kind(c)]
     try:
-        if isinstance(c, JsonSchemaConstraint):
-            schema = json.dumps(bounded_strings_as_patterns(_parse_json_schema(source)))
-            return compiler.compile_json_schema(schema, any_whitespace=False, strict_mode=True)
-        if isinstance(c, RegexConstraint):
-            return compiler.compile_regex(source)
-        if isinstance(c, ChoiceConstraint) and not c.choices:
-            raise GrammarError("choices must not be empty")
-        return compiler.compile_grammar(source, root_rule_name="root")
-    except RuntimeError as e:  # xgrammar reports every parse / conversion error this way
-        what = {
-            "json_schema": "unsupported or invalid JSON schema",
-            "regex": "invalid regex",
-            "ebnf": "invalid EBNF grammar",
-            "choice": "invalid choices",
-        }[constraint_kind(c)]
+        compiled = _compile(compiler, c)
+    except GrammarError:
+        raise
+    except RecursionError:  # a schema nested deeper than Python's stack while rewriting it
+        raise GrammarError(f"{what}: nested too deeply") from None
+    except Exception as e:  # RuntimeError for every parse / conversion error, or anything else
         raise GrammarError(f"{what}: {compiler_reason(e)}") from None
+    if accepts_nothing(compiled):
+        raise GrammarError(
+            f"{what}: it accepts no output (no token can start one and the empty output is "
+            "not allowed; e.g. an empty character class or a rule that only refers to itself)"
+        )
+    return compiled
+
+
+def _compile(compiler: xgr.GrammarCompiler, c: Constraint) -> xgr.CompiledGrammar:
+    source = constraint_source(c)
+    if isinstance(c, JsonSchemaConstraint):
+        schema = json.dumps(bounded_strings_as_patterns(_parse_json_schema(source)))
+        return compiler.compile_json_schema(schema, any_whitespace=False, strict_mode=True)
+    if isinstance(c, RegexConstraint):
+        return compiler.compile_regex(source)
+    if isinstance(c, ChoiceConstraint) and not c.choices:
+        raise GrammarError("choices must not be empty")
+    return compiler.compile_grammar(source, root_rule_name="root")
+
+
+def accepts_nothing(compiled: xgr.CompiledGrammar) -> bool:
+    """No token is allowed at the start, not even a stop token (which an empty output would
+    allow): no output can satisfy the grammar, and a request under it could only fail.
+    xgrammar compiles such grammars (`[^\\s\\S]`, `root ::= root`, `{"$ref": "#"}`) without
+    complaint, so this is checked here, once per compile."""
+    matcher = xgr.GrammarMatcher(compiled)
+    bitmask = xgr.allocate_token_bitmask(1, compiled.tokenizer_info.vocab_size)
+    matcher.fill_next_token_bitmask(bitmask)
+    return not bool(bitmask.any())
 
 
 def _parse_json_schema(source: str) -> Any:

@@ -6,7 +6,7 @@ a no-op for a request without a grammar.
 
 from __future__ import annotations
 
-from services.executor.grammar import GrammarViolation
+from services.executor.grammar import GrammarViolation, RequestGrammar
 from services.executor.request import PENDING, Req
 from shared.messages.common import ErrorInfo
 
@@ -29,15 +29,26 @@ def after_token(req: Req, index: int) -> ErrorInfo | None:
     g = req.grammar
     if g is None or g.done or req.finish == "abort" or index >= len(req.output_ids):
         return None
+    if g.failure is not None:
+        return _abort(req, index, g.failure)
     if index < len(g.accepted):
         return None  # a forced token, accepted when it was appended (see below)
-    token = req.output_ids[index]
     try:
-        done = g.accept(token)
-    except GrammarViolation as e:
-        req.finish = "abort"
-        del req.output_ids[index + 1 :]
-        return ErrorInfo(status=500, message=f"structured output failed: {e}", type="server_error")
+        return _after_token(req, g, index)
+    except Exception as e:  # GrammarViolation, or the matcher itself failing: this request only
+        reason = str(e) if isinstance(e, GrammarViolation) else f"{type(e).__name__}: {e}"
+        return _abort(req, index, reason)
+
+
+def _abort(req: Req, index: int, reason: str) -> ErrorInfo:
+    req.finish = "abort"
+    del req.output_ids[index + 1 :]
+    return ErrorInfo(status=500, message=f"structured output failed: {reason}", type="server_error")
+
+
+def _after_token(req: Req, g: RequestGrammar, index: int) -> ErrorInfo | None:
+    token = req.output_ids[index]
+    done = g.accept(token)
     if done:
         req.finish = "stop"
         req.matched_stop_token = token if token in g.stop_token_ids else None

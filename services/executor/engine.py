@@ -302,7 +302,23 @@ class Engine:
                     type="server_error",
                 )
                 return RequestFailed(rid=rid, error=err)
-            constrained.start(req)
+            except Exception as e:  # the matcher refused to start: this request fails, alone
+                err = ErrorInfo(
+                    status=500,
+                    message=f"structured output failed: cannot start the grammar matcher: "
+                    f"{type(e).__name__}: {e}",
+                    type="server_error",
+                )
+                return RequestFailed(rid=rid, error=err)
+            try:
+                constrained.start(req)
+            except Exception as e:
+                err = ErrorInfo(
+                    status=500,
+                    message=f"structured output failed: {type(e).__name__}: {e}",
+                    type="server_error",
+                )
+                return RequestFailed(rid=rid, error=err)
         self.reqs[rid] = req
         if req.finish is None:
             self.policy.add(req)

@@ -140,6 +140,9 @@ class RequestGrammar:
         self.stop_token_ids = tuple(self.matcher.stop_token_ids)
         self.accepted: list[int] = []  # every token accepted, sampled and forced, in order
         self.done = False
+        # Why the matcher failed (an exception while filling this request's mask): the request
+        # fails when its token lands; the batch it shares goes on.
+        self.failure: str | None = None
         self._row: torch.Tensor | None = None  # [1, words] the next mask, when computed early
         self._row_valid = False
         # A token already accepted that the step in flight must sample: its mask allows only

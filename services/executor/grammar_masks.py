@@ -31,21 +31,42 @@ def fill_bitmask(grammars: Sequence[RequestGrammar | None], bitmask: torch.Tenso
     rows: list[int] = []
     fresh: list[int] = []
     for i, g in enumerate(grammars):
-        if g is None:
+        if g is None or g.failure is not None:
             continue
         rows.append(i)
-        if not g.fill_cached(bitmask, i):
-            fresh.append(i)
-    if len(fresh) == 1:
-        grammars[fresh[0]].fill(bitmask, fresh[0])  # type: ignore[union-attr]
-    elif fresh:
+        try:
+            if not g.fill_cached(bitmask, i):
+                fresh.append(i)
+        except Exception as e:
+            _failed(g, bitmask, i, e)
+    if len(fresh) > 1:
         if _batch_matcher is None:
             _batch_matcher = xgr.BatchGrammarMatcher()
         matchers = [grammars[i].matcher for i in fresh]  # type: ignore[union-attr]
-        _batch_matcher.batch_fill_next_token_bitmask(matchers, bitmask, fresh)
-        for i in fresh:
-            grammars[i].stats.masks += 1  # type: ignore[union-attr]
+        try:
+            _batch_matcher.batch_fill_next_token_bitmask(matchers, bitmask, fresh)
+        except Exception:  # some matcher failed: find which, one row at a time
+            pass
+        else:
+            for i in fresh:
+                grammars[i].stats.masks += 1  # type: ignore[union-attr]
+            return rows
+    for i in fresh:
+        g = grammars[i]
+        assert g is not None
+        try:
+            g.fill(bitmask, i)
+        except Exception as e:
+            _failed(g, bitmask, i, e)
     return rows
+
+
+def _failed(g: RequestGrammar, bitmask: torch.Tensor, row: int, e: Exception) -> None:
+    """One request's matcher raised: that request fails when its token lands (see
+    `constrained.after_token`), and its row allows every token meanwhile, so that the step's
+    sampling, shared with other requests, stays well defined."""
+    g.failure = f"the grammar matcher failed: {type(e).__name__}: {e}"
+    bitmask[row].fill_(-1)
 
 
 def apply_bitmask(

@@ -254,7 +254,9 @@ async def serve(a: argparse.Namespace) -> None:
         grammar_tok, grammar_cache.get, jump_forward=not a.disable_jump_forward
     )
     engine.grammar_cache_stats = grammar_cache.stats
-    reader: StreamReader[ExecutorMessage] = StreamReader(svc.r, stream, ExecutorMessage)
+    reader: StreamReader[ExecutorMessage] = StreamReader(
+        svc.r, stream, ExecutorMessage, trim_consumed=True
+    )
     # Queued before the first entry of the restarted server is read, so it ends only the
     # requests from before the restart.
     reader.on_restart.append(lambda: engine.submit(AbortEverything("redis restarted")))

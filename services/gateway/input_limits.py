@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from aiohttp import hdrs, web
 
 from services.gateway.errors import ApiError, invalid
+from services.gateway.responses import json_response
 from services.gateway.state import STATE, GatewaySettings
 from shared.messages.tokenize import ChatPrompt, Prompt, TextPrompt
 
@@ -44,12 +45,25 @@ def check_content_length(length: int | None, limit: int) -> None:
 
 @web.middleware
 async def body_limit(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if request.method in (hdrs.METH_POST, hdrs.METH_PUT, hdrs.METH_PATCH):
-        check_content_length(request.content_length, request.app[STATE].settings.max_body_bytes)
+    limit = request.app[STATE].settings.max_body_bytes
     try:
+        if request.method in (hdrs.METH_POST, hdrs.METH_PUT, hdrs.METH_PATCH):
+            check_content_length(request.content_length, limit)
         return await handler(request)
     except web.HTTPRequestEntityTooLarge:  # a chunked body went past client_max_size
-        raise too_large(request.app[STATE].settings.max_body_bytes) from None
+        return _refuse(too_large(limit))
+    except ApiError as e:
+        if e.status != 413:
+            raise
+        return _refuse(e)
+
+
+def _refuse(e: ApiError) -> web.StreamResponse:
+    """The 413, closing the connection: otherwise the server reads (and drops) the rest of the
+    body to keep the connection alive, and the refusal takes as long as the upload."""
+    response = json_response(e.body(), e.status)
+    response.force_close()
+    return response
 
 
 def prompt_chars(prompt: Prompt) -> int:

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from services.gateway import openapi_rules
 from services.gateway.access_policy import ADMIN_PATHS, BUDGETED_PATHS, OPEN_PATHS
 from services.gateway.protocol import (
     AbortBody,
@@ -264,7 +265,7 @@ def document() -> dict[str, Any]:
         },
         "paths": paths,
         "components": {
-            "schemas": {**schemas, "Error": ERROR_SCHEMA},
+            "schemas": {**openapi_rules.apply(schemas), "Error": ERROR_SCHEMA},
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
     }

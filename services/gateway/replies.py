@@ -23,7 +23,9 @@ log = logging.getLogger(__name__)
 class ReplyRouter:
     def __init__(self, r: aioredis.Redis, stream: str) -> None:
         self.stream = stream
-        self.reader: StreamReader[ReplyMessage] = StreamReader(r, stream, ReplyMessage)
+        self.reader: StreamReader[ReplyMessage] = StreamReader(
+            r, stream, ReplyMessage, trim_consumed=True
+        )
         self.queues: dict[str, asyncio.Queue[ReplyMessage]] = {}  # rid -> its replies, in order
         self.dropped = 0  # messages whose rid was not registered
         # rid -> when its first delta (the one carrying HopTimes) was read; the handler pops it

@@ -24,7 +24,7 @@ from services.grammar.core import GrammarCompiler, GrammarStats, expired, route
 from shared import constants
 from shared.bus import Entry, GroupConsumer
 from shared.config import EnvArgumentParser, add_common_flags, positive
-from shared.grammar import GrammarTokenizer
+from shared.grammar import GrammarTokenizer, constraint_kind
 from shared.logs import setup_logging
 from shared.messages.common import Constraint
 from shared.messages.grammar import (
@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 MAX_INFLIGHT = 64  # requests one instance handles at once (most wait on Redis, not a compile)
 SUMMARY_INTERVAL_S = 30.0
+DEFAULT_COMPILE_TIMEOUT_S = 10.0
 RECENT_ENTRIES = 256  # compiled grammars an instance remembers itself (see GrammarWorker)
 
 
@@ -47,6 +48,13 @@ def add_flags(p: EnvArgumentParser) -> None:
     """The grammar service's own flags (`radixserve serve` takes them too)."""
     p.add_flag(
         "--grammar-threads", type=int, default=2, check=positive, help="grammar compile threads"
+    )
+    p.add_flag(
+        "--grammar-compile-timeout",
+        type=float,
+        default=DEFAULT_COMPILE_TIMEOUT_S,
+        check=positive,
+        help="seconds a grammar may take to compile; a slower one is refused with a 400",
     )
     p.add_flag(
         "--grammar-cache-ttl",
@@ -74,9 +82,11 @@ class GrammarWorker:
         consumer_name: str,
         threads: int = 2,
         cache_ttl_s: float = 3600.0,
+        compile_timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S,
     ) -> None:
         self.r, self.compiler = r, compiler
         self.cache_ttl_ms = int(cache_ttl_s * 1000)
+        self.threads, self.compile_timeout_s = threads, compile_timeout_s
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grammar")
         self.consumer: GroupConsumer[GrammarMessage] = GroupConsumer(
             r, constants.GRAMMAR_STREAM, constants.GRAMMAR_GROUP, consumer_name, GrammarMessage
@@ -183,7 +193,11 @@ class GrammarWorker:
 
     async def _compile_and_store(self, key: str, constraint: Constraint) -> GrammarCacheEntry:
         loop = asyncio.get_running_loop()
-        result = await loop.run_in_executor(self.pool, self.compiler.compile, constraint)
+        work = loop.run_in_executor(self.pool, self.compiler.compile, constraint)
+        try:
+            result = await asyncio.wait_for(asyncio.shield(work), self.compile_timeout_s)
+        except TimeoutError:
+            result = self._timed_out(constraint)
         await self._store(key, result)
         if isinstance(result, CompiledGrammarEntry):
             log.info(
@@ -196,6 +210,21 @@ class GrammarWorker:
         elif isinstance(result, GrammarErrorEntry):
             log.info("refused %s grammar %s: %s", result.kind, key, result.message)
         return result
+
+    def _timed_out(self, constraint: Constraint) -> GrammarErrorEntry:
+        """A compile past the timeout is refused, and the refusal cached like any other.
+
+        A native compile cannot be interrupted: its thread runs on to the end. The pool is
+        replaced so that the compiles after it get threads of their own, not a place behind it.
+        """
+        self.pool.shutdown(wait=False)
+        self.pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="grammar")
+        self.stats.compile_errors += 1
+        kind = constraint_kind(constraint)
+        return GrammarErrorEntry(
+            message=f"the {kind} grammar took longer than {self.compile_timeout_s:g} s to compile",
+            kind=kind,
+        )
 
 
 def _raise_failures(done: set[asyncio.Task[None]]) -> None:
@@ -218,7 +247,12 @@ async def serve(a: argparse.Namespace) -> None:
         max_connections=a.redis_max_connections,
     )
     worker = GrammarWorker(
-        svc.r, compiler, svc.instance, threads=a.grammar_threads, cache_ttl_s=a.grammar_cache_ttl
+        svc.r,
+        compiler,
+        svc.instance,
+        threads=a.grammar_threads,
+        cache_ttl_s=a.grammar_cache_ttl,
+        compile_timeout_s=a.grammar_compile_timeout,
     )
     log.info(
         "grammar ready: model %s, vocab %d, tokenizer %s (%.1f s)",

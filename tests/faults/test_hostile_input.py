@@ -17,6 +17,10 @@ pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.faults]
 
 CASES = {h.name: h for h in HOSTILE}
 NAMES = [
+    "regex matching nothing",
+    "left-recursive ebnf",
+    "self-referencing schema",
+    "mutually referencing schemas",
     "top_p 1e-165",
     "invalid UTF-8 body",
     "1,000-deep nesting",

@@ -77,6 +77,8 @@ async def test_a_body_over_the_limit_is_413_by_length_and_chunked(
     for path in ("/v1/completions", "/tokenize", "/generate"):
         async with http.post(f"{small.url}{path}", data=big, headers=JSON) as r:
             assert r.status == 413
+            # closed, not drained: the rest of the upload is never read
+            assert r.headers["Connection"].lower() == "close"
             error = await error_of(r)
         assert error["code"] == 413 and "4096 bytes" in error["message"]
         assert "Content-Length 60" in error["message"]  # refused from the header

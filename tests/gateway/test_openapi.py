@@ -10,6 +10,8 @@ import pytest
 from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate
 
+from services.gateway import openapi_rules, validation
+from services.gateway.errors import ApiError
 from services.gateway.openapi import OPERATIONS, document
 from services.gateway.protocol import (
     AbortBody,
@@ -19,7 +21,7 @@ from services.gateway.protocol import (
     GenerateBody,
     TokenizeBody,
 )
-from tests.gateway.helpers import Running
+from tests.gateway.helpers import MODEL, Running
 
 
 def refs(node: Any) -> list[str]:
@@ -79,3 +81,72 @@ def test_request_bodies_are_the_decoded_structs() -> None:
         with pytest.raises(msgspec.ValidationError):
             msgspec.json.decode(msgspec.json.encode({**example, "bogus": 1}), type=op.body)
         assert not schema.is_valid({**example, "bogus": 1})
+
+
+# How each body with range rules reaches validation, and a minimal valid body around a field.
+VALIDATE: dict[str, tuple[type, Any, Any]] = {
+    "CompletionBody": (
+        CompletionBody,
+        lambda f, x: {"prompt": "hi", f: x},
+        lambda b: validation.completion_jobs(b, MODEL),
+    ),
+    "ChatBody": (
+        ChatBody,
+        # top_logprobs needs logprobs on (a rule across fields, stated in its description)
+        lambda f, x: {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, f: x},
+        lambda b: validation.chat_job(b, MODEL),
+    ),
+    "NativeSamplingBody": (
+        GenerateBody,
+        lambda f, x: {"text": "hi", "sampling_params": {f: x}},
+        validation.native_jobs,
+    ),
+    "GenerateBody": (GenerateBody, lambda f, x: {"text": "hi", f: x}, validation.native_jobs),
+}
+
+
+def _accepted(type_: type, body: Any, check: Any) -> bool:
+    try:
+        check(validation.decode(msgspec.json.encode(body), type_))
+    except ApiError as e:
+        assert e.status == 400
+        return False
+    return True
+
+
+def test_the_documented_ranges_are_the_validated_ones() -> None:
+    """Around every numeric bound the document states, the schema and validation agree on
+    each value: the bound itself, one past it, and halfway (floats are refused where the
+    field is an integer, by both)."""
+    components = document()["components"]
+    checked = 0
+    for name, fields in openapi_rules.RULES.items():
+        if name not in VALIDATE:
+            continue
+        type_, make, check = VALIDATE[name]
+        for field_name, rule in fields.items():
+            bounds = [rule[k] for k in ("minimum", "maximum", "exclusiveMinimum") if k in rule]
+            schema = Draft202012Validator({**components["schemas"][name]["properties"][field_name]})
+            for b in bounds:
+                for x in (b - 1, b - 0.5, b, b + 0.5, b + 1):
+                    if abs(x) >= 2**63 and isinstance(x, float):
+                        continue  # a float that large is not a value anyone sends
+                    said = schema.is_valid(x)
+                    did = _accepted(type_, make(field_name, x), check)
+                    assert said == did, (name, field_name, x, said, did)
+                    checked += 1
+    assert checked > 100
+
+
+def test_roles_and_list_sizes_are_the_validated_ones() -> None:
+    doc = document()["components"]["schemas"]
+    assert doc["ChatMessageBody"]["properties"]["role"]["enum"] == list(validation.CHAT_ROLES)
+    chat = VALIDATE["ChatBody"]
+    for role in (*validation.CHAT_ROLES, "robot"):
+        body = {"messages": [{"role": role, "content": "hi"}]}
+        assert _accepted(chat[0], body, chat[2]) == (role in validation.CHAT_ROLES)
+    generate = VALIDATE["GenerateBody"]
+    limit = doc["GenerateBody"]["properties"]["text"]["maxItems"]
+    assert _accepted(generate[0], {"text": ["a"] * limit}, generate[2])
+    assert not _accepted(generate[0], {"text": ["a"] * (limit + 1)}, generate[2])
+    assert not _accepted(generate[0], {"text": []}, generate[2])

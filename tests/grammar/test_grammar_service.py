@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -50,6 +51,11 @@ SCHEMA = JsonSchemaConstraint(
     ),
     param="response_format.json_schema.schema",
 )
+
+MUTUAL_REFS = json.dumps(
+    {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
+)
+DEEP = '{"items": ' * 5000 + "{}" + "}" * 5000  # deeper than Python's recursion limit
 
 Start = Callable[[str], Awaitable[GrammarWorker]]
 
@@ -159,6 +165,12 @@ async def test_compiles_once_then_hits_the_cache(
         (RegexConstraint(pattern="a(b", param="sampling_params.regex"), "not closed"),
         (EbnfConstraint(grammar="root ::= foo"), 'Rule "foo" is not defined'),
         (EbnfConstraint(grammar='start ::= "a"'), "root"),
+        # The issue's crashers: xgrammar compiles each, yet no output satisfies any of them.
+        (RegexConstraint(pattern="[^\\s\\S]", param="regex"), "accepts no output"),
+        (EbnfConstraint(grammar="root ::= root", param="ebnf"), "accepts no output"),
+        (JsonSchemaConstraint(schema='{"$ref": "#"}', param="json_schema"), "accepts no output"),
+        (JsonSchemaConstraint(schema=MUTUAL_REFS, param="json_schema"), "accepts no output"),
+        (JsonSchemaConstraint(schema=DEEP, param="json_schema"), "nested too deeply"),
     ],
 )
 async def test_invalid_constraint_is_a_400_with_the_compiler_reason(
@@ -273,3 +285,44 @@ async def test_a_grammar_gone_from_redis_is_stored_again(
     assert isinstance(out, TokenizedRequest)
     assert await aredis.exists(key) == 1
     assert worker.stats.compiled == 1
+
+
+class StuckCompiler(GrammarCompiler):
+    """Compiles like the real one, except that one source never finishes until released."""
+
+    def __init__(self, tok: GrammarTokenizer, stuck: str) -> None:
+        super().__init__(tok)
+        self.stuck, self.release = stuck, threading.Event()
+
+    def compile(self, c: Constraint) -> GrammarCacheEntry:
+        if isinstance(c, RegexConstraint) and c.pattern == self.stuck:
+            self.release.wait(30)
+        return super().compile(c)
+
+
+async def test_a_compile_past_the_timeout_is_a_400_and_others_go_on(
+    aredis: aioredis.Redis, tok: GrammarTokenizer
+) -> None:
+    compiler = StuckCompiler(tok, "a+")
+    worker = GrammarWorker(aredis, compiler, "g1", threads=1, compile_timeout_s=0.5)
+    stopping = asyncio.Event()
+    task = asyncio.create_task(worker.run(stopping))
+    try:
+        slow = RegexConstraint(pattern="a+", param="regex")
+        await submit(aredis, request(slow, "slow"))
+        failure = await wait_for(aredis, REPLY, ReplyMessage, "slow")
+        assert isinstance(failure, Failure) and failure.error.status == 400
+        assert failure.error.param == "regex" and "longer than 0.5 s" in failure.error.message
+        # The stuck thread holds no place: the next compile (pool of one) goes through.
+        await submit(aredis, request(SCHEMA, "next"))
+        out = await wait_for(aredis, constants.SCHEDULE_STREAM, ScheduleMessage, "next")
+        assert isinstance(out, TokenizedRequest) and out.grammar_key
+        # And the refusal is cached: the same constraint again is refused at once.
+        await submit(aredis, request(slow, "slow-again"))
+        again = await wait_for(aredis, REPLY, ReplyMessage, "slow-again")
+        assert isinstance(again, Failure) and again.error.message == failure.error.message
+    finally:
+        compiler.release.set()
+        stopping.set()
+        await asyncio.wait_for(task, 10)
+        worker.close()
