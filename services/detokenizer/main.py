@@ -16,7 +16,7 @@ import logging
 from typing import Any
 
 from services.detokenizer import recovery
-from services.detokenizer.lease import REFRESH_EVERY_S, Leases
+from services.detokenizer.lease import LeaseKeeper, Leases
 from services.detokenizer.partition import Partition, resume_point
 from shared import constants
 from shared.bus import StreamReader
@@ -52,7 +52,13 @@ class LeaseLost(Exception):
     pass
 
 
-async def serve_partition(svc: Service, leases: Leases, tokenizer: Any, partition: int) -> None:
+# Entries handled per iteration: each is one executor step (up to a few hundred deltas).
+READ_COUNT = 256
+
+
+async def serve_partition(
+    svc: Service, leases: Leases, tokenizer: Any, partition: int, redis_url: str
+) -> None:
     """Own `partition` until the service stops or the lease is lost."""
     stream = constants.detok_stream(partition)
     saved = await svc.r.get(recovery.checkpoint_key(stream))
@@ -71,18 +77,15 @@ async def serve_partition(svc: Service, leases: Leases, tokenizer: Any, partitio
         len(rec.open) if rec is not None and resume.replay_until is not None else 0,
     )
 
-    async def keep_lease() -> None:
-        while True:
-            await asyncio.sleep(REFRESH_EVERY_S)
-            if not await leases.extend(partition):
-                raise LeaseLost
-
-    keeper = asyncio.create_task(keep_lease())
+    # The lease is extended from a thread: a long replay or burst on this loop cannot lose it.
+    keeper = LeaseKeeper(redis_url, leases, partition)
+    keeper.start()
     try:
         while not svc.stopping.is_set():
-            if keeper.done():
-                keeper.result()  # raises LeaseLost or the refresh's error
-            entries = await reader.read(count=512, block_ms=500)
+            keeper.tick()
+            if keeper.lost.is_set():
+                raise LeaseLost
+            entries = await reader.read(count=READ_COUNT, block_ms=500)
             was_replaying = part.replaying
             c = part.feed(entries)
             if was_replaying and not part.replaying:
@@ -92,10 +95,10 @@ async def serve_partition(svc: Service, leases: Leases, tokenizer: Any, partitio
             )
             if not committed:
                 raise LeaseLost
+            if c.low_water:  # a successor starts there now: what is before it can go
+                await reader.trim_before(c.low_water)
     finally:
-        keeper.cancel()
-        with contextlib.suppress(asyncio.CancelledError, LeaseLost):
-            await keeper
+        await asyncio.to_thread(keeper.stop)
         await reader.close()
 
 
@@ -114,7 +117,7 @@ async def serve(a: argparse.Namespace) -> None:
                     await asyncio.wait_for(svc.stopping.wait(), TAKE_EVERY_S)
                 continue
             try:
-                await serve_partition(svc, leases, tokenizer, partition)
+                await serve_partition(svc, leases, tokenizer, partition, a.redis_url)
             except LeaseLost:
                 # Another instance owns it now and answers from our last commit on.
                 log.warning("partition %d: lease lost; its new owner carries on", partition)

@@ -25,6 +25,9 @@ class Commit(NamedTuple):
     out: list[tuple[str, Struct]]
     checkpoint: str  # "": unchanged (nothing to commit unless `out`)
     recovery: bytes  # b"": unchanged
+    # With a recovery record: its low-water mark. Once committed, the stream's entries before
+    # it are needed by nobody (a successor replays from it), so they may be trimmed.
+    low_water: str = ""
 
 
 class Resume(NamedTuple):
@@ -98,14 +101,15 @@ class Partition:
             self.checkpoint = recovery.id_str(entries[-1].id)
         if not moved and not out:
             return Commit([], "", b"")
-        return Commit(out, self.checkpoint, self._recovery(now))
+        return Commit(out, self.checkpoint, *self._recovery(now))
 
-    def _recovery(self, now: float) -> bytes:
+    def _recovery(self, now: float) -> tuple[bytes, str]:
+        """A new recovery record and its low-water mark, or (b"", "") if not due."""
         # Not while replaying: the requests the replay has not reached are open too.
         if self.replaying or now - self._last_recovery < recovery.RECOVERY_EVERY_S:
-            return b""
+            return b"", ""
         self._last_recovery = now
         low = self.detok.low_water()
         # Nothing open: a successor replays nothing before the checkpoint.
         low_id = f"{low[0]}-{low[1]}" if low is not None else self.checkpoint
-        return recovery.encode(recovery.Recovery(low_id, self.detok.open_replies()))
+        return recovery.encode(recovery.Recovery(low_id, self.detok.open_replies())), low_id

@@ -74,13 +74,15 @@ async def take_over(r: aioredis.Redis, tok: Any) -> tuple[Partition, str]:
 async def run(
     r: aioredis.Redis, leases: Leases, part: Partition, after: str, batch: int
 ) -> tuple[str, bool]:
-    """Feed what the stream holds after `after` in batches, committing each; (last id, all
-    commits accepted)."""
+    """Feed what the stream holds after `after` in batches, committing each and trimming the
+    stream to each committed low-water mark; (last id, all commits accepted)."""
     items = await entries(r, after)
     for i in range(0, len(items), batch):
         c = part.feed(items[i : i + batch], now=time.monotonic() + i)
         if (c.checkpoint or c.out) and not await leases.commit(0, c.out, c.checkpoint, c.recovery):
             return after, False
+        if c.low_water:  # as the service does, exactly rather than approximately
+            await r.xtrim(STREAM, minid=c.low_water, approximate=False)
         after = recovery.id_str(items[i + batch - 1 if i + batch <= len(items) else -1].id)
     return after, True
 
@@ -193,3 +195,45 @@ async def test_tokens_of_a_request_never_registered_are_counted_not_silent(tok: 
     assert part.feed([Entry(b"1-0", step)]).out == []
     assert part.feed([Entry(b"1-1", step)]).out == []
     assert part.detok.unknown == 1  # logged once per request
+
+
+async def test_the_stream_is_trimmed_to_the_low_water_mark_and_a_successor_still_replays(
+    aredis: aioredis.Redis, tok: Any
+) -> None:
+    first = Leases(aredis, "first", 1)
+    assert await first.take_any() == 0
+    done = [
+        register("done"),
+        StepOutput(
+            executor="e", step=0, deltas=[TokenDelta(rid="done", token_ids=[104], finish="length")]
+        ),
+    ]
+    ids_open = tok.encode("still going", add_special_tokens=False)
+    opened = [register("open")] + [
+        StepOutput(executor="e", step=1 + i, deltas=[TokenDelta(rid="open", token_ids=[t])])
+        for i, t in enumerate(ids_open[:1])
+    ]
+    for m in done + opened:
+        await publish(aredis, STREAM, m)
+    part, after = await take_over(aredis, tok)
+    after, ok = await run(aredis, first, part, after, batch=len(done) + len(opened))
+    assert ok
+    # Only the open request's registration and what follows it are left.
+    left = [DECODE.decode(f[FIELD]) for _, f in await aredis.xrange(STREAM)]
+    assert left == opened
+    # Its owner dies; the successor replays from the mark and finishes the open request.
+    tail = StepOutput(
+        executor="e",
+        step=9,
+        deltas=[TokenDelta(rid="open", token_ids=ids_open[1:], finish="length")],
+    )
+    await publish(aredis, STREAM, tail)
+    await aredis.delete(lease_key(0))
+    second = Leases(aredis, "second", 1)
+    assert await second.take_any() == 0
+    part2, after2 = await take_over(aredis, tok)
+    assert (await run(aredis, second, part2, after2, batch=1))[1]
+    got = [m for m in await replies(aredis, "open") if isinstance(m, Delta)]
+    assert "".join(m.text for m in got) == "still going"
+    assert got[-1].finish_reason == "length"
+    assert part2.detok.unknown == 0
