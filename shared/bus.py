@@ -26,6 +26,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 import msgspec
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
@@ -149,6 +150,7 @@ async def publish_many(
     checkpoint: tuple[str, bytes | str] | None = None,
     expiring: Sequence[tuple[str, bytes, float]] = (),
     ack: tuple[str, str, Sequence[bytes]] | None = None,
+    extra: Callable[[Pipeline], None] | None = None,
 ) -> None:
     """XADD several messages in one round trip, in order. With `checkpoint=(key, entry_id)`
     the messages and SET key entry_id happen atomically (MULTI), so a reader that resumes
@@ -156,13 +158,17 @@ async def publish_many(
     `(key, value, ttl_s)` are set in the same round trip, before the messages. With
     `ack=(stream, group, ids)` the consumed entries are acked atomically with the messages
     they led to (MULTI): still never acked without their side effect, and one round trip
-    where publishing then acking took two before the next read."""
+    where publishing then acking took two before the next read. `extra` adds the caller's
+    own commands to the same pipeline (and transaction), after the messages."""
     limit = constants.INSTANCE_STREAM_MAXLEN if maxlen is None else maxlen
-    pipe = r.pipeline(transaction=checkpoint is not None or bool(ack and ack[2]))
+    atomic = checkpoint is not None or bool(ack and ack[2]) or extra is not None
+    pipe = r.pipeline(transaction=atomic)
     for key, value, ttl_s in expiring:
         pipe.set(key, value, px=max(1, int(ttl_s * 1000)))
     for stream, message in items:
         pipe.xadd(stream, {FIELD: _encoder.encode(message)}, maxlen=limit, approximate=True)
+    if extra is not None:
+        extra(pipe)
     if checkpoint is not None:
         pipe.set(checkpoint[0], checkpoint[1])
     if ack is not None and ack[2]:
@@ -317,10 +323,16 @@ class GroupConsumer(_Reader[T]):
             await self.r.xack(self.stream, self.group, *ids)
 
     async def commit(
-        self, out: Sequence[tuple[str, msgspec.Struct]], ids: Sequence[bytes], maxlen: int
+        self,
+        out: Sequence[tuple[str, msgspec.Struct]],
+        ids: Sequence[bytes],
+        maxlen: int,
+        extra: Callable[[Pipeline], None] | None = None,
     ) -> None:
-        """Publish what entries `ids` led to and ack them, atomically, in one round trip."""
-        await publish_many(self.r, out, maxlen=maxlen, ack=(self.stream, self.group, ids))
+        """Publish what entries `ids` led to (and `extra`'s commands) and ack them,
+        atomically, in one round trip."""
+        ack = (self.stream, self.group, ids)
+        await publish_many(self.r, out, maxlen=maxlen, ack=ack, extra=extra)
 
 
 class StreamReader(_Reader[T]):

@@ -28,6 +28,9 @@ RID_PREFIX = f"{PREFIX}:rid"
 
 # The scheduler leader's instance id, a key with a TTL its leader refreshes.
 SCHEDULER_LEADER_KEY = f"{PREFIX}:leader:scheduler"
+# Hash rid -> where the scheduler routed it and the request itself, until it is done: what a
+# new leader rebuilds its routing table from, and what a lost executor's requests resume from.
+ROUTES_KEY = f"{PREFIX}:routes"
 
 # Streams trimmed with MAXLEN ~ so Redis memory stays bounded. A per-instance stream's readers
 # trim what they have consumed (StreamReader trim_consumed, or the detokenizer's low-water

@@ -21,12 +21,20 @@ from shared.messages.detok import (
     LogprobBlock,
     RequestAborted,
     RequestFailed,
+    Reroute,
     TokenDelta,
 )
 from shared.messages.reply import Delta, Failure, TokenLogprob, TopLogprob, Usage
+from shared.messages.schedule import RequestDone, TokenizedRequest
 from shared.messages.tokenize import AbortRequest
 
 log = logging.getLogger(__name__)
+
+# A request is resumed on another executor at most this many times: one that keeps losing its
+# executor (perhaps by crashing it) then fails with a retryable 503.
+MAX_RESUMES = 2
+
+_request_decoder = msgspec.msgpack.Decoder(TokenizedRequest)
 
 # Finished request ids are remembered this long so late tokens of a stopped request are dropped
 # quietly instead of being mistaken for a request that was never registered.
@@ -76,10 +84,14 @@ class RequestState:
         self.min_tokens = reg.sampling.min_new_tokens
         self.completion_tokens = 0
         self.cached_tokens = 0
+        # Every output token so far: what a request resumed on another executor continues.
+        self.output_ids: list[int] = []
+        self.fenced: set[str] = set()  # executors it was lost from: their tokens are dropped
 
     def on_tokens(self, d: TokenDelta) -> tuple[Delta, bool]:
         """The reply for one step's tokens, and whether a stop string ended the request here."""
         self.completion_tokens += len(d.token_ids)
+        self.output_ids += d.token_ids
         self.cached_tokens = max(self.cached_tokens, d.cached_tokens)
         # A matched stop token (EOS or a stop_token_id) ends the output but is not part of it.
         visible = d.token_ids[:-1] if d.matched_stop_token is not None else d.token_ids
@@ -153,15 +165,54 @@ class Detokenizer:
             if state is None:
                 return []
             self.finished[msg.rid] = time.monotonic()
-            return [(state.trace.reply_to, Failure(rid=msg.rid, error=msg.error))]
+            return [
+                (state.trace.reply_to, Failure(rid=msg.rid, error=msg.error)),
+                (schedule_stream, RequestDone(rid=msg.rid)),
+            ]
         if isinstance(msg, RequestAborted):
             # The same ending as an executor's abort before the request's first token.
             ending = TokenDelta(rid=msg.rid, token_ids=[], finish="abort")
             return self._on_deltas([ending], schedule_stream)
-        return self._on_deltas(msg.deltas, schedule_stream, msg.published or 0.0)
+        if isinstance(msg, Reroute):
+            return self._reroute(msg, schedule_stream)
+        return self._on_deltas(msg.deltas, schedule_stream, msg.published or 0.0, msg.executor)
+
+    def _reroute(self, msg: Reroute, schedule_stream: str) -> list[tuple[str, Struct]]:
+        """The request's executor is lost: every token it published for the request is
+        already here (it published them before the scheduler noticed), so the request goes
+        back to the scheduler with that output, to be continued on another executor."""
+        state = self.states.get(msg.rid)
+        if state is None:
+            return []  # it ended first: its answer is out
+        state.fenced.add(msg.executor)  # a lost executor that still runs is not heard again
+        req = _request_decoder.decode(msg.request)
+        if req.resumes >= MAX_RESUMES:
+            del self.states[msg.rid]
+            self.finished[msg.rid] = time.monotonic()
+            err = ErrorInfo(
+                status=503,
+                message=f"this request lost its executor {req.resumes + 1} times; retry",
+                type="server_error",
+                retry_after=1,
+            )
+            return [
+                (state.trace.reply_to, Failure(rid=msg.rid, error=err)),
+                (schedule_stream, RequestDone(rid=msg.rid)),
+            ]
+        resumed = msgspec.structs.replace(
+            req,
+            resume_ids=list(state.output_ids),
+            resumes=req.resumes + 1,
+            avoid=[*req.avoid, msg.executor],
+        )
+        return [(schedule_stream, resumed)]
 
     def _on_deltas(
-        self, deltas: list[TokenDelta], schedule_stream: str, published: float = 0.0
+        self,
+        deltas: list[TokenDelta],
+        schedule_stream: str,
+        published: float = 0.0,
+        executor: str = "",
     ) -> list[tuple[str, Struct]]:
         out: list[tuple[str, Struct]] = []
         for d in deltas:
@@ -169,6 +220,8 @@ class Detokenizer:
             if state is None:
                 self._unknown(d)
                 continue
+            if executor in state.fenced:
+                continue  # from an executor it was lost from (it lives on): resumed elsewhere
             reply, stopped_here = state.on_tokens(d)
             if d.hops is not None:  # the first delta: the executor's publication time too
                 hops = stamp_hops(d.hops, executor_published=published)
@@ -177,6 +230,7 @@ class Detokenizer:
             if reply.finish_reason is not None:
                 del self.states[d.rid]
                 self.finished[d.rid] = time.monotonic()
+                out.append((schedule_stream, RequestDone(rid=d.rid)))
             if stopped_here:  # the executor is still generating: stop it and free its KV
                 out.append((schedule_stream, AbortRequest(rid=d.rid, reason="stop")))
         return out
@@ -212,13 +266,14 @@ class Detokenizer:
     def open_replies(self) -> dict[str, str]:
         return {rid: s.trace.reply_to for rid, s in self.states.items()}
 
-    def fail_orphans(self) -> list[tuple[str, Struct]]:
+    def fail_orphans(self, schedule_stream: str) -> list[tuple[str, Struct]]:
         """After a replay: the requests the old owner had open that the replay did not find
         (their registration was trimmed away) fail with a retryable 503 instead of hanging."""
         out: list[tuple[str, Struct]] = []
         for rid, reply_to in self.orphans.items():
             log.warning("request %s: registration trimmed before a takeover; failing it", rid)
             out.append((reply_to, Failure(rid=rid, error=LOST_STATE)))
+            out.append((schedule_stream, RequestDone(rid=rid)))
             self.finished[rid] = time.monotonic()
         self.orphans.clear()
         return out

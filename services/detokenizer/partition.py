@@ -76,7 +76,7 @@ class Partition:
     def _end_replay(self) -> list[tuple[str, Struct]]:
         self.replay_until = None
         self.detok.replaying = False
-        return self.detok.fail_orphans()
+        return self.detok.fail_orphans(self.schedule_stream)
 
     def feed(self, entries: Sequence[Entry[DetokMessage]], now: float | None = None) -> Commit:
         """Handle a batch read from the stream (empty: the stream had nothing more)."""

@@ -22,6 +22,21 @@ def start(req: Req) -> None:
         req.finish = "stop"
 
 
+def resume(req: Req) -> None:
+    """A request resumed from a lost executor: the grammar takes the output the client
+    already has, then forces what follows it, as at the start. Raises GrammarViolation for a
+    token it does not allow."""
+    g = req.grammar
+    if g is None:
+        return
+    for token in req.output_ids:
+        if g.accept(token):
+            req.finish = "stop"
+            req.matched_stop_token = token if token in g.stop_token_ids else None
+            return
+    start(req)
+
+
 def after_token(req: Req, index: int) -> ErrorInfo | None:
     """The grammar takes the sampled token at output `index`: finish "stop" when it is
     complete, else append what it now forces (computed in one extend step, not one step per

@@ -287,6 +287,8 @@ class Engine:
         self._seq += 1
         req = Req.from_message(msg, self._seq, self.context_length)
         req.hops = stamp_hops(req.hops, executor_inbox=submitted)
+        if req.exhausted:  # resumed with its whole output: only the ending is left to send
+            req.finish = "length"
         if msg.grammar_key:
             if self.grammars is None:
                 err = ErrorInfo(
@@ -311,7 +313,7 @@ class Engine:
                 )
                 return RequestFailed(rid=rid, error=err)
             try:
-                constrained.start(req)
+                constrained.start(req) if not msg.resume_ids else constrained.resume(req)
             except Exception as e:
                 err = ErrorInfo(
                     status=500,

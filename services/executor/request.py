@@ -68,6 +68,10 @@ class Req:
         stop = set(m.sampling.stop_token_ids)
         if not m.sampling.ignore_eos:
             stop.update(m.eos_token_ids)
+        # Resumed from a lost executor: the output so far is prefilled after the prompt, like
+        # a retracted request's, and only what follows it is sent. The first delta (its prompt
+        # logprobs, its first-token timings) went out from the lost executor.
+        resumed = bool(m.resume_ids)
         return cls(
             rid=m.trace.rid,
             input_ids=list(m.input_ids),
@@ -77,8 +81,11 @@ class Req:
             detok_stream=m.detok_stream,
             deadline=m.trace.deadline,
             seq=seq,
+            output_ids=list(m.resume_ids),
+            sent=len(m.resume_ids),
             limit_len=min(context_length, len(m.input_ids) + m.max_new_tokens),
-            hops=m.trace.hops,
+            prompt_logprobs_sent=resumed,
+            hops=None if resumed else m.trace.hops,
         )
 
     @property

@@ -2,7 +2,9 @@
 
 A second instance waits as a standby: leadership is a Redis key with a TTL that the leader
 refreshes, so a standby takes over within LEADER_TTL_S of the leader dying, and resumes the
-consumer group where the leader left it (unacked entries are claimed again).
+consumer group where the leader left it (unacked entries are claimed again). The routing
+table lives in Redis too (routes.py): a new leader rebuilds it, so the requests in flight stay
+resumable when an executor is lost later (failover.py).
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ import asyncio
 import logging
 import time
 
+from services.scheduler import failover, routes
 from services.scheduler.router import Router
 from shared import constants
 from shared.bus import GroupConsumer, publish_many
 from shared.config import EnvArgumentParser, add_common_flags, positive
 from shared.logs import setup_logging
-from shared.messages.schedule import ScheduleMessage, TokenizedRequest
+from shared.messages.schedule import RequestDone, ScheduleMessage, TokenizedRequest
 from shared.messages.tokenize import AbortRequest
 from shared.service import Service, default_instance_id, live_instances, run_async
 
@@ -73,6 +76,7 @@ async def serve(a: argparse.Namespace) -> None:
         ttl = int(LEADER_TTL_S * 1000)
         if await svc.r.set(LEADER_KEY, svc.instance, nx=True, px=ttl):
             log.info("became the leader")
+            await restore_routes()
             return True
         owner = await svc.r.get(LEADER_KEY)
         if owner is not None and owner.decode() == svc.instance:
@@ -80,11 +84,35 @@ async def serve(a: argparse.Namespace) -> None:
             return True
         return False
 
+    async def restore_routes() -> None:
+        """The table an earlier leader left in Redis: requests in flight stay resumable."""
+        n = 0
+        async for rid, record in routes.scan(svc.r):
+            router.restore(rid, record)
+            n += 1
+        if n:
+            log.info("restored %d route(s) of requests in flight", n)
+
     async def refresh_executors() -> None:
-        out = router.update_executors(await live_instances(svc.r, "executor"))
-        if out:
-            log.warning("executor(s) lost; failing %d request(s)", len(out))
-            await publish_many(svc.r, out)
+        lost = router.update_executors(await live_instances(svc.r, "executor"))
+        if not lost:
+            return
+        rids = [rid for ex in lost for rid in ex.requests]
+        for ex in lost:
+            why = "stopped beating" if ex.maybe_alive else "is gone"
+            level = logging.WARNING if ex.requests else logging.INFO
+            log.log(
+                level,
+                "executor %s %s: resuming its %d request(s)",
+                ex.instance,
+                why,
+                len(ex.requests),
+            )
+        records = await routes.load(svc.r, rids)
+        drop = failover.streams_to_drop(lost)
+        if drop:  # what it had not read is resumed elsewhere; only aborts go there now
+            await svc.r.delete(*drop)
+        await publish_many(svc.r, failover.reroutes(lost, records))
 
     async def work() -> None:
         await consumer.ensure_group()
@@ -112,11 +140,18 @@ async def serve(a: argparse.Namespace) -> None:
                     out += router.route(msg)
                 elif isinstance(msg, AbortRequest):
                     out += router.abort(msg)
+                elif isinstance(msg, RequestDone):
+                    router.done(msg.rid)
                 else:
                     out += router.broadcast(msg)
-            # the routed requests and the ack of what led to them: one round trip
+            saves, deletes = router.take_changes()
+            # the routed requests, their stored routes and the ack of what led to them: one
+            # round trip, atomically
             await consumer.commit(
-                out, [e.id for e in entries], maxlen=constants.INSTANCE_STREAM_MAXLEN
+                out,
+                [e.id for e in entries],
+                maxlen=constants.INSTANCE_STREAM_MAXLEN,
+                extra=routes.staged(saves, deletes),
             )
         if leading:  # hand over at once rather than after the TTL
             owner = await svc.r.get(LEADER_KEY)

@@ -1,7 +1,12 @@
-"""Admission and routing, synchronous: the service feeds it heartbeats and messages.
+"""Admission, routing and executor loss, synchronous: the service feeds it heartbeats and
+messages, and stores the route changes it accumulates (`take_changes`) in Redis.
 
 Load of an executor = its waiting + running requests from its last heartbeat, plus what this
 scheduler sent it since that heartbeat (so a burst does not all land on one executor).
+
+An executor is lost when its liveness key is gone (it expired, or the supervisor deleted it on
+seeing the process exit) or when its heartbeat has not changed for `stale_after_s`: routing to
+it stops at once, and every request it held is handed to failover (see failover.py).
 """
 
 from __future__ import annotations
@@ -12,12 +17,18 @@ from dataclasses import dataclass, field
 import msgspec
 from msgspec import Struct
 
+from services.scheduler import routes
 from shared.hops import stamp
 from shared.messages.common import ErrorInfo
 from shared.messages.detok import RequestAborted, RequestFailed
 from shared.messages.heartbeat import ExecutorLoad, Heartbeat
 from shared.messages.schedule import TokenizedRequest
 from shared.messages.tokenize import AbortRequest
+
+# An executor whose heartbeat (every 0.5 s) has not changed for this long is lost.
+STALE_AFTER_S = 2.0
+
+_encoder = msgspec.msgpack.Encoder()
 
 
 @dataclass
@@ -44,14 +55,48 @@ class Assignment:
 
 
 @dataclass
+class LostExecutor:
+    """An executor that stopped serving, and the requests it held (no longer assigned)."""
+
+    instance: str
+    stream: str  # its input stream ("" if it was never seen beating by this scheduler)
+    # Its liveness key still exists: it only stopped beating, and may yet be running.
+    maybe_alive: bool
+    requests: dict[str, Assignment] = field(default_factory=dict)
+
+
+def _failure(status: int, message: str, retry: bool = False) -> ErrorInfo:
+    return ErrorInfo(
+        status=status,
+        message=message,
+        type="server_error" if status >= 500 else "invalid_request_error",
+        retry_after=1 if retry else None,
+    )
+
+
+@dataclass
 class Router:
     max_queued: int  # requests waiting in executors' queues, all executors together
+    stale_after_s: float = STALE_AFTER_S
     executors: dict[str, ExecutorView] = field(default_factory=dict)
     assigned: dict[str, Assignment] = field(default_factory=dict)  # rid -> where it went
     early_aborts: dict[str, float] = field(default_factory=dict)  # rid -> deadline
     # Until then (monotonic) an executor missing from the heartbeats is kept, not lost: after
     # a Redis restart every liveness key is gone until its owner's next beat.
     grace_until: float = 0.0
+    # instance -> (its last heartbeat's ts, monotonic time that ts was first seen)
+    beat_seen: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # instance -> the ts of the beat it went silent on: not live again until it beats anew
+    silent: dict[str, float] = field(default_factory=dict)
+    streams: dict[str, str] = field(default_factory=dict)  # instance -> its input stream
+    # Route changes for Redis (routes.py): rid -> record to store, rids to forget.
+    saves: dict[str, bytes] = field(default_factory=dict)
+    deletes: set[str] = field(default_factory=set)
+
+    def take_changes(self) -> tuple[dict[str, bytes], list[str]]:
+        saves, deletes = self.saves, [rid for rid in self.deletes if rid not in self.saves]
+        self.saves, self.deletes = {}, set()
+        return saves, deletes
 
     def bus_restarted(self, grace_s: float, now: float | None = None) -> None:
         """Redis restarted empty: the requests routed before are gone (the gateways failed
@@ -59,37 +104,65 @@ class Router:
         now = time.monotonic() if now is None else now
         self.assigned.clear()
         self.early_aborts.clear()
+        self.saves.clear()
+        self.deletes.clear()
+        self.beat_seen.clear()
+        self.silent.clear()
         self.grace_until = now + grace_s
+
+    def restore(self, rid: str, record: routes.RouteRecord) -> None:
+        """A route stored by an earlier leader (a new leader's table is rebuilt from them)."""
+        self.assigned.setdefault(
+            rid, Assignment(record.executor, record.detok_stream, record.deadline)
+        )
 
     def update_executors(
         self, beats: list[Heartbeat], now: float | None = None
-    ) -> list[tuple[str, Struct]]:
-        """Take the live executors' heartbeats; fail the requests of executors that vanished."""
+    ) -> list[LostExecutor]:
+        """Take the live executors' heartbeats; the executors lost since the last call, each
+        with the requests it held (which are no longer assigned)."""
         now = time.monotonic() if now is None else now
         live: dict[str, ExecutorView] = {}
+        keyed: set[str] = set()  # executors whose liveness key exists
         for hb in beats:
             if hb.executor is None:
+                continue
+            keyed.add(hb.instance)
+            self.streams[hb.instance] = hb.executor.stream
+            if self.silent.get(hb.instance) == hb.ts:
+                continue  # lost on this very beat: live again only once it beats anew
+            self.silent.pop(hb.instance, None)
+            seen_ts, since = self.beat_seen.get(hb.instance, (hb.ts, now))
+            if seen_ts != hb.ts:
+                since = now
+            self.beat_seen[hb.instance] = (hb.ts, since)
+            if now - since > self.stale_after_s and now >= self.grace_until:
+                self.silent[hb.instance] = hb.ts
                 continue
             old = self.executors.get(hb.instance)
             sent = old.sent_since_beat if old is not None and old.beat_ts == hb.ts else 0
             live[hb.instance] = ExecutorView(hb.instance, hb.executor, hb.ts, sent)
-        lost = set(self.executors) - set(live)
-        if lost and now < self.grace_until:
-            live.update({name: self.executors[name] for name in lost})
-            lost = set()
+        known = set(self.executors) | {a.executor for a in self.assigned.values()}
+        lost_names = known - set(live)
+        if lost_names and now < self.grace_until:
+            live.update({n: self.executors[n] for n in lost_names if n in self.executors})
+            lost_names -= set(self.executors)
         self.executors = live
-        out: list[tuple[str, Struct]] = []
+        for name in set(self.beat_seen) - keyed:
+            del self.beat_seen[name]  # its key is gone: a later beat starts afresh
+        lost = {
+            name: LostExecutor(name, self.streams.get(name, ""), name in keyed)
+            for name in lost_names
+        }
         if lost:
             for rid, a in list(self.assigned.items()):
                 if a.executor in lost:
                     del self.assigned[rid]
-                    err = ErrorInfo(
-                        status=503,
-                        message=f"executor {a.executor} stopped responding; please retry",
-                        type="server_error",
-                    )
-                    out.append((a.detok_stream, RequestFailed(rid=rid, error=err)))
-        return out
+                    lost[a.executor].requests[rid] = a
+        for name in lost:
+            if name not in keyed:
+                self.streams.pop(name, None)
+        return list(lost.values())
 
     def route(self, req: TokenizedRequest, now: float | None = None) -> list[tuple[str, Struct]]:
         rid = req.trace.rid
@@ -97,36 +170,48 @@ class Router:
         if rid in self.assigned:
             return []  # redelivered: already sent
         if self.early_aborts.pop(rid, None) is not None:
-            return [(req.detok_stream, RequestAborted(rid=rid))]
+            return self._ended(req, RequestAborted(rid=rid))
         if req.trace.deadline < now:
             err = ErrorInfo(status=504, message="the request's deadline passed", type="timeout")
-            return [(req.detok_stream, RequestFailed(rid=rid, error=err))]
+            return self._ended(req, RequestFailed(rid=rid, error=err))
         if not self.executors:
-            err = ErrorInfo(
-                status=503,
-                message="no executor is alive to serve this request",
-                type="server_error",
-            )
-            return [(req.detok_stream, RequestFailed(rid=rid, error=err))]
+            err = _failure(503, "no executor is alive to serve this request", retry=True)
+            return self._ended(req, RequestFailed(rid=rid, error=err))
         queued = sum(e.queued for e in self.executors.values())
-        if queued >= self.max_queued:
-            err = ErrorInfo(
-                status=503,
-                message=f"the server's queue is full ({queued} requests waiting); retry later",
-                type="server_error",
-            )
-            return [(req.detok_stream, RequestFailed(rid=rid, error=err))]
+        # A resumed request was admitted once already: it is not refused for the queue.
+        if queued >= self.max_queued and not req.resumes:
+            msg = f"the server's queue is full ({queued} requests waiting); retry later"
+            return self._ended(req, RequestFailed(rid=rid, error=_failure(503, msg, True)))
         fits = [e for e in self.executors.values() if len(req.input_ids) < e.load.context_length]
         if not fits:
             err = ErrorInfo(
                 status=400, message="no executor has a context long enough", param="prompt"
             )
-            return [(req.detok_stream, RequestFailed(rid=rid, error=err))]
+            return self._ended(req, RequestFailed(rid=rid, error=err))
+        fits = [e for e in fits if e.instance not in req.avoid]
+        if not fits:
+            msg = "no other executor is alive to resume this request on; retry"
+            return self._ended(req, RequestFailed(rid=rid, error=_failure(503, msg, True)))
         best = min(fits, key=lambda e: (e.busy, e.instance))
         best.sent_since_beat += 1
         self.assigned[rid] = Assignment(best.instance, req.detok_stream, req.trace.deadline)
         routed = msgspec.structs.replace(req, trace=stamp(req.trace, routed=time.time()))
+        record = routes.RouteRecord(
+            best.instance, req.detok_stream, req.trace.deadline, _encoder.encode(routed)
+        )
+        self.saves[rid] = routes.encode(record)
         return [(best.load.stream, routed)]
+
+    def _ended(self, req: TokenizedRequest, msg: Struct) -> list[tuple[str, Struct]]:
+        if req.resumes:  # it was routed before: its stored route goes too
+            self.deletes.add(req.trace.rid)
+        return [(req.detok_stream, msg)]
+
+    def done(self, rid: str) -> None:
+        """A detokenizer sent the request's final answer: nothing is left to resume."""
+        self.assigned.pop(rid, None)
+        self.saves.pop(rid, None)
+        self.deletes.add(rid)
 
     def broadcast(self, msg: Struct) -> list[tuple[str, Struct]]:
         """The same message to every live executor (cache flushes)."""
@@ -135,7 +220,8 @@ class Router:
     def abort(self, msg: AbortRequest, now: float | None = None) -> list[tuple[str, Struct]]:
         a = self.assigned.get(msg.rid)
         if a is None:
-            # Not here yet (being tokenized or compiled): end it when it arrives.
+            # Not here yet (being tokenized or compiled, or being resumed): end it when it
+            # arrives.
             now = time.time() if now is None else now
             self.early_aborts[msg.rid] = now + 600.0
             return []
@@ -148,6 +234,7 @@ class Router:
         for rid, a in list(self.assigned.items()):
             if a.deadline < now:
                 del self.assigned[rid]
+                self.deletes.add(rid)
         for rid, until in list(self.early_aborts.items()):
             if until < now:
                 del self.early_aborts[rid]

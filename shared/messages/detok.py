@@ -80,4 +80,16 @@ class RequestAborted(msgspec.Struct, tag="aborted", array_like=True, kw_only=Tru
     reason: str = "abort"
 
 
-DetokMessage = DetokRegister | StepOutput | RequestFailed | RequestAborted
+class Reroute(msgspec.Struct, tag="reroute", array_like=True, kw_only=True, frozen=True):
+    """From the scheduler: `executor`, which held the request, is lost. The detokenizer drops
+    any later tokens of it from that executor and sends the request back to the scheduler
+    with the output its client already has (`TokenizedRequest.resume_ids`), to be continued
+    on another executor. `request` is the routed TokenizedRequest, msgpack-encoded as the
+    scheduler stored it."""
+
+    rid: str
+    executor: str
+    request: bytes
+
+
+DetokMessage = DetokRegister | StepOutput | RequestFailed | RequestAborted | Reroute

@@ -23,6 +23,13 @@ class TokenizedRequest(msgspec.Struct, tag="tokenized", kw_only=True, frozen=Tru
     # f"{constants.GRAMMAR_CACHE_PREFIX}:{grammar_key}" holds the compiled constraint; "" until
     # the grammar service has compiled it (and always "" without a constraint).
     grammar_key: str = ""
+    # A request resumed after its executor was lost (see services/scheduler/failover.py):
+    # the output tokens its client has already been sent, which the next executor prefills
+    # after the prompt and does not send again; how many times it was resumed; and the
+    # executors it was lost from, never routed to again.
+    resume_ids: list[int] = []
+    resumes: int = 0
+    avoid: list[str] = []
 
 
 class FlushCache(msgspec.Struct, tag="flush_cache", kw_only=True, frozen=True):
@@ -32,5 +39,12 @@ class FlushCache(msgspec.Struct, tag="flush_cache", kw_only=True, frozen=True):
     rid: str = ""
 
 
-ScheduleMessage = TokenizedRequest | AbortRequest | FlushCache
+class RequestDone(msgspec.Struct, tag="done", kw_only=True, frozen=True):
+    """From a detokenizer: the request's final answer went to its gateway. The scheduler
+    forgets its route (nothing is left to resume if its executor is lost)."""
+
+    rid: str
+
+
+ScheduleMessage = TokenizedRequest | AbortRequest | FlushCache | RequestDone
 ExecutorMessage = TokenizedRequest | AbortRequest | FlushCache

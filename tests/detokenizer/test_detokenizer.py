@@ -10,8 +10,9 @@ import pytest
 from services.detokenizer.core import Detokenizer
 from services.detokenizer.incremental import IncrementalDetokenizer
 from shared.messages.common import HopTimes, SamplingParams, Trace
-from shared.messages.detok import DetokRegister, RequestAborted, StepOutput, TokenDelta
-from shared.messages.reply import Delta, Usage
+from shared.messages.detok import DetokRegister, RequestAborted, Reroute, StepOutput, TokenDelta
+from shared.messages.reply import Delta, Failure, Usage
+from shared.messages.schedule import RequestDone, TokenizedRequest
 from shared.messages.tokenize import AbortRequest
 from tests.executor.helpers import EOS_ID, make_tokenizer
 
@@ -81,7 +82,8 @@ def test_eos_is_counted_but_not_shown(tok: Any) -> None:
         ),
         "sched",
     )
-    ((_, reply),) = out
+    ((_, reply), done) = out
+    assert done == ("sched", RequestDone(rid="b"))  # the scheduler forgets its route
     assert isinstance(reply, Delta)
     assert reply.text == "ok" and reply.finish_reason == "stop" and reply.matched_stop == EOS_ID
     assert reply.usage.completion_tokens == len(ids) + 1 and reply.usage.prompt_tokens == 5
@@ -91,8 +93,8 @@ def test_eos_is_counted_but_not_shown(tok: Any) -> None:
 def test_an_abort_before_the_executor_ends_the_request_with_no_output(tok: Any) -> None:
     d = Detokenizer(tok)
     d.handle(register("early"), "s")
-    ((stream, reply),) = d.handle(RequestAborted(rid="early"), "s")
-    assert stream == "reply:early"
+    ((stream, reply), done) = d.handle(RequestAborted(rid="early"), "s")
+    assert stream == "reply:early" and done == ("s", RequestDone(rid="early"))
     assert reply == Delta(
         rid="early",
         text="",
@@ -159,3 +161,55 @@ def test_first_delta_carries_hops_with_the_executors_publication_time(tok: Any) 
     assert isinstance(stamped, Delta) and reply.hops is not None
     assert stamped.hops == msgspec.structs.replace(reply.hops, detok_published=5.0)
     assert untouched is later
+
+
+def routed(rid: str, resumes: int = 0, avoid: tuple[str, ...] = ()) -> bytes:
+    req = TokenizedRequest(
+        trace=Trace(rid=rid, reply_to=f"reply:{rid}", deadline=1e12),
+        input_ids=[5, 6, 7],
+        sampling=SamplingParams(),
+        max_new_tokens=32,
+        eos_token_ids=[EOS_ID],
+        detok_stream="rs:detok:0",
+        resumes=resumes,
+        avoid=list(avoid),
+    )
+    return msgspec.msgpack.encode(req)
+
+
+def test_a_reroute_resumes_the_request_from_the_output_its_client_has(tok: Any) -> None:
+    ids = tok.encode("the thin thing in the", add_special_tokens=False)
+    d = Detokenizer(tok)
+    d.handle(register("r"), "s")
+    sent = []
+    for t in ids[:4]:
+        sent += d.handle(
+            StepOutput(executor="old", step=0, deltas=[TokenDelta(rid="r", token_ids=[t])]), "s"
+        )
+    ((stream, resumed),) = d.handle(Reroute(rid="r", executor="old", request=routed("r")), "s")
+    assert stream == "s" and isinstance(resumed, TokenizedRequest)
+    assert resumed.resume_ids == ids[:4] and resumed.input_ids == [5, 6, 7]
+    assert (resumed.resumes, resumed.avoid) == (1, ["old"])
+    # The lost executor may live on: what it still sends is dropped, not shown twice.
+    late = StepOutput(executor="old", step=1, deltas=[TokenDelta(rid="r", token_ids=[ids[4]])])
+    assert d.handle(late, "s") == []
+    rest = TokenDelta(rid="r", token_ids=ids[4:], finish="length")
+    out = d.handle(StepOutput(executor="new", step=0, deltas=[rest]), "s")
+    text = "".join(m.text for _, m in [*sent, *out] if isinstance(m, Delta))
+    assert text == "the thin thing in the"
+    final = [m for _, m in out if isinstance(m, Delta)][-1]
+    assert final.usage.completion_tokens == len(ids)
+    assert ("s", RequestDone(rid="r")) in out
+    # Rerouted again after it ended: nothing to resume.
+    assert d.handle(Reroute(rid="r", executor="new", request=routed("r")), "s") == []
+
+
+def test_a_request_that_keeps_losing_its_executor_fails_with_a_retryable_503(tok: Any) -> None:
+    d = Detokenizer(tok)
+    d.handle(register("p"), "s")
+    again = Reroute(rid="p", executor="e3", request=routed("p", resumes=2, avoid=("e1", "e2")))
+    (reply_to, failure), done = d.handle(again, "s")
+    assert reply_to == "reply:p" and isinstance(failure, Failure)
+    assert failure.error.status == 503 and failure.error.retry_after == 1
+    assert "3 times" in failure.error.message
+    assert done == ("s", RequestDone(rid="p")) and "p" not in d.states

@@ -1,5 +1,5 @@
 """Every detokenizer SIGKILLed mid-stream, with separate service processes: the partitions'
-new owners (a standby started here, and the supervisor's restarted children) replay the open
+new owners (a standby started here, or the supervisor's restarted children) replay the open
 requests, and each request ends with exactly the text of an uninterrupted run: nothing hangs,
 nothing is lost, no chunk arrives twice."""
 
@@ -89,13 +89,18 @@ def holders(s: Stack) -> list[int | None]:
 
 
 async def stream_completion(
-    session: aiohttp.ClientSession, s: Stack, model: str, prompt: str, progress: dict[str, int]
+    session: aiohttp.ClientSession,
+    s: Stack,
+    model: str,
+    prompt: str,
+    progress: dict[str, int],
+    max_tokens: int = MAX_TOKENS,
 ) -> tuple[str, int]:
     """Streamed text (the chunks joined) and the completion tokens the usage reports."""
     body = {
         "model": model,
         "prompt": prompt,
-        "max_tokens": MAX_TOKENS,
+        "max_tokens": max_tokens,
         "temperature": 0,
         "ignore_eos": True,
         "stream": True,
@@ -118,12 +123,15 @@ async def stream_completion(
     return text, tokens
 
 
-async def run_all(s: Stack, model: str, on_started: Any = None) -> list[tuple[str, int]]:
+async def run_all(
+    s: Stack, model: str, on_started: Any = None, max_tokens: int = MAX_TOKENS
+) -> list[tuple[str, int]]:
     progress: dict[str, int] = {}
     timeout = aiohttp.ClientTimeout(total=HANG_S)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         jobs = [
-            asyncio.create_task(stream_completion(session, s, model, p, progress)) for p in PROMPTS
+            asyncio.create_task(stream_completion(session, s, model, p, progress, max_tokens))
+            for p in PROMPTS
         ]
         if on_started is not None:
             # Every request is mid-generation: each has streamed a chunk, none has finished.
@@ -154,7 +162,7 @@ def test_killed_detokenizers_lose_no_request_and_repeat_no_text(stack: Stack) ->
     assert faulted == reference  # same text, chunk by chunk joined; same token counts
     after = holders(stack)
     assert all(pid is not None and pid not in killed for pid in after), after
-    # The standby was up when the owners died: it took one over (the restarted children
-    # were still loading their tokenizer).
-    assert stack.extra[0].pid in after, after
+    # The standby and the supervisor's restarted children race for the free leases (which
+    # wins is a matter of timing); whichever lost stands by, alive.
+    assert stack.extra[0].poll() is None
     assert "Traceback" not in Path(stack.log_dir / "standby.log").read_text(errors="replace")

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from loadtest.fault_stack import Stack
-from loadtest.faults import kill, under_load
+from loadtest.faults import ensure_executors, kill, under_load
 from tests.faults.conftest import GRAMMAR_SETTINGS, SETTINGS
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.faults]
@@ -36,4 +36,14 @@ def test_a_killed_gateway_drops_connections_and_its_successor_serves(fault_stack
     t = asyncio.run(under_load(fault_stack, kill(fault_stack, "gateway"), SETTINGS))
     assert t.in_flight_at_fault > 0, t.row()
     assert t.hung == 0, t.row()
+    assert t.recover_s is not None, f"not serving again: {t.row()}\n{fault_stack.log_tail()}"
+
+
+def test_a_killed_executors_requests_resume_on_the_other(fault_stack: Stack) -> None:
+    """With a second executor running, the requests of the one killed (queued or
+    mid-generation) resume there: none fails, none hangs."""
+    ensure_executors(fault_stack, 2, fault_stack.serve_args, 300.0)
+    t = asyncio.run(under_load(fault_stack, kill(fault_stack, "executor"), SETTINGS))
+    assert t.in_flight_at_fault > 0, t.row()
+    assert (t.hung, t.failed) == (0, 0), t.row()
     assert t.recover_s is not None, f"not serving again: {t.row()}\n{fault_stack.log_tail()}"

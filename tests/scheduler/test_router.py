@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import msgspec
 
+from services.scheduler import failover, routes
 from services.scheduler.router import Router
 from shared.messages.common import HopTimes, SamplingParams, Trace
-from shared.messages.detok import RequestAborted, RequestFailed
+from shared.messages.detok import RequestAborted, RequestFailed, Reroute
 from shared.messages.heartbeat import ExecutorLoad, Heartbeat
 from shared.messages.schedule import TokenizedRequest
 from shared.messages.tokenize import AbortRequest
@@ -87,20 +88,21 @@ def test_abort_before_arrival_ends_the_request_when_it_arrives() -> None:
     assert "early" not in r.assigned and "early" not in r.early_aborts
 
 
-def test_lost_executor_fails_its_requests_only() -> None:
+def test_a_lost_executor_hands_over_its_requests_only() -> None:
     r = Router(max_queued=10)
-    r.update_executors([beat("e1"), beat("e2", running=1)])
+    r.update_executors([beat("e1"), beat("e2", running=1)], now=0.0)
     r.route(make_request("on-e1"))
-    r.update_executors([beat("e1", ts=2.0), beat("e2", running=1, ts=2.0)])
+    r.update_executors([beat("e1", ts=2.0), beat("e2", running=1, ts=2.0)], now=0.5)
     r.route(make_request("on-e2"))  # e1 has 1 sent since its beat; e2 has 1 running
-    assert r.assigned["on-e2"].executor in ("e1", "e2")
     holder = r.assigned["on-e1"].executor
-    out = r.update_executors(
-        [b for b in (beat("e1", ts=3), beat("e2", ts=3)) if b.instance != holder]
+    lost = r.update_executors(
+        [b for b in (beat("e1", ts=3), beat("e2", ts=3)) if b.instance != holder], now=1.0
     )
-    failed = [m.rid for _, m in out if isinstance(m, RequestFailed)]
-    assert "on-e1" in failed
-    assert all(r.assigned[rid].executor != holder for rid in r.assigned)
+    assert [ex.instance for ex in lost] == [holder]
+    assert "on-e1" in lost[0].requests and not lost[0].maybe_alive  # its key is gone
+    assert lost[0].stream == f"rs:exec:{holder}"
+    assert all(a.executor != holder for a in r.assigned.values())
+    assert holder not in r.executors
 
 
 def test_expired_request_is_refused() -> None:
@@ -136,9 +138,81 @@ def test_after_a_redis_restart_routes_are_forgotten_and_executors_get_a_grace() 
     assert list(r.executors) == ["e1"]
     routed = r.route(make_request("new"))
     assert routed[0][0] == "rs:exec:e1"
-    # Still silent after the grace: lost, and what it holds fails with a retryable 503.
-    out = r.update_executors([], now=13.5)
+    # Still silent after the grace: lost, with what it holds.
+    lost = r.update_executors([], now=13.5)
     assert r.executors == {}
-    ((stream, failed),) = out
-    assert isinstance(failed, RequestFailed)
-    assert (stream, failed.rid, failed.error.status) == ("rs:detok:0", "new", 503)
+    assert [(ex.instance, list(ex.requests)) for ex in lost] == [("e1", ["new"])]
+
+
+def test_an_executor_whose_heartbeat_stalls_is_lost_within_the_stale_window() -> None:
+    r = Router(max_queued=10)
+    r.update_executors([beat("e1", ts=1.0), beat("e2", ts=1.0)], now=0.0)
+    r.route(make_request("a"))
+    holder = r.assigned["a"].executor
+    other = "e2" if holder == "e1" else "e1"
+    # The holder's key is still there but its beat stops changing; the other beats on.
+    for t in (0.5, 1.0, 1.5, 2.0):
+        assert r.update_executors([beat(holder, ts=1.0), beat(other, ts=1.0 + t)], now=t) == []
+    lost = r.update_executors([beat(holder, ts=1.0), beat(other, ts=9.0)], now=2.1)
+    assert [ex.instance for ex in lost] == [holder]
+    assert lost[0].maybe_alive and list(lost[0].requests) == ["a"]
+    assert list(r.executors) == [other]
+    # New requests go to the live one only; the silent one is live again once it beats anew.
+    assert r.route(make_request("b"))[0][0] == f"rs:exec:{other}"
+    assert r.update_executors([beat(holder, ts=1.0), beat(other, ts=9.5)], now=2.5) == []
+    assert holder not in r.executors
+    r.update_executors([beat(holder, ts=3.0), beat(other, ts=10.0)], now=3.0)
+    assert set(r.executors) == {holder, other}
+
+
+def test_routes_are_stored_until_done_and_restored_by_a_new_leader() -> None:
+    r = Router(max_queued=10)
+    r.update_executors([beat("e1")], now=0.0)
+    req = make_request("a")
+    r.route(req)
+    saves, deletes = r.take_changes()
+    assert deletes == [] and list(saves) == ["a"]
+    record = routes.decode(saves["a"])
+    assert record is not None and record.executor == "e1"
+    stored = msgspec.msgpack.decode(record.request, type=TokenizedRequest)
+    assert stored.input_ids == req.input_ids and stored.trace.rid == "a"
+    # A new leader rebuilds the table; its executor died meanwhile: the request is handed over.
+    fresh = Router(max_queued=10)
+    fresh.restore("a", record)
+    lost = fresh.update_executors([], now=0.0)
+    assert [(ex.instance, list(ex.requests)) for ex in lost] == [("e1", ["a"])]
+    # A request the detokenizer finished is forgotten, here and in Redis.
+    r.done("a")
+    assert "a" not in r.assigned and r.take_changes() == ({}, ["a"])
+
+
+def test_failover_resumes_each_request_through_its_detokenizer() -> None:
+    r = Router(max_queued=10)
+    r.update_executors([beat("e1", ts=1.0)], now=0.0)
+    r.route(make_request("a"))
+    saves, _ = r.take_changes()
+    records = {rid: rec for rid, raw in saves.items() if (rec := routes.decode(raw)) is not None}
+    lost = r.update_executors([beat("e1", ts=1.0)], now=5.0)  # stalled, key still there
+    out = failover.reroutes(lost, records)
+    assert out == [
+        ("rs:detok:0", Reroute(rid="a", executor="e1", request=records["a"].request)),
+        ("rs:exec:e1", AbortRequest(rid="a", reason="rerouted")),  # in case it lives on
+    ]
+    assert failover.streams_to_drop(lost) == ["rs:exec:e1"]
+    # No stored route: a retryable 503 instead.
+    ((_, msg),) = [m for m in failover.reroutes(lost, {}) if m[0] == "rs:detok:0"]
+    assert isinstance(msg, RequestFailed) and msg.error.retry_after == 1
+
+
+def test_a_resumed_request_avoids_the_executor_it_was_lost_from_and_skips_the_queue() -> None:
+    r = Router(max_queued=1)
+    r.update_executors([beat("e1", waiting=5), beat("e2", waiting=5)])
+    resumed = msgspec.structs.replace(make_request("a"), resumes=1, avoid=["e1"])
+    assert r.route(resumed)[0][0] == "rs:exec:e2"  # the queue is full, but it is admitted
+    _, refused = r.route(make_request("b"))[0]
+    assert isinstance(refused, RequestFailed) and "queue is full" in refused.error.message
+    only = Router(max_queued=10)
+    only.update_executors([beat("e1")])
+    _, msg = only.route(resumed)[0]
+    assert isinstance(msg, RequestFailed) and msg.error.status == 503
+    assert msg.error.retry_after == 1 and "no other executor" in msg.error.message
