@@ -93,6 +93,13 @@ async def serve(a: argparse.Namespace) -> None:
         if n:
             log.info("restored %d route(s) of requests in flight", n)
 
+    async def refresh_gateways() -> None:
+        beats = await live_instances(svc.r, "gateway")
+        aborts = router.update_gateways([hb.instance for hb in beats])
+        if aborts:
+            log.warning("a gateway is gone: aborting its %d request(s)", len(aborts))
+            await publish_many(svc.r, aborts)
+
     async def refresh_executors() -> None:
         lost = router.update_executors(await live_instances(svc.r, "executor"))
         if not lost:
@@ -129,6 +136,7 @@ async def serve(a: argparse.Namespace) -> None:
             if now - last_refresh > 0.2:
                 last_refresh = now
                 await refresh_executors()
+                await refresh_gateways()
                 router.expire()
             entries = await consumer.read(count=256, block_ms=100)
             if entries and not router.executors:

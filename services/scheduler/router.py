@@ -18,6 +18,7 @@ import msgspec
 from msgspec import Struct
 
 from services.scheduler import routes
+from shared import constants
 from shared.hops import stamp
 from shared.messages.common import ErrorInfo
 from shared.messages.detok import RequestAborted, RequestFailed
@@ -52,6 +53,7 @@ class Assignment:
     executor: str
     detok_stream: str
     deadline: float
+    reply_to: str = ""  # its gateway's reply stream
 
 
 @dataclass
@@ -89,6 +91,7 @@ class Router:
     # instance -> the ts of the beat it went silent on: not live again until it beats anew
     silent: dict[str, float] = field(default_factory=dict)
     streams: dict[str, str] = field(default_factory=dict)  # instance -> its input stream
+    gateways: set[str] = field(default_factory=set)  # reply streams of the live gateways
     # Route changes for Redis (routes.py): rid -> record to store, rids to forget.
     saves: dict[str, bytes] = field(default_factory=dict)
     deletes: set[str] = field(default_factory=set)
@@ -113,7 +116,8 @@ class Router:
     def restore(self, rid: str, record: routes.RouteRecord) -> None:
         """A route stored by an earlier leader (a new leader's table is rebuilt from them)."""
         self.assigned.setdefault(
-            rid, Assignment(record.executor, record.detok_stream, record.deadline)
+            rid,
+            Assignment(record.executor, record.detok_stream, record.deadline, record.reply_to),
         )
 
     def update_executors(
@@ -164,6 +168,24 @@ class Router:
                 self.streams.pop(name, None)
         return list(lost.values())
 
+    def update_gateways(
+        self, instances: list[str], now: float | None = None
+    ) -> list[tuple[str, Struct]]:
+        """Take the live gateways; abort the requests of a gateway that is gone (nobody is
+        left to read their answers: their KV and compute go to the living)."""
+        now = time.monotonic() if now is None else now
+        live = {constants.reply_stream(i) for i in instances}
+        if now < self.grace_until:  # after a Redis restart, liveness keys are coming back
+            self.gateways |= live
+            return []
+        gone, self.gateways = self.gateways - live, live
+        out: list[tuple[str, Struct]] = []
+        for rid, a in self.assigned.items():
+            view = self.executors.get(a.executor)
+            if a.reply_to in gone and view is not None:
+                out.append((view.load.stream, AbortRequest(rid=rid, reason="gateway lost")))
+        return out
+
     def route(self, req: TokenizedRequest, now: float | None = None) -> list[tuple[str, Struct]]:
         rid = req.trace.rid
         now = time.time() if now is None else now
@@ -194,10 +216,13 @@ class Router:
             return self._ended(req, RequestFailed(rid=rid, error=_failure(503, msg, True)))
         best = min(fits, key=lambda e: (e.busy, e.instance))
         best.sent_since_beat += 1
-        self.assigned[rid] = Assignment(best.instance, req.detok_stream, req.trace.deadline)
+        reply_to = req.trace.reply_to
+        self.assigned[rid] = Assignment(
+            best.instance, req.detok_stream, req.trace.deadline, reply_to
+        )
         routed = msgspec.structs.replace(req, trace=stamp(req.trace, routed=time.time()))
         record = routes.RouteRecord(
-            best.instance, req.detok_stream, req.trace.deadline, _encoder.encode(routed)
+            best.instance, req.detok_stream, req.trace.deadline, _encoder.encode(routed), reply_to
         )
         self.saves[rid] = routes.encode(record)
         return [(best.load.stream, routed)]

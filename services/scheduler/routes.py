@@ -19,6 +19,7 @@ class RouteRecord(msgspec.Struct, array_like=True, frozen=True):
     detok_stream: str
     deadline: float  # unix seconds
     request: bytes  # the routed TokenizedRequest, msgpack
+    reply_to: str = ""  # its gateway's reply stream
 
 
 _encoder = msgspec.msgpack.Encoder()

@@ -6,6 +6,7 @@ import msgspec
 
 from services.scheduler import failover, routes
 from services.scheduler.router import Router
+from shared import constants
 from shared.messages.common import HopTimes, SamplingParams, Trace
 from shared.messages.detok import RequestAborted, RequestFailed, Reroute
 from shared.messages.heartbeat import ExecutorLoad, Heartbeat
@@ -216,3 +217,27 @@ def test_a_resumed_request_avoids_the_executor_it_was_lost_from_and_skips_the_qu
     _, msg = only.route(resumed)[0]
     assert isinstance(msg, RequestFailed) and msg.error.status == 503
     assert msg.error.retry_after == 1 and "no other executor" in msg.error.message
+
+
+def test_the_requests_of_a_gateway_that_is_gone_are_aborted() -> None:
+    r = Router(max_queued=10)
+    r.update_executors([beat("e1")])
+    assert r.update_gateways(["g1", "g2"]) == []
+    for rid, gateway in (("a", "g1"), ("b", "g2")):
+        req = make_request(rid)
+        trace = msgspec.structs.replace(req.trace, reply_to=constants.reply_stream(gateway))
+        r.route(msgspec.structs.replace(req, trace=trace))
+    assert r.update_gateways(["g2"]) == [
+        ("rs:exec:e1", AbortRequest(rid="a", reason="gateway lost"))
+    ]
+    assert r.update_gateways(["g2"]) == []  # once
+    # After a Redis restart every key is gone for a moment: nothing is aborted for that.
+    r.bus_restarted(grace_s=3.0, now=100.0)
+    req = make_request("c")
+    trace = msgspec.structs.replace(req.trace, reply_to=constants.reply_stream("g2"))
+    r.route(msgspec.structs.replace(req, trace=trace))
+    assert r.update_gateways([], now=101.0) == []
+    # Still gone after the grace: it is.
+    assert r.update_gateways([], now=104.0) == [
+        ("rs:exec:e1", AbortRequest(rid="c", reason="gateway lost"))
+    ]
