@@ -371,11 +371,19 @@ class StreamReader(_Reader[T]):
             await self.trim_before(self.last_id)
 
     async def start_from_now(self) -> None:
-        """Pin the position to the stream's current end so no entry is skipped by '$' races."""
-        await self.check_restart()
-        self._suspect = False
-        info = await self.r.xinfo_stream(self.stream) if await self.r.exists(self.stream) else None
-        self.last_id = info["last-generated-id"] if info else "0-0"
+        """Pin the position to the stream's current end so no entry is skipped by '$' races.
+        Waits out a Redis outage (a service starting while Redis restarts), like `read`."""
+        while True:
+            try:
+                await self.check_restart()
+                self._suspect = False
+                exists = await self.r.exists(self.stream)
+                info = await self.r.xinfo_stream(self.stream) if exists else None
+                self.last_id = info["last-generated-id"] if info else "0-0"
+                self.backoff.reset()
+                return
+            except TRANSIENT as e:
+                await self._failed(e)
 
     async def read(self, count: int = 256, block_ms: int = 1000) -> list[Entry[T]]:
         while True:

@@ -5,10 +5,12 @@ counts as retried, not failed)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import urllib.request
 
 import pytest
 
-from loadtest.fault_stack import Stack
+from loadtest.fault_stack import Stack, wait_for
 from loadtest.faults import ensure_executors, kill, under_load
 from tests.faults.conftest import GRAMMAR_SETTINGS, SETTINGS
 
@@ -47,3 +49,13 @@ def test_a_killed_executors_requests_resume_on_the_other(fault_stack: Stack) -> 
     assert t.in_flight_at_fault > 0, t.row()
     assert (t.hung, t.failed) == (0, 0), t.row()
     assert t.recover_s is not None, f"not serving again: {t.row()}\n{fault_stack.log_tail()}"
+    # The next scenario starts from a whole stack: the restarted executor has loaded.
+    wait_for(lambda: live_executors(fault_stack) >= 2, 120, "the restarted executor")
+
+
+def live_executors(stack: Stack) -> int:
+    try:
+        with urllib.request.urlopen(f"{stack.base_url}/health", timeout=2) as resp:
+            return int(json.loads(resp.read())["instances"]["executor"])
+    except (OSError, KeyError, ValueError):
+        return 0

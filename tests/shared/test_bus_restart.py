@@ -48,6 +48,29 @@ async def test_stream_reader_starts_over_after_a_restart(restartable_redis: Redi
         await close(r)
 
 
+async def test_a_reader_starting_while_redis_is_down_waits_for_it(
+    restartable_redis: RedisServer,
+) -> None:
+    """A service that starts during an outage (the supervisor restarted it just then) waits
+    for Redis instead of dying in its start-up."""
+    r = connect(restartable_redis.url, max_connections=2)
+    reader: StreamReader[TokenizeMessage] = StreamReader(r, "s", TokenizeMessage)
+    try:
+        restartable_redis.stop()
+        starting = asyncio.create_task(reader.start_from_now())
+        async with asyncio.timeout(30):
+            while reader.backoff.attempt < 2:  # it tried, failed and is waiting to try again
+                await asyncio.sleep(0.01)
+        assert not starting.done()
+        restartable_redis.start()
+        await asyncio.wait_for(starting, 30)
+        assert reader.last_id == "0-0"  # the new server's (empty) stream's end
+        await publish(r, "s", AbortRequest(rid="new"))
+        assert [e.message.rid for e in await reader.read(block_ms=200)] == ["new"]  # type: ignore[union-attr]
+    finally:
+        await close(r)
+
+
 async def test_group_consumer_recreates_its_group_after_a_restart(
     restartable_redis: RedisServer,
 ) -> None:
