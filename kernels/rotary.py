@@ -2,7 +2,7 @@
 
 The cos/sin of every position come from a cache built once per model (`build_cos_sin_cache`):
 row p is [cos(p * inv_freq), sin(p * inv_freq)], each half head_dim wide, computed exactly as
-services/executor/models/layers.py's RotaryEmbedding does (its inv_freq, Llama-3 and linear
+the models' RotaryEmbedding does (the inv_freq of kernels/rope_freq.py, Llama-3 and linear
 scaling included). For dims i < head_dim / 2, with x1 = x[i], x2 = x[i + head_dim / 2]:
 x[i] <- x1 cos - x2 sin, x[i + head_dim / 2] <- x2 cos + x1 sin, in fp32, rounded once.
 
@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from kernels._checks import FLOAT_DTYPES, INDEX_DTYPES, check_device, check_tensor
-from services.executor.models.layers import rope_inv_freq
+from kernels.rope_freq import rope_inv_freq
 
 
 @triton.jit

@@ -10,6 +10,7 @@ supervisor's own parent-death signal does.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -171,6 +172,20 @@ class Stack:
         )
         self.extra.append(proc)
         return proc
+
+    def live_instances(self, service: str) -> int:
+        """Instances of `service` with a fresh heartbeat, as GET /health counts them."""
+        try:
+            with urllib.request.urlopen(f"{self.base_url}/health", timeout=2) as resp:
+                body = resp.read()
+        except urllib.error.HTTPError as e:  # 503 while a stage is missing: counts still given
+            body = e.read()
+        except (urllib.error.URLError, OSError):
+            return 0
+        try:
+            return int(json.loads(body)["instances"][service])
+        except (ValueError, KeyError, TypeError):
+            return 0
 
     def healthy(self) -> bool:
         try:

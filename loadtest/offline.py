@@ -28,10 +28,9 @@ import torch
 
 from services.executor.builder import KV_CACHE_DTYPES, EngineSettings, build_engine
 from services.executor.engine import Engine
-from shared.messages.common import SamplingParams, Trace
+from shared.messages.common import AbortRequest, SamplingParams, Trace
 from shared.messages.detok import StepOutput
 from shared.messages.schedule import TokenizedRequest
-from shared.messages.tokenize import AbortRequest
 from shared.model_files import resolve_model
 
 

@@ -20,8 +20,8 @@ import torch
 
 from loadtest.gpu.hosttime import HostTimes
 from services.executor.engine import Engine
+from shared.messages.common import AbortRequest
 from shared.messages.schedule import TokenizedRequest
-from shared.messages.tokenize import AbortRequest
 
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 GAP_REPORTED_US = 20.0  # idle stretches shorter than this are launch jitter, not a cause

@@ -14,7 +14,7 @@ from services.detokenizer.recovery import parse_id
 from services.detokenizer.stops import StopStrings
 from services.detokenizer.token_text import TokenTexts
 from shared.hops import stamp_hops
-from shared.messages.common import ErrorInfo
+from shared.messages.common import AbortRequest, ErrorInfo
 from shared.messages.detok import (
     DetokMessage,
     DetokRegister,
@@ -26,7 +26,6 @@ from shared.messages.detok import (
 )
 from shared.messages.reply import Delta, Failure, TokenLogprob, TopLogprob, Usage
 from shared.messages.schedule import RequestDone, TokenizedRequest
-from shared.messages.tokenize import AbortRequest
 
 log = logging.getLogger(__name__)
 

@@ -24,11 +24,10 @@ from services.executor.logprobs import block, prompt_block
 from services.executor.model_runner import Launched, ModelRunner
 from services.executor.request import Req
 from shared.hops import stamp_hops
-from shared.messages.common import ErrorInfo
+from shared.messages.common import AbortRequest, ErrorInfo
 from shared.messages.detok import RequestFailed, StepOutput, TokenDelta
 from shared.messages.heartbeat import ExecutorLoad
 from shared.messages.schedule import ExecutorMessage, FlushCache, TokenizedRequest
-from shared.messages.tokenize import AbortRequest
 
 log = logging.getLogger(__name__)
 

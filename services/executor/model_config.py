@@ -10,8 +10,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from services.executor.architectures import check_architecture
 from services.executor.errors import ModelLoadError, UnsupportedModelError
-from services.executor.models import check_architecture
 
 # GGUF `general.architecture` -> HF architecture name.
 GGUF_ARCHITECTURES: dict[str, str] = {

@@ -22,9 +22,9 @@ from services.gateway.replies import ReplyRouter
 from services.gateway.validation import Job
 from shared import constants
 from shared.bus import TRANSIENT
-from shared.messages.common import ErrorInfo, HopTimes, Trace
+from shared.messages.common import AbortRequest, ErrorInfo, HopTimes, Trace
 from shared.messages.reply import Delta, Failure, GenerationReply, ReplyMessage
-from shared.messages.tokenize import AbortRequest, GenerateRequest
+from shared.messages.tokenize import GenerateRequest
 
 log = logging.getLogger(__name__)
 

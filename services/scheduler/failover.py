@@ -19,9 +19,8 @@ from msgspec import Struct
 
 from services.scheduler.router import LostExecutor
 from services.scheduler.routes import RouteRecord
-from shared.messages.common import ErrorInfo
+from shared.messages.common import AbortRequest, ErrorInfo
 from shared.messages.detok import RequestFailed, Reroute
-from shared.messages.tokenize import AbortRequest
 
 
 def reroutes(lost: list[LostExecutor], records: dict[str, RouteRecord]) -> list[tuple[str, Struct]]:

@@ -20,8 +20,8 @@ from shared import constants
 from shared.bus import GroupConsumer, publish_many
 from shared.config import EnvArgumentParser, add_common_flags, positive
 from shared.logs import setup_logging
+from shared.messages.common import AbortRequest
 from shared.messages.schedule import RequestDone, ScheduleMessage, TokenizedRequest
-from shared.messages.tokenize import AbortRequest
 from shared.service import Service, default_instance_id, live_instances, run_async
 
 log = logging.getLogger(__name__)

@@ -20,11 +20,10 @@ from msgspec import Struct
 from services.scheduler import routes
 from shared import constants
 from shared.hops import stamp
-from shared.messages.common import ErrorInfo
+from shared.messages.common import AbortRequest, ErrorInfo
 from shared.messages.detok import RequestAborted, RequestFailed
 from shared.messages.heartbeat import ExecutorLoad, Heartbeat
 from shared.messages.schedule import TokenizedRequest
-from shared.messages.tokenize import AbortRequest
 
 # An executor whose heartbeat (every 0.5 s) has not changed for this long is lost.
 STALE_AFTER_S = 2.0

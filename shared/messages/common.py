@@ -107,3 +107,11 @@ class ChoiceConstraint(msgspec.Struct, tag="choice", kw_only=True, frozen=True):
 
 # At most one per request; the grammar service compiles it, the executor enforces it.
 Constraint = JsonSchemaConstraint | RegexConstraint | EbnfConstraint | ChoiceConstraint
+
+
+class AbortRequest(msgspec.Struct, tag="abort", kw_only=True, frozen=True):
+    """Stop a request wherever it is: sent by a gateway to rs:tokenize, passed on to rs:schedule
+    and to the executor holding it (or by a detokenizer, when a stop string matched)."""
+
+    rid: str
+    reason: str = "abort"

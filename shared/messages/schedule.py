@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
-from shared.messages.common import Constraint, SamplingParams, Trace
-from shared.messages.tokenize import AbortRequest
+from shared.messages.common import AbortRequest, Constraint, SamplingParams, Trace
 
 
 class TokenizedRequest(msgspec.Struct, tag="tokenized", kw_only=True, frozen=True):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
-from shared.messages.common import Constraint, SamplingParams, Trace
+from shared.messages.common import AbortRequest, Constraint, SamplingParams, Trace
 
 
 class TextPrompt(msgspec.Struct, tag="text", kw_only=True, frozen=True):
@@ -41,13 +41,6 @@ class GenerateRequest(msgspec.Struct, tag="generate", kw_only=True, frozen=True)
     stream: bool = False
     constraint: Constraint | None = None  # structured output (routed through the grammar service)
     echo: bool = False  # send the prompt's text back before the output (OpenAI `echo`)
-
-
-class AbortRequest(msgspec.Struct, tag="abort", kw_only=True, frozen=True):
-    """Stop a request wherever it is; also sent to rs:schedule."""
-
-    rid: str
-    reason: str = "abort"
 
 
 class TokenizeRequest(msgspec.Struct, tag="tokenize", kw_only=True, frozen=True):

@@ -9,11 +9,10 @@ import pytest
 
 from services.detokenizer.core import Detokenizer
 from services.detokenizer.incremental import IncrementalDetokenizer
-from shared.messages.common import HopTimes, SamplingParams, Trace
+from shared.messages.common import AbortRequest, HopTimes, SamplingParams, Trace
 from shared.messages.detok import DetokRegister, RequestAborted, Reroute, StepOutput, TokenDelta
 from shared.messages.reply import Delta, Failure, Usage
 from shared.messages.schedule import RequestDone, TokenizedRequest
-from shared.messages.tokenize import AbortRequest
 from tests.executor.helpers import EOS_ID, make_tokenizer
 
 TEXTS = ["hello world", "héllo 世界 — ok", "emoji 🙂🙃 end", "the thin thing in the"]

@@ -12,10 +12,9 @@ import torch
 
 from services.executor.builder import EngineSettings, build_engine
 from services.executor.engine import Engine
-from shared.messages.common import SamplingParams, Trace
+from shared.messages.common import AbortRequest, SamplingParams, Trace
 from shared.messages.detok import RequestFailed, StepOutput
 from shared.messages.schedule import TokenizedRequest
-from shared.messages.tokenize import AbortRequest
 from shared.model_files import resolve_model
 from tests.executor.helpers import EOS_ID, hf_greedy, make_hf_model, write_tiny_model
 

@@ -5,8 +5,6 @@ counts as retried, not failed)."""
 from __future__ import annotations
 
 import asyncio
-import json
-import urllib.request
 
 import pytest
 
@@ -50,12 +48,4 @@ def test_a_killed_executors_requests_resume_on_the_other(fault_stack: Stack) -> 
     assert (t.hung, t.failed) == (0, 0), t.row()
     assert t.recover_s is not None, f"not serving again: {t.row()}\n{fault_stack.log_tail()}"
     # The next scenario starts from a whole stack: the restarted executor has loaded.
-    wait_for(lambda: live_executors(fault_stack) >= 2, 120, "the restarted executor")
-
-
-def live_executors(stack: Stack) -> int:
-    try:
-        with urllib.request.urlopen(f"{stack.base_url}/health", timeout=2) as resp:
-            return int(json.loads(resp.read())["instances"]["executor"])
-    except (OSError, KeyError, ValueError):
-        return 0
+    wait_for(lambda: fault_stack.live_instances("executor") >= 2, 120, "the restarted executor")

@@ -15,7 +15,7 @@ from services.gateway.app import bound_port, build_app, start_site
 from services.gateway.batcher import Batcher
 from services.gateway.state import STATE, GatewaySettings
 from shared.bus import close, connect
-from shared.messages.tokenize import AbortRequest
+from shared.messages.common import AbortRequest
 from tests.gateway.fake_backend import FakeBackend
 from tests.gateway.helpers import MODEL
 

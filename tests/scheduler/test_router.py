@@ -7,11 +7,10 @@ import msgspec
 from services.scheduler import failover, routes
 from services.scheduler.router import Router
 from shared import constants
-from shared.messages.common import HopTimes, SamplingParams, Trace
+from shared.messages.common import AbortRequest, HopTimes, SamplingParams, Trace
 from shared.messages.detok import RequestAborted, RequestFailed, Reroute
 from shared.messages.heartbeat import ExecutorLoad, Heartbeat
 from shared.messages.schedule import TokenizedRequest
-from shared.messages.tokenize import AbortRequest
 
 
 def make_request(rid: str, n: int = 4, deadline: float = 1e12) -> TokenizedRequest:

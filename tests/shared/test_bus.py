@@ -9,7 +9,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from shared.bus import FIELD, GroupConsumer, StreamReader, publish, publish_many
-from shared.messages.tokenize import AbortRequest, TokenizeMessage
+from shared.messages.common import AbortRequest
+from shared.messages.tokenize import TokenizeMessage
 
 pytestmark = pytest.mark.redis
 

@@ -11,7 +11,8 @@ import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from shared.bus import FIELD, GroupConsumer, StreamReader, close, connect, publish
-from shared.messages.tokenize import AbortRequest, TokenizeMessage
+from shared.messages.common import AbortRequest
+from shared.messages.tokenize import TokenizeMessage
 from shared.service import Service
 from tests.redis_server import RedisServer
 

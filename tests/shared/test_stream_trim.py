@@ -8,7 +8,8 @@ import redis.asyncio as aioredis
 
 import shared.bus
 from shared.bus import StreamReader, publish_many
-from shared.messages.tokenize import AbortRequest, TokenizeMessage
+from shared.messages.common import AbortRequest
+from shared.messages.tokenize import TokenizeMessage
 
 pytestmark = pytest.mark.redis
 
