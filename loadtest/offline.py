@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 from services.executor.builder import KV_CACHE_DTYPES, EngineSettings, build_engine
-from services.executor.engine import Engine
+from services.executor.engine.loop import Engine
+from services.executor.grammar.backend import GrammarBackend
 from shared.messages.common import AbortRequest, SamplingParams, Trace
 from shared.messages.detok import StepOutput
 from shared.messages.schedule import TokenizedRequest
@@ -74,7 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def make_engine(a: argparse.Namespace) -> Engine:
+def make_engine(a: argparse.Namespace, grammars: GrammarBackend | None = None) -> Engine:
     settings = EngineSettings(
         model=resolve_model(a.model),
         name="offline",
@@ -91,7 +92,7 @@ def make_engine(a: argparse.Namespace) -> Engine:
         disable_radix_cache=a.disable_radix_cache,
         disable_cuda_graph=a.disable_cuda_graph,
     )
-    return build_engine(settings)
+    return build_engine(settings, grammars=grammars)
 
 
 def request(rid: str, ids: list[int], out_len: int) -> TokenizedRequest:
@@ -184,7 +185,7 @@ def drain(engine: Engine, reqs: list[TokenizedRequest], time_limit: float = 0.0)
     while engine.has_work():
         if time.perf_counter() > deadline and not out.stopped:
             out.stopped = True
-            for rid in list(engine.reqs):
+            for rid in [r.rid for r in engine.requests()]:
                 engine.submit(AbortRequest(rid=rid, reason="time limit"))
         before = time.perf_counter()
         result = engine.step()

@@ -11,6 +11,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from shared import constants
+
 
 def env_name(flag: str) -> str:
     return "RADIXSERVE_" + flag.lstrip("-").replace("-", "_").upper()
@@ -125,6 +127,14 @@ def add_common_flags(p: EnvArgumentParser) -> None:
     )
     p.add_flag(
         "--served-model-name", default="", help="model name in the API (default: from --model)"
+    )
+    p.add_flag(
+        "--grammar-cache-ttl",
+        type=float,
+        default=constants.GRAMMAR_CACHE_TTL_S,
+        check=positive,
+        help="seconds a compiled grammar stays in Redis after its last use (grammar service "
+        "and executors)",
     )
     p.add_flag(
         "--detokenizer-partitions",

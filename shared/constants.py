@@ -64,6 +64,9 @@ def reply_stream(gateway_id: str) -> str:
     return f"{PREFIX}:reply:{gateway_id}"
 
 
+GRAMMAR_CACHE_TTL_S = 3600.0  # --grammar-cache-ttl's default
+
+
 def grammar_cache_key(key: str) -> str:
     """Redis key of one compiled grammar (or of its compile error)."""
     return f"{GRAMMAR_CACHE_PREFIX}:{key}"

@@ -1,8 +1,9 @@
 """Host time per engine phase: where a step's CPU time goes while the device runs.
 
-Wraps the engine's phases on the instance (the class is untouched) and sums wall time per
+Wraps the engine's phases on the instances (the classes are untouched) and sums wall time per
 phase; `per_step()` divides by the steps launched since `start()`. Waiting for the device
-is `wait`, a part of `finish` (which blocks on the previous step's tokens).
+is `wait`, a part of `finish` (landing the previous step's tokens); `collect` builds the
+step's outputs.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from services.executor.engine import Engine
+from services.executor.engine.loop import Engine
 
 
 class HostTimes:
@@ -22,11 +23,11 @@ class HostTimes:
         self.seconds: dict[str, float] = defaultdict(float)
         self.steps0 = engine.step_no
         self._wrap(engine.policy, "plan", "plan")
-        self._wrap(engine.runner, "launch", "launch")
-        self._wrap(engine.runner, "sample", "sample")
-        self._wrap(engine.runner, "wait", "wait")  # inside finish: blocked on the device
-        self._wrap(engine, "_finish", "finish")
-        self._wrap(engine, "_collect", "collect")
+        self._wrap(engine.runner, "forward", "launch")
+        self._wrap(engine.sampler, "sample", "sample")
+        self._wrap(engine, "_tokens_on_host", "wait")  # inside finish: blocked on the device
+        self._wrap(engine, "_land", "finish")
+        self._wrap(engine, "_result", "collect")
         self._wrap(engine, "step", "step")
 
     def _wrap(self, obj: Any, attr: str, name: str) -> None:

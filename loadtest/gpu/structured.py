@@ -17,8 +17,8 @@ from loadtest import offline
 from loadtest.gpu.hosttime import HostTimes
 from loadtest.gpu.models import llama8b_dir
 from loadtest.gpu.timeline import profile_decode
-from services.executor.engine import Engine
-from services.executor.grammar import GrammarBackend
+from services.executor.engine.loop import Engine
+from services.executor.grammar.backend import GrammarBackend
 from shared.grammar import (
     GrammarTokenizer,
     compile_constraint,
@@ -145,8 +145,8 @@ def structured() -> dict[str, Any]:
         return key, source
 
     args = offline.parse_args(["throughput", "--model", str(model), "--load-format", "dummy"])
-    engine = offline.make_engine(args)
-    engine.grammars = GrammarBackend(tok, compiled.__getitem__)
+    grammars = GrammarBackend(tok, compiled.__getitem__)
+    engine = offline.make_engine(args, grammars)
     host = HostTimes(engine)
     digits_key, digits_src = compile_schema(DIGITS)
     # Untimed, at the timed batch's shapes: a constrained batch of 64 prompts of 128 tokens
@@ -199,14 +199,14 @@ def structured() -> dict[str, Any]:
         **{name: [t.report() for t in ts] for name, ts in runs.items()},
     }
     # The device's own timeline over steady decode steps, each side alike.
-    engine.grammars.jump_forward = False
+    grammars.jump_forward = False
     out["timeline"] = {
         "constrained": profile_decode(engine, _digits(digits_key, digits_src, "t"), 8, 32, host),
         "unconstrained": profile_decode(
             engine, [_request(f"v{i}", per_req) for i in range(BATCH)], 8, 32, host
         ),
     }
-    engine.grammars.jump_forward = True
+    grammars.jump_forward = True
     out["timeline"]["constrained_jump_forward"] = profile_decode(
         engine, _digits(digits_key, digits_src, "s"), 8, 32, host
     )

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from loadtest.gpu.hosttime import HostTimes
-from services.executor.engine import Engine
+from services.executor.engine.loop import Engine
 from shared.messages.common import AbortRequest
 from shared.messages.schedule import TokenizedRequest
 
@@ -87,7 +87,7 @@ def start_decoding(engine: Engine, reqs: list[TokenizedRequest], warm: int) -> N
 
 def abort_all(engine: Engine) -> None:
     """Abort every request in the engine and step until it is empty."""
-    for rid in list(engine.reqs):
+    for rid in [r.rid for r in engine.requests()]:
         engine.submit(AbortRequest(rid=rid, reason="measured"))
     while engine.has_work():
         engine.step()

@@ -198,6 +198,13 @@ class Detokenizer:
                 (state.trace.reply_to, Failure(rid=msg.rid, error=err)),
                 (schedule_stream, RequestDone(rid=msg.rid)),
             ]
+        if not self.replaying:
+            log.info(
+                "request %s lost executor %s after %d token(s): resuming it elsewhere",
+                msg.rid,
+                msg.executor,
+                len(state.output_ids),
+            )
         resumed = msgspec.structs.replace(
             req,
             resume_ids=list(state.output_ids),

@@ -24,7 +24,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from services.executor.memory import KVManager
-from services.executor.request import PENDING, Req
+from services.executor.request import Req
 
 # Admission estimate: new_token_ratio * min(tokens left to generate, ESTIMATE_CLIP).
 ESTIMATE_CLIP = 4096
@@ -36,6 +36,17 @@ LPM_MAX_QUEUE = 256  # above this many waiting, matching each one costs more tha
 SHARED_PREFIX_MIN = 32  # tokens in common with an in-flight prompt that make a request wait
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PoolUsage:
+    """KV slots, for the heartbeat: free, all of them, held by the prefix cache, and of
+    those, held by nobody else (evictable)."""
+
+    free: int
+    total: int
+    cached: int
+    evictable: int
 
 
 @dataclass
@@ -87,6 +98,7 @@ class BatchPolicy:
         self.waiting: deque[Req] = deque()
         self.prefilling: list[Req] = []  # admitted, prompt not fully computed
         self.running: list[Req] = []  # decoding
+        self.live: dict[str, Req] = {}  # rid -> every request above: the one registry
         self._last_was_extend = False
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.num_retracted = 0
@@ -101,6 +113,19 @@ class BatchPolicy:
     # -- queue -------------------------------------------------------------------------------
     def add(self, req: Req) -> None:
         self.waiting.append(req)
+        self.live[req.rid] = req
+
+    def find(self, rid: str) -> Req | None:
+        return self.live.get(rid)
+
+    def usage(self) -> PoolUsage:
+        cache = self.mem.cache
+        return PoolUsage(
+            free=self.kv.num_free(),
+            total=self.kv.num_slots,
+            cached=cache.total_size(),
+            evictable=cache.evictable_size(),
+        )
 
     def all_reqs(self) -> list[Req]:
         return [*self.waiting, *self.prefilling, *self.running]
@@ -115,6 +140,7 @@ class BatchPolicy:
                 group.remove(req)
         if req in self.waiting:
             self.waiting.remove(req)
+        self.live.pop(req.rid, None)
         self.mem.release(req)
 
     # -- planning ----------------------------------------------------------------------------
@@ -193,7 +219,7 @@ class BatchPolicy:
         for req in self.prefilling:
             if budget <= 0:
                 break
-            if req.output_ids and req.output_ids[-1] == PENDING:
+            if req.pending:
                 # Its last chunk is in flight (overlap): the token it samples starts its
                 # decoding, which a CUDA graph replays far cheaper than a one-token extend.
                 continue
@@ -278,6 +304,7 @@ class BatchPolicy:
                     self.prefilling.remove(req)
                 elif req in self.running:
                     self.running.remove(req)
+                self.live.pop(req.rid, None)
                 self.mem.release(req)
             elif sampled and req in self.prefilling:
                 # Its prompt is computed; text a grammar forced after the sampled token (if

@@ -11,12 +11,14 @@ import torch
 from services.executor.batch_policy import BatchPolicy
 from services.executor.cache import NullCache, PrefixCache, RadixCache
 from services.executor.cuda_graph import CudaGraphRunner
-from services.executor.engine import Engine
+from services.executor.engine.loop import Engine
+from services.executor.grammar.backend import GrammarBackend
 from services.executor.kv_pool import KVPool, ReqToTokenPool
 from services.executor.memory import KVManager
 from services.executor.model_config import ModelConfig
 from services.executor.model_runner import ModelRunner
 from services.executor.models.linear import choose_gemv
+from services.executor.sampling.step import Sampler
 from services.executor.warmup import warm_up
 from services.executor.weights import load_model
 from shared.model_files import ModelSource
@@ -131,9 +133,12 @@ def _no_progress(phase: str, done: float) -> None:
 
 
 def build_engine(
-    s: EngineSettings, progress: Callable[[str, float], None] = _no_progress
+    s: EngineSettings,
+    progress: Callable[[str, float], None] = _no_progress,
+    grammars: GrammarBackend | None = None,
 ) -> Engine:
-    """The engine for `s`; `progress(phase, share of it done)` hears how far loading is."""
+    """The engine for `s`; `progress(phase, share of it done)` hears how far loading is.
+    `grammars`: how constrained requests get their matchers (None: they are refused)."""
     device = pick_device(s.device)
     dtype = pick_dtype(s.dtype, device)
     backend = s.attention_backend
@@ -181,16 +186,8 @@ def build_engine(
         )
         progress("cuda graphs", 0.0)
         graphs.capture()
-    runner = ModelRunner(
-        model,
-        kv,
-        rows,
-        config.vocab_size,
-        device,
-        seed=s.seed,
-        graphs=graphs,
-        sample_vocab=s.sample_vocab,
-    )
+    runner = ModelRunner(model, kv, rows, config.vocab_size, device, graphs=graphs)
+    sampler = Sampler(device, config.vocab_size, sample_vocab=s.sample_vocab, seed=s.seed)
     log.info(
         "model %s (%s) on %s in %s; KV pool %d tokens in %s (%.1f MiB)",
         s.model.name,
@@ -202,7 +199,15 @@ def build_engine(
         kv.nbytes() / 2**20,
     )
     engine = Engine(
-        s.name, s.stream, s.model.name, context, policy, runner, check_integrity=s.check_integrity
+        s.name,
+        s.stream,
+        s.model.name,
+        context,
+        policy,
+        runner,
+        sampler,
+        grammars=grammars,
+        check_integrity=s.check_integrity,
     )
     if device.type == "cuda":
         progress("warm-up", 0.0)

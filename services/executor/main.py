@@ -15,18 +15,23 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import msgspec
+
 from services.executor.builder import KV_CACHE_DTYPES, EngineSettings, build_engine
-from services.executor.engine import AbortEverything, Engine, stamp_published
-from services.executor.grammar import GrammarBackend
-from services.executor.grammar_cache import GrammarCache
+from services.executor.engine.loop import AbortEverything, Engine
+from services.executor.engine.outputs import stamp_published
+from services.executor.grammar.backend import GrammarBackend
+from services.executor.grammar.cache import GrammarCache
 from services.executor.load_progress import ProgressReporter
 from services.executor.sender import Outputs, send_in_order
 from shared import constants
 from shared.bus import StreamReader, publish_many
 from shared.config import EnvArgumentParser, add_common_flags, positive
 from shared.grammar import GrammarTokenizer
+from shared.grammar_store import GrammarStore
 from shared.logs import setup_logging
 from shared.messages.detok import RequestFailed
+from shared.messages.heartbeat import ExecutorLoad
 from shared.messages.schedule import ExecutorMessage, TokenizedRequest
 from shared.model_files import resolve_model
 from shared.service import Service, default_instance_id, run_async
@@ -204,6 +209,17 @@ async def run_engine(
         stepper_pool.shutdown(wait=False)
 
 
+def executor_load(engine: Engine, grammar_cache: GrammarCache) -> ExecutorLoad:
+    """The heartbeat's load: the engine's, with the compiled-grammar cache's counters."""
+    stats = grammar_cache.stats
+    return msgspec.structs.replace(
+        engine.load(),
+        grammar_cache_hits=stats.hits,
+        grammar_fetched=stats.fetched,
+        grammar_load_s=stats.load_s,
+    )
+
+
 async def serve(a: argparse.Namespace) -> None:
     source = resolve_model(a.model, a.served_model_name)
     instance = a.instance_id or default_instance_id()
@@ -211,6 +227,20 @@ async def serve(a: argparse.Namespace) -> None:
     progress = ProgressReporter(a.redis_url, instance)
     progress("tokenizer", 0.0)
     grammar_tok = GrammarTokenizer.load(source)
+    # The service (and its Redis client) first: the engine's grammars load through it. It
+    # beats only once `run` starts, with the engine loaded by then.
+    svc = Service(
+        "executor",
+        instance,
+        a.redis_url,
+        load=lambda: executor_load(engine, grammar_cache),
+        drain_timeout_s=30.0,
+        max_connections=a.redis_max_connections,
+    )
+    grammar_cache = GrammarCache(GrammarStore(svc.r, a.grammar_cache_ttl), grammar_tok)
+    grammars = GrammarBackend(
+        grammar_tok, grammar_cache.get, jump_forward=not a.disable_jump_forward
+    )
     engine = build_engine(
         EngineSettings(
             model=source,
@@ -235,25 +265,13 @@ async def serve(a: argparse.Namespace) -> None:
             sample_vocab=len(grammar_tok.tokenizer),
         ),
         progress,
+        grammars=grammars,
     )
     progress.finish()
     # Everything loaded so far lives as long as the process: keep the collector from walking
     # it on every collection (a full pass over the radix tree's nodes stalls a step).
     gc.collect()
     gc.freeze()
-    svc = Service(
-        "executor",
-        instance,
-        a.redis_url,
-        load=engine.load,
-        drain_timeout_s=30.0,
-        max_connections=a.redis_max_connections,
-    )
-    grammar_cache = GrammarCache(svc.r, grammar_tok)
-    engine.grammars = GrammarBackend(
-        grammar_tok, grammar_cache.get, jump_forward=not a.disable_jump_forward
-    )
-    engine.grammar_cache_stats = grammar_cache.stats
     reader: StreamReader[ExecutorMessage] = StreamReader(
         svc.r, stream, ExecutorMessage, trim_consumed=True
     )

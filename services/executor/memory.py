@@ -78,7 +78,7 @@ class KVManager:
             return
         # Only tokens whose values are known go to the cache: a request aborted while a
         # token was in flight has a slot (being written) for a token the host never saw.
-        known = min(req.kv_len, len(req.input_ids) + req.resolved_len)
+        known = min(req.kv_len, req.known_len)
         r = self.cache.insert(req.token_range(0, known), req.slots[:known])
         self.kv.free(req.slots[req.locked_len : r.cached_len])
         self.kv.free(req.slots[r.tree_len :])

@@ -7,12 +7,9 @@ from dataclasses import dataclass, field
 import torch
 
 from services.executor.cache import TreeNode
-from services.executor.grammar import RequestGrammar
+from services.executor.grammar.matcher import RequestGrammar
 from shared.messages.common import HopTimes, SamplingParams
 from shared.messages.schedule import TokenizedRequest
-
-# An output token sampled on the device whose value has not reached the host yet.
-PENDING = -1
 
 
 @dataclass
@@ -34,7 +31,11 @@ class Req:
     detok_stream: str
     deadline: float
     seq: int  # arrival order; retraction picks the youngest
-    output_ids: list[int] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)  # output tokens known on the host
+    # Output tokens sampled (or being sampled) on the device whose values have not reached
+    # the host: they follow `output_ids`. At most two (with overlap: the token of the step in
+    # flight and of the one launched after it).
+    pending: int = 0
     row: int = -1  # row in req_to_token while resident, else -1
     slots: list[int] = field(default_factory=list)  # KV slots of all_ids[: len(slots)]
     locked_node: TreeNode | None = None  # the cache prefix this request holds a lock on
@@ -90,6 +91,12 @@ class Req:
 
     @property
     def all_len(self) -> int:
+        """Prompt, known output and pending output tokens."""
+        return len(self.input_ids) + len(self.output_ids) + self.pending
+
+    @property
+    def known_len(self) -> int:
+        """Prompt and output tokens whose values the host knows."""
         return len(self.input_ids) + len(self.output_ids)
 
     def prompt_logprob_span(self) -> tuple[int, int]:
@@ -118,8 +125,9 @@ class Req:
         return self.all_len - self.kv_len
 
     def token_range(self, start: int, end: int) -> list[int]:
-        """Tokens [start, end) of prompt + output, without joining the two (decode asks for
-        one token of a long sequence every step)."""
+        """Known tokens [start, end) of prompt + output, without joining the two (decode asks
+        for one token of a long sequence every step)."""
+        assert end <= self.known_len, f"tokens up to {end} asked, {self.known_len} known"
         n = len(self.input_ids)
         if end <= n:
             return self.input_ids[start:end]
@@ -132,17 +140,23 @@ class Req:
         """No more tokens may be sampled, whatever the pending ones turn out to be."""
         return self.all_len >= self.limit_len
 
-    def add_pending(self) -> int:
-        """A token is being sampled on the device: hold its place; returns its index."""
-        self.output_ids.append(PENDING)
-        return len(self.output_ids) - 1
+    def begin_token(self) -> int:
+        """A token of this request is being sampled on the device; its output index."""
+        self.pending += 1
+        return len(self.output_ids) + self.pending - 1
 
-    def resolve(self, index: int, token: int) -> None:
-        """The sampled value of output `index` arrived: record it, decide whether the request
-        is done, and drop any later placeholder if it is (their tokens are discarded)."""
+    def land(self, index: int, token: int) -> None:
+        """The sampled value of output `index` reached the host: record it and decide
+        whether the request is done. Tokens land in order; a token whose value the host
+        already knew (text a grammar forced while it was in flight, see grammar.lifecycle)
+        changes nothing."""
         if self.finish is not None:
-            return  # finished (or aborted) while this token was in flight
-        self.output_ids[index] = token
+            return  # finished (or aborted) while this token was in flight: dropped
+        if index < len(self.output_ids):
+            return  # known ahead of time; `pending` already counted it out
+        assert index == len(self.output_ids) and self.pending > 0, "tokens land in order"
+        self.output_ids.append(token)
+        self.pending -= 1
         n = index + 1
         # A stop token counts only after min_new_tokens others (the sampler masks it before).
         if token in self.stop_ids and index >= self.sampling.min_new_tokens:
@@ -150,14 +164,6 @@ class Req:
         elif len(self.input_ids) + n >= self.limit_len:
             self.finish = "length"
         if self.finish is not None:
-            del self.output_ids[n:]
+            self.pending = 0  # a token sampled after this one, in flight, is discarded
             for i in [i for i in self.out_logprobs if i >= n]:
                 del self.out_logprobs[i]
-
-    @property
-    def resolved_len(self) -> int:
-        """Output tokens whose values are known on the host."""
-        n = len(self.output_ids)
-        while n and self.output_ids[n - 1] == PENDING:
-            n -= 1
-        return n

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from services.executor.engine import Engine
+from services.executor.engine.loop import Engine
 from shared.messages.common import SamplingParams, Trace
 from shared.messages.detok import RequestFailed
 from shared.messages.schedule import TokenizedRequest
@@ -74,7 +74,7 @@ def warm_up(engine: Engine) -> None:
 def warm_masks(vocab: int, device: torch.device) -> None:
     """The grammar-mask kernel, as sampling a constrained request launches it (float32 rows
     of the model's whole vocabulary): otherwise the first constrained batch compiles it."""
-    from services.executor.grammar_masks import apply_bitmask  # imports xgrammar
+    from services.executor.grammar.masks import apply_bitmask  # imports xgrammar
 
     logits = torch.zeros(2, vocab, dtype=torch.float32, device=device)
     bitmask = torch.zeros(2, (vocab + 31) // 32, dtype=torch.int32)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.gateway import validation as v
+from services.gateway.validation import limits as v
 
 U64 = 2**64
 SEED = {"minimum": -(2**63), "maximum": U64 - 1}

@@ -14,17 +14,17 @@ import argparse
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
-import msgspec
 import redis.asyncio as aioredis
 
+from services.grammar.book import CompileBook, Recent, Share
 from services.grammar.core import GrammarCompiler, GrammarStats, expired, route
 from shared import constants
 from shared.bus import Entry, GroupConsumer
 from shared.config import EnvArgumentParser, add_common_flags, positive
 from shared.grammar import GrammarTokenizer, constraint_kind
+from shared.grammar_store import GrammarStore
 from shared.logs import setup_logging
 from shared.messages.common import Constraint
 from shared.messages.grammar import (
@@ -41,7 +41,6 @@ log = logging.getLogger(__name__)
 MAX_INFLIGHT = 64  # requests one instance handles at once (most wait on Redis, not a compile)
 SUMMARY_INTERVAL_S = 30.0
 DEFAULT_COMPILE_TIMEOUT_S = 10.0
-RECENT_ENTRIES = 256  # compiled grammars an instance remembers itself (see GrammarWorker)
 
 
 def add_flags(p: EnvArgumentParser) -> None:
@@ -55,13 +54,6 @@ def add_flags(p: EnvArgumentParser) -> None:
         default=DEFAULT_COMPILE_TIMEOUT_S,
         check=positive,
         help="seconds a grammar may take to compile; a slower one is refused with a 400",
-    )
-    p.add_flag(
-        "--grammar-cache-ttl",
-        type=float,
-        default=3600.0,
-        check=positive,
-        help="seconds a compiled grammar stays in Redis after its last use",
     )
 
 
@@ -77,27 +69,33 @@ class GrammarWorker:
 
     def __init__(
         self,
+        store: GrammarStore,
+        consumer: GroupConsumer[GrammarMessage],
+        compiler: GrammarCompiler,
+        threads: int = 2,
+        compile_timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S,
+    ) -> None:
+        self.store, self.consumer, self.compiler = store, consumer, compiler
+        self.threads, self.compile_timeout_s = threads, compile_timeout_s
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grammar")
+        self.book = CompileBook()
+        self._compiling: dict[str, asyncio.Future[GrammarCacheEntry]] = {}  # key -> in flight
+
+    @classmethod
+    def on(
+        cls,
         r: aioredis.Redis,
         compiler: GrammarCompiler,
         consumer_name: str,
         threads: int = 2,
-        cache_ttl_s: float = 3600.0,
+        cache_ttl_s: float = constants.GRAMMAR_CACHE_TTL_S,
         compile_timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S,
-    ) -> None:
-        self.r, self.compiler = r, compiler
-        self.cache_ttl_ms = int(cache_ttl_s * 1000)
-        self.threads, self.compile_timeout_s = threads, compile_timeout_s
-        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grammar")
-        self.consumer: GroupConsumer[GrammarMessage] = GroupConsumer(
+    ) -> GrammarWorker:
+        """A worker reading rs:grammar as `consumer_name`, storing in Redis `r`."""
+        consumer: GroupConsumer[GrammarMessage] = GroupConsumer(
             r, constants.GRAMMAR_STREAM, constants.GRAMMAR_GROUP, consumer_name, GrammarMessage
         )
-        self._compiling: dict[str, asyncio.Future[GrammarCacheEntry]] = {}  # key -> in flight
-        # key -> entry this instance compiled lately. A request whose cache read went out
-        # before a concurrent compile of its key stored the entry, and came back after that
-        # compile finished, finds it here instead of compiling it a second time.
-        self._recent: OrderedDict[str, GrammarCacheEntry] = OrderedDict()
-        self._decoder = msgspec.msgpack.Decoder(GrammarCacheEntry)
-        self._encoder = msgspec.msgpack.Encoder()
+        return cls(GrammarStore(r, cache_ttl_s), consumer, compiler, threads, compile_timeout_s)
 
     @property
     def stats(self) -> GrammarStats:
@@ -149,47 +147,35 @@ class GrammarWorker:
     async def entry(self, key: str, constraint: Constraint) -> GrammarCacheEntry:
         """The cache entry of `key`, compiling (once per key in this instance) on a miss."""
         self.stats.requests += 1
-        raw = await self.r.getex(constants.grammar_cache_key(key), px=self.cache_ttl_ms)
-        if raw is not None:
-            try:
-                cached = self._decoder.decode(raw)
-            except msgspec.DecodeError as e:
-                log.warning("recompiling grammar %s: its cache entry is unreadable (%s)", key, e)
-            else:
-                self.stats.cache_hits += 1
-                log.debug("grammar %s (%s): cache hit", key, cached.kind)
-                return cached
-        pending = self._compiling.get(key)
-        if pending is not None:  # another request is compiling it: share that compile
+        cached = await self.store.get(key)
+        if cached is not None:
             self.stats.cache_hits += 1
-            return await asyncio.shield(pending)
-        recent = self._recent.get(key)
-        if recent is not None:
-            # Stored again: Redis missed it, maybe because it expired, and executors load
-            # grammars from Redis.
-            await self._store(key, recent)
+            log.debug("grammar %s (%s): cache hit", key, cached.kind)
+            return cached
+        decision = self.book.lookup(key)
+        if isinstance(decision, Share):  # another request is compiling it: share that compile
             self.stats.cache_hits += 1
-            return recent
+            return await asyncio.shield(self._compiling[key])
+        if isinstance(decision, Recent):
+            await self.store.put(key, decision.entry)
+            self.stats.cache_hits += 1
+            return decision.entry
         future: asyncio.Future[GrammarCacheEntry] = asyncio.get_running_loop().create_future()
         self._compiling[key] = future
+        self.book.started(key)
         try:
             result = await self._compile_and_store(key, constraint)
-            future.set_result(result)
-            self._recent[key] = result
-            while len(self._recent) > RECENT_ENTRIES:
-                self._recent.popitem(last=False)
-            return result
         except BaseException as e:
+            self.book.abandoned(key)
             future.set_exception(e)
             future.exception()  # retrieved: waiters re-raise it, nobody else must log it
             raise
+        else:
+            self.book.finished(key, result)
+            future.set_result(result)
+            return result
         finally:
             del self._compiling[key]
-
-    async def _store(self, key: str, entry: GrammarCacheEntry) -> None:
-        await self.r.set(
-            constants.grammar_cache_key(key), self._encoder.encode(entry), px=self.cache_ttl_ms
-        )
 
     async def _compile_and_store(self, key: str, constraint: Constraint) -> GrammarCacheEntry:
         loop = asyncio.get_running_loop()
@@ -198,7 +184,7 @@ class GrammarWorker:
             result = await asyncio.wait_for(asyncio.shield(work), self.compile_timeout_s)
         except TimeoutError:
             result = self._timed_out(constraint)
-        await self._store(key, result)
+        await self.store.put(key, result)
         if isinstance(result, CompiledGrammarEntry):
             log.info(
                 "compiled %s grammar %s in %.1f ms (%d KiB cached)",
@@ -246,7 +232,7 @@ async def serve(a: argparse.Namespace) -> None:
         a.redis_url,
         max_connections=a.redis_max_connections,
     )
-    worker = GrammarWorker(
+    worker = GrammarWorker.on(
         svc.r,
         compiler,
         svc.instance,

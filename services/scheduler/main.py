@@ -115,11 +115,15 @@ async def serve(a: argparse.Namespace) -> None:
                 why,
                 len(ex.requests),
             )
-        records = await routes.load(svc.r, rids)
-        drop = failover.streams_to_drop(lost)
-        if drop:  # what it had not read is resumed elsewhere; only aborts go there now
-            await svc.r.delete(*drop)
-        await publish_many(svc.r, failover.reroutes(lost, records))
+        try:
+            records = await routes.load(svc.r, rids)
+            drop = failover.streams_to_drop(lost)
+            if drop:  # what it had not read is resumed elsewhere; only aborts go there now
+                await svc.r.delete(*drop)
+            await publish_many(svc.r, failover.reroutes(lost, records))
+        except BaseException:
+            router.unlose(lost)  # found lost again at the next look, and resumed then
+            raise
 
     async def work() -> None:
         await consumer.ensure_group()
@@ -154,13 +158,18 @@ async def serve(a: argparse.Namespace) -> None:
                     out += router.broadcast(msg)
             saves, deletes = router.take_changes()
             # the routed requests, their stored routes and the ack of what led to them: one
-            # round trip, atomically
-            await consumer.commit(
-                out,
-                [e.id for e in entries],
-                maxlen=constants.INSTANCE_STREAM_MAXLEN,
-                extra=routes.staged(saves, deletes),
-            )
+            # round trip, atomically; if it fails, none of it happened (the entries come again)
+            try:
+                await consumer.commit(
+                    out,
+                    [e.id for e in entries],
+                    maxlen=constants.INSTANCE_STREAM_MAXLEN,
+                    extra=routes.staged(saves, deletes),
+                )
+            except BaseException:
+                router.commit_failed()
+                raise
+            router.committed()
         if leading:  # hand over at once rather than after the TTL
             owner = await svc.r.get(LEADER_KEY)
             if owner is not None and owner.decode() == svc.instance:

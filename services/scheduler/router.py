@@ -12,6 +12,7 @@ it stops at once, and every request it held is handed to failover (see failover.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -94,11 +95,38 @@ class Router:
     # Route changes for Redis (routes.py): rid -> record to store, rids to forget.
     saves: dict[str, bytes] = field(default_factory=dict)
     deletes: set[str] = field(default_factory=set)
+    # How to undo what this batch did to the table, should its commit fail: the routes it
+    # made were never sent (their entries come again), the early aborts it used come back.
+    undo: list[Callable[[], object]] = field(default_factory=list)
+    staged_deletes: list[str] = field(default_factory=list)
 
     def take_changes(self) -> tuple[dict[str, bytes], list[str]]:
+        """The batch's changes for Redis, committed with its messages; then `committed()`,
+        or `commit_failed()` when that commit raised."""
         saves, deletes = self.saves, [rid for rid in self.deletes if rid not in self.saves]
         self.saves, self.deletes = {}, set()
+        self.staged_deletes = deletes
         return saves, deletes
+
+    def committed(self) -> None:
+        self.undo.clear()
+        self.staged_deletes = []
+
+    def commit_failed(self) -> None:
+        """The batch's messages never went out: forget its routes (so its entries, delivered
+        again, are routed again) and keep its deletions for the next commit."""
+        for action in reversed(self.undo):
+            action()
+        self.undo.clear()
+        self.deletes.update(self.staged_deletes)
+        self.staged_deletes = []
+
+    def unlose(self, lost: list[LostExecutor]) -> None:
+        """The resumption of these executors' requests could not be sent: they are theirs
+        again, so the next look at the heartbeats finds them lost once more."""
+        for ex in lost:
+            for rid, a in ex.requests.items():
+                self.assigned.setdefault(rid, a)
 
     def bus_restarted(self, grace_s: float, now: float | None = None) -> None:
         """Redis restarted empty: the requests routed before are gone (the gateways failed
@@ -190,7 +218,9 @@ class Router:
         now = time.time() if now is None else now
         if rid in self.assigned:
             return []  # redelivered: already sent
-        if self.early_aborts.pop(rid, None) is not None:
+        until = self.early_aborts.pop(rid, None)
+        if until is not None:
+            self.undo.append(lambda: self.early_aborts.__setitem__(rid, until))
             return self._ended(req, RequestAborted(rid=rid))
         if req.trace.deadline < now:
             err = ErrorInfo(status=504, message="the request's deadline passed", type="timeout")
@@ -219,6 +249,7 @@ class Router:
         self.assigned[rid] = Assignment(
             best.instance, req.detok_stream, req.trace.deadline, reply_to
         )
+        self.undo.append(lambda: self.assigned.pop(rid, None))
         routed = msgspec.structs.replace(req, trace=stamp(req.trace, routed=time.time()))
         record = routes.RouteRecord(
             best.instance, req.detok_stream, req.trace.deadline, _encoder.encode(routed), reply_to

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from services.executor.builder import EngineSettings, build_engine
-from services.executor.engine import Engine
+from services.executor.engine.loop import Engine
+from services.executor.grammar.backend import GrammarBackend
 from shared.messages.common import AbortRequest, SamplingParams, Trace
-from shared.messages.detok import RequestFailed, StepOutput
+from shared.messages.detok import RequestFailed, StepOutput, TokenDelta
 from shared.messages.schedule import TokenizedRequest
 from shared.model_files import resolve_model
 from tests.executor.helpers import EOS_ID, hf_greedy, make_hf_model, write_tiny_model
@@ -31,11 +32,13 @@ def hf_model() -> torch.nn.Module:
     return make_hf_model("llama", seed=SEED)
 
 
-def make_engine(path: Path, overlap: bool = False, **kw: Any) -> Engine:
+def make_engine(
+    path: Path, overlap: bool = False, grammars: GrammarBackend | None = None, **kw: Any
+) -> Engine:
     settings = EngineSettings(
         model=resolve_model(str(path)), name="e0", stream="rs:exec:e0", device="cpu", **kw
     )
-    engine = build_engine(settings)
+    engine = build_engine(settings, grammars=grammars)
     # On the CPU the device is synchronous, but the overlapped schedule (launch step N+1,
     # then record step N's tokens) runs the same bookkeeping as on a GPU.
     engine.overlap = overlap
@@ -90,6 +93,7 @@ class Run:
                 assert isinstance(out, StepOutput)
                 for d in out.deltas:
                     assert d.rid not in self.finish, f"{d.rid} got tokens after finishing"
+                    self.on_delta(d)
                     self.tokens[d.rid] += d.token_ids
                     if d.finish:
                         self.finish[d.rid] = d.finish
@@ -98,6 +102,9 @@ class Run:
         kv, cache = self.engine.policy.kv, self.engine.policy.mem.cache
         assert cache.protected_size() == 0, "a finished request still locks the cache"
         assert kv.num_free() + cache.total_size() == kv.num_slots, "KV slots leaked"
+
+    def on_delta(self, d: TokenDelta) -> None:
+        """Every delta the engine sent, in order (for subclasses that record more)."""
 
 
 def expected(hf_model: torch.nn.Module, ps: list[list[int]], max_new: int) -> list[list[int]]:
@@ -175,16 +182,16 @@ def test_overlap_goes_on_while_requests_wait_and_prefill(
     ps = prompts(8, seed=5)
     engine = make_engine(tiny_dir, overlap=True, max_running_requests=3, max_prefill_tokens=6)
     overlapped_while_busy = 0
-    original = engine.runner.launch
+    original = engine.runner.forward
 
-    def launch(plan: Any, prev: Any = None, sample: bool = True) -> Any:
+    def forward(plan: Any, prev: Any = None) -> Any:
         nonlocal overlapped_while_busy
         p = engine.policy
         if prev is not None and (p.waiting or p.prefilling or not plan.is_decode):
             overlapped_while_busy += 1
-        return original(plan, prev=prev, sample=sample)
+        return original(plan, prev=prev)
 
-    engine.runner.launch = launch  # type: ignore[method-assign]
+    engine.runner.forward = forward  # type: ignore[method-assign]
     run = Run(engine)
     run.go({0: [make_request(f"r{i}", p, max_new=16) for i, p in enumerate(ps)]})
     assert overlapped_while_busy > 0
@@ -293,13 +300,13 @@ def test_a_prompt_finished_in_flight_starts_decoding_not_a_one_token_extend(
     one-token extend of its own."""
     engine = make_engine(tiny_dir, overlap=True, max_prefill_tokens=8)
     steps: list[tuple[bool, list[int]]] = []
-    original = engine.runner.launch
+    original = engine.runner.forward
 
-    def launch(plan: Any, prev: Any = None, sample: bool = True) -> Any:
+    def forward(plan: Any, prev: Any = None) -> Any:
         steps.append((plan.is_decode, list(plan.extend_lens)))
-        return original(plan, prev=prev, sample=sample)
+        return original(plan, prev=prev)
 
-    engine.runner.launch = launch  # type: ignore[method-assign]
+    engine.runner.forward = forward  # type: ignore[method-assign]
     ps = prompts(8, seed=6)[-2:]  # 17 and 30 tokens: several chunks each
     run = Run(engine)
     run.go({0: [make_request(f"r{i}", p, max_new=10) for i, p in enumerate(ps)]})
@@ -313,15 +320,15 @@ def test_warm_up_runs_its_batches_and_leaves_the_engine_empty(tiny_dir: Path) ->
 
     engine = make_engine(tiny_dir, overlap=True)
     launched: list[int] = []
-    original = engine.runner.launch
+    original = engine.runner.forward
 
-    def launch(plan: Any, prev: Any = None, sample: bool = True) -> Any:
+    def forward(plan: Any, prev: Any = None) -> Any:
         launched.append(sum(plan.extend_lens))
-        return original(plan, prev=prev, sample=sample)
+        return original(plan, prev=prev)
 
-    engine.runner.launch = launch  # type: ignore[method-assign]
+    engine.runner.forward = forward  # type: ignore[method-assign]
     warm_up(engine)
     assert sum(launched) >= sum(map(sum, WARMUP_BATCHES))
-    assert not engine.has_work() and not engine.reqs
+    assert not engine.has_work() and not engine.requests()
     kv, cache = engine.policy.kv, engine.policy.mem.cache
     assert cache.total_size() == 0 and kv.num_free() == kv.num_slots

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from services.executor.engine import Engine
+from services.executor.engine.loop import Engine
+from shared.messages.detok import TokenDelta
 from tests.executor.helpers import make_hf_model, write_tiny_model
 from tests.executor.test_engine import Run, make_engine, make_request
 
@@ -41,18 +42,8 @@ class CachedRun(Run):
         super().__init__(engine)
         self.cached: dict[str, int] = {}
 
-    def go(self, arrivals: dict[int, list[Any]], max_steps: int = 2000) -> None:
-        original = self.engine._collect
-
-        def spy(finished: Any) -> Any:
-            out = original(finished)
-            for _, msg in out:
-                for d in getattr(msg, "deltas", []):
-                    self.cached[d.rid] = d.cached_tokens
-            return out
-
-        self.engine._collect = spy  # type: ignore[method-assign]
-        super().go(arrivals, max_steps)
+    def on_delta(self, d: TokenDelta) -> None:
+        self.cached[d.rid] = d.cached_tokens
 
 
 def prompt(seed: int, n: int) -> list[int]:

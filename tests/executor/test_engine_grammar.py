@@ -13,8 +13,8 @@ import msgspec
 import pytest
 import xgrammar as xgr
 
-from services.executor.engine import Engine
-from services.executor.grammar import GrammarBackend
+from services.executor.engine.loop import Engine
+from services.executor.grammar.backend import GrammarBackend
 from shared.grammar import GrammarTokenizer, compile_constraint, grammar_key, new_compiler
 from shared.messages.common import (
     ChoiceConstraint,
@@ -54,10 +54,15 @@ class Setup:
         self.compiler = new_compiler(self.tok)
         self.compiled: dict[str, xgr.CompiledGrammar] = {}
 
-    def engine(self, path: Path, jump_forward: bool = True, **kw: Any) -> Engine:
-        engine = make_engine(path, **kw)
-        engine.grammars = GrammarBackend(self.tok, self.compiled.__getitem__, jump_forward)
-        return engine
+    def engine(
+        self,
+        path: Path,
+        jump_forward: bool = True,
+        backend: type[GrammarBackend] = GrammarBackend,
+        **kw: Any,
+    ) -> Engine:
+        grammars = backend(self.tok, self.compiled.__getitem__, jump_forward)
+        return make_engine(path, grammars=grammars, **kw)
 
     def request(self, rid: str, c: Constraint, max_new: int, **sp: Any) -> TokenizedRequest:
         key = grammar_key(c, self.tok.fingerprint)

@@ -9,7 +9,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from services.executor.engine import stamp_published
+from services.executor.engine.outputs import stamp_published
 from shared.messages.common import ErrorInfo, HopTimes
 from shared.messages.detok import RequestFailed, StepOutput, TokenDelta
 from tests.executor.helpers import write_tiny_model

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from services.executor.engine import Engine
+from services.executor.engine.loop import Engine
 from shared.messages.detok import LogprobBlock, StepOutput, TokenDelta
 from tests.executor.helpers import EOS_ID, make_hf_model, write_tiny_model
 from tests.executor.test_engine import make_engine, make_request, prompts

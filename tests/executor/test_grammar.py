@@ -15,9 +15,10 @@ import pytest
 import torch
 import xgrammar as xgr
 
-from services.executor.grammar import GrammarBackend, GrammarViolation, RequestGrammar
-from services.executor.grammar_masks import apply_bitmask, apply_bitmask_torch, fill_bitmask
-from services.executor.sampler import SamplingTensors, sample
+from services.executor.grammar.backend import GrammarBackend
+from services.executor.grammar.masks import apply_bitmask, apply_bitmask_torch, fill_bitmask
+from services.executor.grammar.matcher import GrammarViolation, RequestGrammar
+from services.executor.sampling.sampler import SamplingTensors, sample
 from services.executor.warmup import warm_masks
 from shared.grammar import GrammarTokenizer, compile_constraint, grammar_key, new_compiler
 from shared.messages.common import (
@@ -421,7 +422,10 @@ def test_jump_forward_decided_while_the_next_token_is_in_flight(grammars: Gramma
     bitmask[1] = -1
     assert fill_bitmask([None, g], bitmask) == [1]
     assert allowed(bitmask, 1) == {first[0]}
-    # The one-token mask is used once; the next fill is the grammar's own, after the jump.
+    assert fill_bitmask([None, g], bitmask) == [1]  # filling again does not consume it
+    assert allowed(bitmask, 1) == {first[0]}
+    # Once that token has landed, the next fill is the grammar's own, after the jump.
+    g.forced_landed()
     assert fill_bitmask([None, g], bitmask) == [1]
     assert allowed(bitmask, 1) == accepted_by_xgrammar(g)
 

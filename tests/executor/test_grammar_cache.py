@@ -8,10 +8,11 @@ import pytest
 import redis.asyncio as aioredis
 import xgrammar as xgr
 
-from services.executor.grammar_cache import GrammarCache
+from services.executor.grammar.cache import GrammarCache
 from services.grammar.core import GrammarCompiler
 from shared import constants
 from shared.grammar import GrammarTokenizer
+from shared.grammar_store import GrammarStore
 from shared.messages.common import ChoiceConstraint, RegexConstraint
 from shared.messages.grammar import CompiledGrammarEntry, GrammarCacheEntry
 from shared.model_files import resolve_model
@@ -44,7 +45,7 @@ async def test_prefetch_loads_what_the_service_cached(
     aredis: aioredis.Redis, tok: GrammarTokenizer
 ) -> None:
     key = await cache_in_redis(aredis, GrammarCompiler(tok), PHONE)
-    cache = GrammarCache(aredis, tok)
+    cache = GrammarCache(GrammarStore(aredis), tok)
     with pytest.raises(KeyError, match="not prefetched"):
         cache.get(key)
     assert await cache.prefetch(key, PHONE) is None
@@ -56,7 +57,7 @@ async def test_prefetch_loads_what_the_service_cached(
 async def test_a_missing_entry_is_compiled_here_and_stored(
     aredis: aioredis.Redis, tok: GrammarTokenizer
 ) -> None:
-    cache = GrammarCache(aredis, tok, cache_ttl_s=60)
+    cache = GrammarCache(GrammarStore(aredis, 60), tok)
     key = GrammarCompiler(tok).key(PHONE)
     assert await cache.prefetch(key, PHONE) is None
     assert accepts(cache.get(key), "555-1234")
@@ -68,7 +69,7 @@ async def test_a_missing_entry_is_compiled_here_and_stored(
 
 async def test_errors(aredis: aioredis.Redis, tok: GrammarTokenizer) -> None:
     compiler = GrammarCompiler(tok)
-    cache = GrammarCache(aredis, tok)
+    cache = GrammarCache(GrammarStore(aredis), tok)
     missing = await cache.prefetch("no-such-key", None)
     assert missing is not None and missing.status == 503
     bad = RegexConstraint(pattern="(", param="sampling_params.regex")
@@ -84,7 +85,7 @@ async def test_least_recently_used_grammars_leave_first(
     aredis: aioredis.Redis, tok: GrammarTokenizer
 ) -> None:
     compiler = GrammarCompiler(tok)
-    cache = GrammarCache(aredis, tok, capacity=2)
+    cache = GrammarCache(GrammarStore(aredis), tok, capacity=2)
     a, b, c = (ChoiceConstraint(choices=[x]) for x in "abc")
     keys = [compiler.key(x) for x in (a, b, c)]
     for key, constraint in zip(keys[:2], (a, b), strict=True):

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import xgrammar as xgr
 
-from services.executor.grammar import GrammarBackend, RequestGrammar
+from services.executor.grammar.backend import GrammarBackend
+from services.executor.grammar.matcher import RequestGrammar
 from shared.grammar import grammar_key
 from shared.messages.common import Constraint, RegexConstraint
 from tests.executor.helpers import write_tiny_model
@@ -57,9 +58,7 @@ class BreakingBackend(GrammarBackend):
 
 
 def engine_with(setup: Setup, path: Path, backend: type[GrammarBackend], **kw: Any) -> Any:
-    engine = setup.engine(path, **kw)
-    engine.grammars = backend(setup.tok, setup.compiled.__getitem__, True)
-    return engine
+    return setup.engine(path, backend=backend, **kw)
 
 
 REGEX_A = RegexConstraint(pattern="[a-z]{3,6}")

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 import torch
 
-from services.executor.sampler import SamplingTensors, finite_argmax, sample
+from services.executor.sampling.sampler import SamplingTensors, finite_argmax, sample
 from shared.messages.common import SamplingParams
 from shared.messages.schedule import TokenizedRequest
 from tests.executor.helpers import write_tiny_model

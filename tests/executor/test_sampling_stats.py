@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import torch
 
-from services.executor.logits_process import LogitsProcessor, needs_history
-from services.executor.request import PENDING, Req
-from services.executor.sampler import SamplingTensors, filter_probs, sample
+from services.executor.request import Req
+from services.executor.sampling.processors import LogitsProcessor, needs_history
+from services.executor.sampling.sampler import SamplingTensors, filter_probs, sample
 from shared.messages.common import SamplingParams
 
 CPU = torch.device("cpu")
@@ -243,10 +243,27 @@ class Row:
     input_ids: list[int]
     output_ids: list[int] = field(default_factory=list)
     stop_ids: frozenset[int] = frozenset({EOS})
+    pending: int = 0  # output tokens still on the device, after `output_ids`
+
+    @property
+    def position(self) -> int:
+        """The output index of the token this row samples."""
+        return len(self.output_ids) + self.pending
 
 
-def make_row(prompt: list[int], output: list[int], stop: set[int] | None = None, **sp: Any) -> Row:
-    return Row(SamplingParams(**sp), prompt, output, frozenset({EOS} if stop is None else stop))
+def make_row(
+    prompt: list[int],
+    output: list[int],
+    pending: int = 0,
+    stop: set[int] | None = None,
+    **sp: Any,
+) -> Row:
+    stops = frozenset({EOS} if stop is None else stop)
+    return Row(SamplingParams(**sp), prompt, output, stops, pending)
+
+
+def build(rows: list[Row], vocab: int) -> LogitsProcessor | None:
+    return LogitsProcessor.build(rows, [r.position for r in rows], vocab, CPU)
 
 
 def reference_process(logits: list[float], row: Row) -> list[float]:
@@ -257,10 +274,10 @@ def reference_process(logits: list[float], row: Row) -> list[float]:
     for t, b in p.logit_bias.items():
         if 0 <= t < vocab:
             out[t] += b
-    if len(row.output_ids) < p.min_new_tokens:  # placeholders count
+    if row.position < p.min_new_tokens:  # tokens still on the device count
         for t in row.stop_ids:
             out[t] = -math.inf
-    generated = [t for t in row.output_ids if t != PENDING]
+    generated = list(row.output_ids)
     if p.repetition_penalty != 1.0:
         for t in set(row.input_ids) | set(generated):
             if out[t] > 0:
@@ -277,7 +294,7 @@ def check_processed(rows: list[Row], logits: torch.Tensor) -> torch.Tensor:
     """Apply the processor to a copy of `logits`; every row equals the reference, and every
     value the reference leaves alone is bit-identical. Returns the processed logits."""
     got = logits.clone()
-    proc = LogitsProcessor.build(rows, logits.shape[1], CPU)
+    proc = build(rows, logits.shape[1])
     assert proc is not None
     proc.apply(got)
     for i, row in enumerate(rows):
@@ -299,12 +316,12 @@ def test_needs_history_only_for_penalties() -> None:
 
 def test_build_is_none_when_no_row_needs_anything() -> None:
     rows = [
-        make_row([1, 2, 3], [4, PENDING]),
+        make_row([1, 2, 3], [4], pending=1),
         make_row([5], [], temperature=0.5, top_k=3),
-        make_row([6, 7], [8, 9, PENDING], min_new_tokens=3),  # at the threshold: done
+        make_row([6, 7], [8, 9], pending=1, min_new_tokens=3),  # at the threshold: done
     ]
-    assert LogitsProcessor.build(rows, 16, CPU) is None
-    assert LogitsProcessor.build([], 16, CPU) is None
+    assert build(rows, 16) is None
+    assert build([], 16) is None
 
 
 def test_hand_computed_order_bias_mask_repetition_frequency_presence() -> None:
@@ -312,7 +329,8 @@ def test_hand_computed_order_bias_mask_repetition_frequency_presence() -> None:
     logits = torch.tensor([[1.0, -1.0, 2.0, 0.5, 3.0, -2.0]])
     row = make_row(
         [0, 1],
-        [1, 4, 4, PENDING],
+        [1, 4, 4],
+        pending=1,
         stop={5},
         min_new_tokens=5,
         logit_bias={1: 3.0, 3: -1.5},
@@ -320,7 +338,7 @@ def test_hand_computed_order_bias_mask_repetition_frequency_presence() -> None:
         frequency_penalty=0.25,
         presence_penalty=0.5,
     )
-    proc = LogitsProcessor.build([row], 6, CPU)
+    proc = build([row], 6)
     assert proc is not None
     proc.apply(logits)
     expected = [
@@ -329,7 +347,7 @@ def test_hand_computed_order_bias_mask_repetition_frequency_presence() -> None:
         2.0,  # untouched
         -1.0,  # bias 0.5 - 1.5 = -1; in no history
         0.5,  # 3 / 2 = 1.5, - 0.25 * 2 - 0.5
-        -math.inf,  # stop id while 4 outputs (PENDING included) < 5
+        -math.inf,  # stop id while 4 outputs (the pending one included) < 5
     ]
     assert logits[0].tolist() == expected
 
@@ -337,18 +355,19 @@ def test_hand_computed_order_bias_mask_repetition_frequency_presence() -> None:
 def test_mixed_batch_matches_the_reference_row_by_row() -> None:
     vocab = 24
     rows = [
-        make_row([1, 3], [5, 6, PENDING]),  # nothing
+        make_row([1, 3], [5, 6], pending=1),  # nothing
         make_row(
-            [7, 7, 8, 9, 10, 11, 12], [8, 13, 13, 14, 15, 16, PENDING], repetition_penalty=1.3
+            [7, 7, 8, 9, 10, 11, 12], [8, 13, 13, 14, 15, 16], pending=1, repetition_penalty=1.3
         ),
-        make_row([1], [5, 5, 5, 7, 9, 17, PENDING, PENDING], frequency_penalty=0.5),
+        make_row([1], [5, 5, 5, 7, 9, 17], pending=2, frequency_penalty=0.5),
         make_row([1], [18, 18, 19, 20, 21], presence_penalty=0.75),
         make_row([3], [], logit_bias={3: 2.5, 8: -100.0, 0: 0.125, vocab + 5: 1.0}),
-        make_row([4], [9, PENDING, PENDING], stop={EOS, 11}, min_new_tokens=4),  # 3 < 4
-        make_row([4], [9, PENDING, PENDING], stop={EOS, 11}, min_new_tokens=3),  # at it: off
+        make_row([4], [9], pending=2, stop={EOS, 11}, min_new_tokens=4),  # 3 < 4
+        make_row([4], [9], pending=2, stop={EOS, 11}, min_new_tokens=3),  # at it: off
         make_row(
             [2, 6, 6, 22],
-            [6, 2, 22, 23, 23, 6, PENDING],
+            [6, 2, 22, 23, 23, 6],
+            pending=1,
             stop={EOS, 23},
             min_new_tokens=9,
             logit_bias={EOS: 5.0, 6: 1.0, 12: -3.0},
@@ -362,7 +381,7 @@ def test_mixed_batch_matches_the_reference_row_by_row() -> None:
     logits = torch.randn(len(rows), vocab, generator=torch.Generator().manual_seed(8)) * 3
     # Penalised tokens on both sides of zero, in rows 1 and 7.
     for i in (1, 7):
-        seen = set(rows[i].input_ids) | {t for t in rows[i].output_ids if t != PENDING}
+        seen = set(rows[i].input_ids) | set(rows[i].output_ids)
         values = [logits[i, t].item() for t in seen]
         assert min(values) < 0 < max(values)
     got = check_processed(rows, logits)
@@ -378,12 +397,12 @@ def test_pending_placeholders_count_for_min_tokens_not_for_penalties() -> None:
     logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(9))
     base: dict[str, Any] = {"frequency_penalty": 0.7, "repetition_penalty": 1.4}
     base["min_new_tokens"] = 3
-    with_pending = make_row([1, 4], [4, 6, PENDING], **base)
+    with_pending = make_row([1, 4], [4, 6], pending=1, **base)
     resolved = make_row([1, 4], [4, 6], **base)
 
     def run(row: Row) -> torch.Tensor:
         out = logits.clone()
-        proc = LogitsProcessor.build([row], vocab, CPU)
+        proc = build([row], vocab)
         assert proc is not None
         proc.apply(out)
         return out
@@ -413,7 +432,7 @@ def test_min_tokens_keep_stop_ids_out_of_the_sampler() -> None:
     logits = torch.zeros(500, vocab)
     logits[:, EOS] = 20.0  # EOS would win almost every draw
     rows = [make_row([1], [3] * (i % 4), min_new_tokens=3) for i in range(500)]
-    proc = LogitsProcessor.build(rows, vocab, CPU)
+    proc = build(rows, vocab)
     assert proc is not None
     proc.apply(logits)
     st = SamplingTensors.build([r.sampling for r in rows], vocab, CPU)
@@ -433,9 +452,10 @@ def test_req_is_a_token_history_and_wrong_logits_are_refused() -> None:
         detok_stream="d",
         deadline=0.0,
         seq=0,
-        output_ids=[3, PENDING],
+        output_ids=[3],
+        pending=1,
     )
-    proc = LogitsProcessor.build([req], 6, CPU)
+    proc = LogitsProcessor.build([req], [len(req.output_ids) + req.pending], 6, CPU)
     assert proc is not None
     logits = torch.zeros(1, 6)
     proc.apply(logits)

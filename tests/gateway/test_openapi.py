@@ -140,11 +140,13 @@ def test_the_documented_ranges_are_the_validated_ones() -> None:
 
 def test_roles_and_list_sizes_are_the_validated_ones() -> None:
     doc = document()["components"]["schemas"]
-    assert doc["ChatMessageBody"]["properties"]["role"]["enum"] == list(validation.CHAT_ROLES)
+    assert doc["ChatMessageBody"]["properties"]["role"]["enum"] == list(
+        validation.limits.CHAT_ROLES
+    )
     chat = VALIDATE["ChatBody"]
-    for role in (*validation.CHAT_ROLES, "robot"):
+    for role in (*validation.limits.CHAT_ROLES, "robot"):
         body = {"messages": [{"role": role, "content": "hi"}]}
-        assert _accepted(chat[0], body, chat[2]) == (role in validation.CHAT_ROLES)
+        assert _accepted(chat[0], body, chat[2]) == (role in validation.limits.CHAT_ROLES)
     generate = VALIDATE["GenerateBody"]
     limit = doc["GenerateBody"]["properties"]["text"]["maxItems"]
     assert _accepted(generate[0], {"text": ["a"] * limit}, generate[2])

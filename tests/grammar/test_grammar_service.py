@@ -72,7 +72,7 @@ async def start_worker(aredis: aioredis.Redis, tok: GrammarTokenizer) -> AsyncIt
     running: list[tuple[asyncio.Event, asyncio.Task[None]]] = []
 
     async def start(name: str) -> GrammarWorker:
-        worker = GrammarWorker(aredis, GrammarCompiler(tok), name, threads=2, cache_ttl_s=60)
+        worker = GrammarWorker.on(aredis, GrammarCompiler(tok), name, threads=2, cache_ttl_s=60)
         stopping = asyncio.Event()
         running.append((stopping, asyncio.create_task(worker.run(stopping))))
         return worker
@@ -233,7 +233,7 @@ async def test_concurrent_requests_share_one_compile(
 
 
 async def test_two_instances_share_the_cache(aredis: aioredis.Redis, tok: GrammarTokenizer) -> None:
-    first = GrammarWorker(aredis, GrammarCompiler(tok), "g1")
+    first = GrammarWorker.on(aredis, GrammarCompiler(tok), "g1")
     stopping = asyncio.Event()
     task = asyncio.create_task(first.run(stopping))
     await submit(aredis, request(SCHEMA, "on-first"))
@@ -242,7 +242,7 @@ async def test_two_instances_share_the_cache(aredis: aioredis.Redis, tok: Gramma
     assert first.stats.compiled == 1
 
     # Another replica (its own compiler, its own process in production) finds it compiled.
-    second = GrammarWorker(aredis, GrammarCompiler(tok), "g2")
+    second = GrammarWorker.on(aredis, GrammarCompiler(tok), "g2")
     stopping = asyncio.Event()
     task = asyncio.create_task(second.run(stopping))
     await submit(aredis, request(SCHEMA, "on-second"))
@@ -304,7 +304,7 @@ async def test_a_compile_past_the_timeout_is_a_400_and_others_go_on(
     aredis: aioredis.Redis, tok: GrammarTokenizer
 ) -> None:
     compiler = StuckCompiler(tok, "a+")
-    worker = GrammarWorker(aredis, compiler, "g1", threads=1, compile_timeout_s=0.5)
+    worker = GrammarWorker.on(aredis, compiler, "g1", threads=1, compile_timeout_s=0.5)
     stopping = asyncio.Event()
     task = asyncio.create_task(worker.run(stopping))
     try:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from services.executor.sampler import SamplingTensors, sample
+from services.executor.sampling.sampler import SamplingTensors, sample
 from shared.messages.common import SamplingParams
 
 
@@ -42,7 +42,7 @@ def test_launching_steps_never_synchronises(tmp_path: Path) -> None:
     """Planning and launching a step, an eager EXTEND and a graphed DECODE alike, queues its
     work without waiting for the device: a blocking copy in the forward pass held the host
     until every layer ran, so the next step launched only once the device sat idle. The
-    tokens' own wait (`runner.wait`) is a step's one synchronisation."""
+    tokens' own wait (`Sampled.wait`) is a step's one synchronisation."""
     from loadtest import offline
     from tests.executor.helpers import write_tiny_model
 
@@ -50,7 +50,7 @@ def test_launching_steps_never_synchronises(tmp_path: Path) -> None:
     args = offline.parse_args(["throughput", "--model", str(path), "--max-total-tokens", "16384"])
     engine = offline.make_engine(args)
     modes: list[bool] = []
-    launch, sample_step = engine.runner.launch, engine.runner.sample
+    launch, sample_step = engine.runner.forward, engine.sampler.sample
 
     def strict(fn: Callable[..., Any]) -> Callable[..., Any]:
         def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -66,8 +66,8 @@ def test_launching_steps_never_synchronises(tmp_path: Path) -> None:
         modes.append(plan.is_decode)
         return strict(launch)(plan, *args, **kwargs)
 
-    engine.runner.launch = counted  # type: ignore[method-assign]
-    engine.runner.sample = strict(sample_step)  # type: ignore[method-assign]
+    engine.runner.forward = counted  # type: ignore[method-assign]
+    engine.sampler.sample = strict(sample_step)  # type: ignore[method-assign]
     reqs = [offline.request("long", [(5 * i) % 200 + 3 for i in range(100)], 6)]
     reqs.append(offline.request("short", [(3 * i) % 200 + 3 for i in range(30)], 6))
     done = offline.drain(engine, reqs)

@@ -240,3 +240,34 @@ def test_the_requests_of_a_gateway_that_is_gone_are_aborted() -> None:
     assert r.update_gateways([], now=104.0) == [
         ("rs:exec:e1", AbortRequest(rid="c", reason="gateway lost"))
     ]
+
+
+def test_a_batch_whose_commit_failed_is_routed_again_when_it_comes_again() -> None:
+    """The routes of a batch whose commit (messages, stored routes, acks) failed were never
+    sent: the redelivered entries are routed again, not dropped as already sent."""
+    r = Router(max_queued=10)
+    r.update_executors([beat("e1")])
+    r.abort(AbortRequest(rid="early"))
+    assert r.route(make_request("a"))[0][0] == "rs:exec:e1"
+    assert isinstance(r.route(make_request("early"))[0][1], RequestAborted)
+    r.done("old")
+    r.take_changes()
+    r.commit_failed()
+    assert "a" not in r.assigned and "early" in r.early_aborts
+    assert r.route(make_request("a"))[0][0] == "rs:exec:e1"  # again, not "already sent"
+    assert isinstance(r.route(make_request("early"))[0][1], RequestAborted)
+    saves, deletes = r.take_changes()
+    assert list(saves) == ["a"] and deletes == ["old"]  # the deletion is retried too
+    r.committed()
+    assert r.route(make_request("a")) == []  # committed: a redelivery is a duplicate
+
+
+def test_lost_requests_whose_resumption_failed_are_lost_again_next_time() -> None:
+    r = Router(max_queued=10)
+    r.update_executors([beat("e1")], now=0.0)
+    r.route(make_request("a"))
+    lost = r.update_executors([], now=1.0)
+    assert "a" not in r.assigned
+    r.unlose(lost)
+    again = r.update_executors([], now=1.5)
+    assert [(ex.instance, list(ex.requests)) for ex in again] == [("e1", ["a"])]

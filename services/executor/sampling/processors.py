@@ -5,16 +5,17 @@ The semantics are vLLM's, applied in this order to a step's float32 logits, row 
 
 1. logit bias: `logit[t] += bias` for every `t: bias` in `logit_bias`; ids outside
    [0, vocab) are ignored (the tokenizer validates them against its vocabulary).
-2. min tokens: while `len(output_ids) < min_new_tokens`, `logit[t] = -inf` for every `t` in
-   `stop_ids`. PENDING placeholders count: they are tokens already being generated.
+2. min tokens: while the sampled token's output index is below `min_new_tokens`,
+   `logit[t] = -inf` for every `t` in `stop_ids` (tokens still on the device count: the index
+   is given, not derived from what the host knows).
 3. repetition penalty `p` (1.0 = off), for every token `t` of the prompt or the output:
    `logit[t] = logit[t] / p if logit[t] > 0 else logit[t] * p`.
 4. frequency `f` and presence `r` penalties (0.0 = off), over the output only:
    `logit[t] -= f * count(t)`, then `logit[t] -= r` if `count(t) > 0`.
 
-The penalties skip PENDING placeholders; `needs_history` tells the engine not to launch such
-a request's next step before the values are known. Rows that need none of this are left
-bit-identical. History token ids are in [0, vocab): the tokenizer checks prompt ids and the
+The penalties read only the output tokens the host knows; `needs_history` tells the engine not
+to launch such a request's next step before the values are known. Rows that need none of this
+are left bit-identical. History token ids are in [0, vocab): the tokenizer checks prompt ids and the
 sampler only draws from the vocabulary.
 """
 
@@ -28,7 +29,6 @@ from typing import Protocol
 import torch
 
 from services.executor.packing import upload
-from services.executor.request import PENDING
 from shared.messages.common import SamplingParams
 
 
@@ -37,21 +37,13 @@ class TokenHistory(Protocol):
 
     sampling: SamplingParams
     input_ids: list[int]  # the prompt
-    output_ids: list[int]  # generated so far; may end with PENDING placeholders
+    output_ids: list[int]  # generated so far, as far as the host knows
     stop_ids: frozenset[int]  # EOS (unless ignore_eos) and stop_token_ids
 
 
 def needs_history(p: SamplingParams) -> bool:
     """The request has a penalty on, so it needs the value of every output token."""
     return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
-
-
-def _resolved(output_ids: list[int]) -> list[int]:
-    """The output without its trailing PENDING placeholders."""
-    n = len(output_ids)
-    while n and output_ids[n - 1] == PENDING:
-        n -= 1
-    return output_ids if n == len(output_ids) else output_ids[:n]
 
 
 @dataclass
@@ -78,14 +70,17 @@ class LogitsProcessor:
 
     @classmethod
     def build(
-        cls, rows: Sequence[TokenHistory], vocab: int, device: torch.device
+        cls,
+        rows: Sequence[TokenHistory],
+        positions: Sequence[int],
+        vocab: int,
+        device: torch.device,
     ) -> LogitsProcessor | None:
-        """None when no row needs anything (the common case: one scan of the params)."""
+        """`positions[i]`: the output index of the token row i samples. None when no row
+        needs anything (the common case: one scan of the params)."""
         if not any(
-            r.sampling.logit_bias
-            or len(r.output_ids) < r.sampling.min_new_tokens
-            or needs_history(r.sampling)
-            for r in rows
+            r.sampling.logit_bias or pos < r.sampling.min_new_tokens or needs_history(r.sampling)
+            for r, pos in zip(rows, positions, strict=True)
         ):
             return None
         bias_rows: list[int] = []
@@ -101,14 +96,14 @@ class LogitsProcessor:
         repetition: list[float] = []
         frequency: list[float] = []
         presence: list[float] = []
-        for i, r in enumerate(rows):
+        for i, (r, pos) in enumerate(zip(rows, positions, strict=True)):
             p = r.sampling
             for t, b in p.logit_bias.items():
                 if 0 <= t < vocab:
                     bias_rows.append(i)
                     bias_cols.append(t)
                     bias_vals.append(b)
-            if len(r.output_ids) < p.min_new_tokens:
+            if pos < p.min_new_tokens:
                 stops = [t for t in r.stop_ids if 0 <= t < vocab]
                 mask_rows += [i] * len(stops)
                 mask_cols += stops
@@ -119,7 +114,7 @@ class LogitsProcessor:
             repetition.append(p.repetition_penalty)
             frequency.append(p.frequency_penalty)
             presence.append(p.presence_penalty)
-            out = _resolved(r.output_ids)
+            out = r.output_ids
             if p.repetition_penalty != 1.0:
                 seen_rows += [j] * (len(r.input_ids) + len(out))
                 seen_cols += r.input_ids

@@ -6,8 +6,8 @@ a no-op for a request without a grammar.
 
 from __future__ import annotations
 
-from services.executor.grammar import GrammarViolation, RequestGrammar
-from services.executor.request import PENDING, Req
+from services.executor.grammar.matcher import GrammarViolation, RequestGrammar
+from services.executor.request import Req
 from shared.messages.common import ErrorInfo
 
 
@@ -15,7 +15,7 @@ def start(req: Req) -> None:
     """Text the grammar forces from the very start joins the prompt's prefill."""
     if req.grammar is None:
         return
-    forced = _jump_forward(req)
+    forced = jump_forward(req)
     req.output_ids += forced
     req.forced_tokens += len(forced)
     if req.grammar.done:
@@ -38,11 +38,15 @@ def resume(req: Req) -> None:
 
 
 def after_token(req: Req, index: int) -> ErrorInfo | None:
-    """The grammar takes the sampled token at output `index`: finish "stop" when it is
-    complete, else append what it now forces (computed in one extend step, not one step per
-    token). An error when the model produced a token the grammar forbids."""
+    """The grammar takes the sampled token at output `index` (just landed): finish "stop"
+    when it is complete, else append what it now forces (computed in one extend step, not
+    one step per token). An error when the model produced a token the grammar forbids."""
     g = req.grammar
-    if g is None or g.done or req.finish == "abort" or index >= len(req.output_ids):
+    if g is None:
+        return None
+    if index == g.forced_at:  # the in-flight token a jump-forward decided has landed
+        g.forced_landed()
+    if g.done or req.finish == "abort" or index >= len(req.output_ids):
         return None
     if g.failure is not None:
         return _abort(req, index, g.failure)
@@ -58,6 +62,7 @@ def after_token(req: Req, index: int) -> ErrorInfo | None:
 def _abort(req: Req, index: int, reason: str) -> ErrorInfo:
     req.finish = "abort"
     del req.output_ids[index + 1 :]
+    req.pending = 0
     return ErrorInfo(status=500, message=f"structured output failed: {reason}", type="server_error")
 
 
@@ -67,7 +72,7 @@ def _after_token(req: Req, g: RequestGrammar, index: int) -> ErrorInfo | None:
     if done:
         req.finish = "stop"
         req.matched_stop_token = token if token in g.stop_token_ids else None
-        del req.output_ids[index + 1 :]  # a token sampled after it, in flight, is dropped
+        req.pending = 0  # a token sampled after it, in flight, is dropped
         return None
     if req.finish is not None:
         return None  # out of tokens: finish "length", the output is cut short
@@ -75,24 +80,27 @@ def _after_token(req: Req, g: RequestGrammar, index: int) -> ErrorInfo | None:
     # token). Forced text then starts at that token: its mask will allow only the first
     # forced token, so its value is known here and the rest can follow it at once, without
     # holding back the next step for it.
-    in_flight = index == len(req.output_ids) - 2
-    assert in_flight or index == len(req.output_ids) - 1, "at most one token in flight"
-    forced = _jump_forward(req, in_flight)
+    in_flight = req.pending > 0
+    assert req.pending <= 1 and index == len(req.output_ids) - 1, "at most one token in flight"
+    forced = jump_forward(req, in_flight)
     if in_flight and forced:
-        req.output_ids[index + 1] = forced[0]
-        req.output_ids += forced[1:]
+        # The in-flight token's value is known now: it joins the output (and no longer
+        # counts as pending); when it lands, `Req.land` only checks it off.
+        req.pending -= 1
+        g.forced_at = len(req.output_ids)  # the jump set `forced_next` to forced[0]
+        req.output_ids += forced
         req.forced_tokens += len(forced) - 1
     else:
         req.output_ids += forced
         req.forced_tokens += len(forced)
     if g.done:
         req.finish = "stop"
-    elif req.all_len >= req.limit_len and req.output_ids[-1] != PENDING:
+    elif req.all_len >= req.limit_len and not req.pending:
         req.finish = "length"  # (a token still in flight decides this when it lands)
     return None
 
 
-def _jump_forward(req: Req, in_flight: bool = False) -> list[int]:
+def jump_forward(req: Req, in_flight: bool = False) -> list[int]:
     """The tokens the grammar forces next. None for a request that wants logprobs: forced
     tokens are never sampled, so they would have none."""
     assert req.grammar is not None

@@ -4,8 +4,10 @@ request enters the engine, read by the stepping thread without waiting on anythi
     error = await cache.prefetch(msg.grammar_key, msg.constraint)   # event loop, before submit
     compiled = cache.get(msg.grammar_key)                           # stepping thread
 
-The grammar service put the entry in Redis just before it forwarded the request. Should it be
-gone (expired, Redis restarted) the executor compiles the constraint itself, in a thread.
+The grammar service put the entry in the store (shared/grammar_store.py) just before it
+forwarded the request; reading it extends its life there, as the grammar service's reads do.
+Should it be gone (expired, Redis restarted) the executor compiles the constraint itself, in a
+thread.
 """
 
 from __future__ import annotations
@@ -17,11 +19,8 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-import msgspec
-import redis.asyncio as aioredis
 import xgrammar as xgr
 
-from shared import constants
 from shared.bus import TRANSIENT
 from shared.grammar import (
     GrammarError,
@@ -33,8 +32,9 @@ from shared.grammar import (
     load_compiled,
     new_compiler,
 )
+from shared.grammar_store import GrammarStore
 from shared.messages.common import Constraint, ErrorInfo
-from shared.messages.grammar import CompiledGrammarEntry, GrammarCacheEntry, GrammarErrorEntry
+from shared.messages.grammar import CompiledGrammarEntry, GrammarErrorEntry
 
 log = logging.getLogger(__name__)
 
@@ -54,20 +54,12 @@ class GrammarCache:
     requests keep theirs alive through their matchers.
     """
 
-    def __init__(
-        self,
-        r: aioredis.Redis,
-        tok: GrammarTokenizer,
-        capacity: int = 256,
-        cache_ttl_s: float = 3600.0,
-    ) -> None:
-        self.r, self.tok, self.capacity = r, tok, capacity
-        self.cache_ttl_ms = int(cache_ttl_s * 1000)
+    def __init__(self, store: GrammarStore, tok: GrammarTokenizer, capacity: int = 256) -> None:
+        self.store, self.tok, self.capacity = store, tok, capacity
         self.stats = GrammarCacheStats()
         self._grammars: OrderedDict[str, xgr.CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()  # prefetch (event loop) and get (stepping thread)
         self._compiler: xgr.GrammarCompiler | None = None
-        self._decoder = msgspec.msgpack.Decoder(GrammarCacheEntry)
 
     def get(self, key: str) -> xgr.CompiledGrammar:
         with self._lock:
@@ -118,18 +110,13 @@ class GrammarCache:
         return None
 
     async def _load(self, key: str) -> xgr.CompiledGrammar | None:
-        """From Redis; None when absent or unreadable. GrammarError for a cached refusal."""
+        """From the store; None when absent or unreadable. GrammarError for a cached refusal."""
         try:
-            raw = await self.r.get(constants.grammar_cache_key(key))
+            entry = await self.store.get(key)
         except TRANSIENT as e:  # Redis away: compile here rather than stop the reader
             log.warning("grammar %s: cache unreachable (%r)", key, e)
             return None
-        if raw is None:
-            return None
-        try:
-            entry = self._decoder.decode(raw)
-        except msgspec.DecodeError as e:
-            log.warning("grammar %s: unreadable cache entry (%s); compiling here", key, e)
+        if entry is None:
             return None
         if isinstance(entry, GrammarErrorEntry):
             raise GrammarError(entry.message)
@@ -153,11 +140,7 @@ class GrammarCache:
             data=dump_compiled(compiled), compile_ms=elapsed_ms, kind=constraint_kind(constraint)
         )
         try:
-            await self.r.set(
-                constants.grammar_cache_key(key),
-                msgspec.msgpack.encode(entry),
-                px=self.cache_ttl_ms,
-            )
+            await self.store.put(key, entry)
         except TRANSIENT as e:  # only a cache: the request goes on with its grammar
             log.warning("grammar %s: not stored (%r)", key, e)
         return compiled

@@ -11,20 +11,22 @@ from collections.abc import Callable, Sequence
 import torch
 import xgrammar as xgr
 
-from services.executor.grammar import RequestGrammar
+from services.executor.grammar.matcher import RequestGrammar
 from services.executor.packing import to_device
 
-_batch_matcher: xgr.BatchGrammarMatcher | None = None
 
-
-def fill_bitmask(grammars: Sequence[RequestGrammar | None], bitmask: torch.Tensor) -> list[int]:
+def fill_bitmask(
+    grammars: Sequence[RequestGrammar | None],
+    bitmask: torch.Tensor,
+    batch: xgr.BatchGrammarMatcher | None = None,
+) -> list[int]:
     """Fill bitmask row i for every grammars[i] that is not None; the rows filled.
 
     Row i must be the logits row the request samples from. Rows without a grammar are left as
-    they are (`apply_bitmask` skips them). The matchers fill their rows together, on xgrammar's
-    threads (half the cores): at batch 64 one thread would take milliseconds per step.
+    they are (`apply_bitmask` skips them). The matchers whose mask is not known already fill
+    their rows together through `batch` (a new one if not given), on xgrammar's threads (half
+    the cores): at batch 64 one thread would take milliseconds per step.
     """
-    global _batch_matcher
     assert len(grammars) <= bitmask.shape[0], (
         f"{len(grammars)} rows do not fit a bitmask of {bitmask.shape[0]}"
     )
@@ -35,16 +37,16 @@ def fill_bitmask(grammars: Sequence[RequestGrammar | None], bitmask: torch.Tenso
             continue
         rows.append(i)
         try:
-            if not g.fill_cached(bitmask, i):
+            if not _fill_known(g, bitmask, i):
                 fresh.append(i)
         except Exception as e:
             _failed(g, bitmask, i, e)
     if len(fresh) > 1:
-        if _batch_matcher is None:
-            _batch_matcher = xgr.BatchGrammarMatcher()
         matchers = [grammars[i].matcher for i in fresh]  # type: ignore[union-attr]
         try:
-            _batch_matcher.batch_fill_next_token_bitmask(matchers, bitmask, fresh)
+            (batch or xgr.BatchGrammarMatcher()).batch_fill_next_token_bitmask(
+                matchers, bitmask, fresh
+            )
         except Exception:  # some matcher failed: find which, one row at a time
             pass
         else:
@@ -55,18 +57,68 @@ def fill_bitmask(grammars: Sequence[RequestGrammar | None], bitmask: torch.Tenso
         g = grammars[i]
         assert g is not None
         try:
-            g.fill(bitmask, i)
+            g.matcher.fill_next_token_bitmask(bitmask, i)
+            g.stats.masks += 1
         except Exception as e:
             _failed(g, bitmask, i, e)
     return rows
 
 
+def _fill_known(g: RequestGrammar, bitmask: torch.Tensor, row: int) -> bool:
+    """Write bitmask[row] without the matcher when the mask is already known: the one token
+    a jump-forward decided for the step in flight, or the mask computed for this state."""
+    if g.forced_next is not None:
+        t = g.forced_next
+        bitmask[row].zero_()
+        bitmask[row, t >> 5] = _bit(t)
+    elif g.done:
+        raise AssertionError("a finished grammar has no next token")
+    elif g.state_mask is not None:
+        bitmask[row].copy_(g.state_mask[0])
+    else:
+        return False
+    g.stats.masks += 1
+    return True
+
+
+def _bit(token: int) -> int:
+    """Token's bit in its int32 bitmask word (bit 31 as a negative value)."""
+    b = 1 << (token & 31)
+    return b - (1 << 32) if b >= 1 << 31 else b
+
+
 def _failed(g: RequestGrammar, bitmask: torch.Tensor, row: int, e: Exception) -> None:
     """One request's matcher raised: that request fails when its token lands (see
-    `constrained.after_token`), and its row allows every token meanwhile, so that the step's
+    `lifecycle.after_token`), and its row allows every token meanwhile, so that the step's
     sampling, shared with other requests, stays well defined."""
     g.failure = f"the grammar matcher failed: {type(e).__name__}: {e}"
     bitmask[row].fill_(-1)
+
+
+class BatchMasks:
+    """The masks of one executor's sampling: a host bitmask (pinned on CUDA, for the async
+    copy), grown to the largest batch seen, and xgrammar's batch filler, both owned here."""
+
+    def __init__(self, pin_memory: bool) -> None:
+        self.pin_memory = pin_memory
+        self.bitmask: torch.Tensor | None = None  # [rows, words] int32 on the host
+        self._batch: xgr.BatchGrammarMatcher | None = None  # made on the first fill
+
+    def fill(self, grammars: Sequence[RequestGrammar | None], vocab: int) -> list[int]:
+        """Fill the rows of the grammars given (row i: grammars[i]); the rows filled.
+        `vocab`: the logits' width, which the rows cover."""
+        if self.bitmask is None or self.bitmask.shape[0] < len(grammars):
+            words = (vocab + 31) // 32
+            bitmask = torch.full((max(len(grammars), 64), words), -1, dtype=torch.int32)
+            self.bitmask = bitmask.pin_memory() if self.pin_memory else bitmask
+        if self._batch is None:
+            self._batch = xgr.BatchGrammarMatcher()
+        return fill_bitmask(grammars, self.bitmask, self._batch)
+
+    def apply(self, logits: torch.Tensor, rows: Sequence[int]) -> None:
+        """Mask `logits` [len(grammars), vocab] with the rows `fill` wrote."""
+        assert self.bitmask is not None, "apply before fill"
+        apply_bitmask(logits, self.bitmask, rows)
 
 
 def apply_bitmask(

@@ -1,0 +1,83 @@
+"""OpenAI `/v1/chat/completions` bodies -> a job (and the messages of /tokenize)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from services.gateway.errors import invalid
+from services.gateway.protocol import ChatBody, ChatMessageBody
+from services.gateway.validation.common import Job, check_model, unsupported
+from services.gateway.validation.constraints import response_format_constraint
+from services.gateway.validation.limits import CHAT_ROLES, MAX_LOGPROBS
+from services.gateway.validation.sampling import check_openai_common, check_range, openai_sampling
+from shared.messages.tokenize import ChatMessage, ChatPrompt
+
+
+def chat_job(body: ChatBody, served_model: str) -> Job:
+    check_model(body.model, served_model)
+    check_openai_common(body)
+    unsupported(bool(body.tools), "tools")
+    unsupported(body.tool_choice not in (None, "none", "auto"), "tool_choice")
+    if body.top_logprobs is not None:
+        check_range(
+            "top_logprobs",
+            body.top_logprobs,
+            0 <= body.top_logprobs <= MAX_LOGPROBS,
+            f"between 0 and {MAX_LOGPROBS}",
+        )
+        if not body.logprobs:
+            raise invalid("top_logprobs needs logprobs set to true", "top_logprobs")
+    max_tokens, max_name = body.max_tokens, "max_tokens"
+    if body.max_completion_tokens is not None:
+        max_tokens, max_name = body.max_completion_tokens, "max_completion_tokens"
+    sampling = openai_sampling(body, max_tokens, max_name)
+    if body.logprobs:
+        sampling = msgspec.structs.replace(
+            sampling, return_logprob=True, top_logprobs=body.top_logprobs or 0
+        )
+    return Job(
+        prompt=chat_prompt(body.messages),
+        sampling=sampling,
+        stream=body.stream,
+        include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        constraint=response_format_constraint(body.response_format),
+    )
+
+
+def chat_prompt(messages: list[ChatMessageBody]) -> ChatPrompt:
+    if not messages:
+        raise invalid("messages must not be empty", "messages")
+    out: list[ChatMessage] = []
+    for i, m in enumerate(messages):
+        at = f"messages[{i}]"
+        if m.role not in CHAT_ROLES:
+            raise invalid(
+                f"{at}.role must be one of {', '.join(CHAT_ROLES)}; got {m.role!r}", f"{at}.role"
+            )
+        unsupported(bool(m.tool_calls), f"{at}.tool_calls")
+        if m.content is None and m.role != "assistant":
+            raise invalid(f"{at}.content is required for role {m.role!r}", f"{at}.content")
+        role = "system" if m.role == "developer" else m.role  # OpenAI's newer name for it
+        out.append(ChatMessage(role=role, content=message_text(m.content, f"{at}.content")))
+    return ChatPrompt(messages=out)
+
+
+def message_text(content: str | list[dict[str, Any]] | None, at: str) -> str:
+    """A message's text: the string itself, or its text parts joined by newlines."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts: list[str] = []
+    for j, part in enumerate(content):
+        kind = part.get("type")
+        if kind != "text":
+            raise invalid(
+                f"{at}[{j}].type must be 'text' (got {kind!r}): only text content is supported",
+                f"{at}[{j}].type",
+            )
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise invalid(f"{at}[{j}].text must be a string", f"{at}[{j}].text")
+        texts.append(text)
+    return "\n".join(texts)

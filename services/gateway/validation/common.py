@@ -1,0 +1,89 @@
+"""What every dialect's validation shares: the validated `Job`, body decoding, token ids, the
+model name, request ids, and the fan-out of `n` samples."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+import msgspec
+
+from services.gateway.errors import from_decode_error, invalid
+from services.gateway.validation.limits import RID_PATTERN
+from shared.messages.common import Constraint, SamplingParams
+from shared.messages.tokenize import Prompt
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Job:
+    """A validated request, ready to be published to the tokenizer."""
+
+    prompt: Prompt
+    sampling: SamplingParams
+    stream: bool
+    include_usage: bool = False  # stream_options.include_usage
+    rid: str | None = None  # chosen by the client (/generate only)
+    constraint: Constraint | None = None  # structured output
+    echo: bool = False  # OpenAI completions: the prompt's text comes back before the output
+
+
+def decode(body: bytes, type_: type[T]) -> T:
+    """Decode a JSON body; any failure is a 400 naming the field."""
+    try:
+        return msgspec.json.decode(body, type=type_)
+    except msgspec.DecodeError as e:  # ValidationError is a subclass
+        raise from_decode_error(e) from None
+    except UnicodeDecodeError as e:  # JSON is UTF-8: a stray byte is the client's error
+        raise invalid(f"the body is not valid UTF-8: byte {e.start} ({e.reason})") from None
+    except RecursionError:  # msgspec recurses per level: ~1,000 levels exhaust the stack
+        raise invalid("the body's JSON nests too deeply") from None
+
+
+def check_rid(rid: str, param: str) -> None:
+    if not RID_PATTERN.match(rid):
+        raise invalid(f"{param} must be 1 to 128 characters of letters, digits and ._:-", param)
+
+
+def nonempty(value: Any, param: str) -> Any:
+    if not value:
+        raise invalid(f"{param} must not be empty", param)
+    return value
+
+
+def token_ids(ids: Sequence[Any], param: str) -> list[int]:
+    for i, t in enumerate(ids):
+        if not 0 <= t < 2**31:
+            raise invalid(f"{param}[{i}] must be a token id (>= 0), got {t}", f"{param}[{i}]")
+    return list(ids)
+
+
+def check_model(model: str | None, served_model: str) -> None:
+    if model is not None and model != served_model:
+        raise invalid(
+            f"model {model!r} is not served here; this server serves {served_model!r}", "model"
+        )
+
+
+def unsupported(given: bool, param: str) -> None:
+    if given:
+        raise invalid(f"{param} is not supported yet", param)
+
+
+def samples(job: Job, n: int | None) -> list[Job]:
+    """The jobs of one OpenAI request: `n` samples of the same prompt, with seeds seed,
+    seed+1, ... so a seeded request stays reproducible. The executor computes the shared
+    prompt once: samples arriving together wait for the first and reuse its KV."""
+    count = 1 if n is None else n
+    seed = job.sampling.seed
+    return [
+        replace(
+            job,
+            sampling=msgspec.structs.replace(
+                job.sampling, seed=None if seed is None else (seed + i) % 2**63
+            ),
+        )
+        for i in range(count)
+    ]

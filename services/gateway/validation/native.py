@@ -1,0 +1,98 @@
+"""SGLang's native `/generate` bodies -> jobs (one per prompt and sample)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import msgspec
+
+from services.gateway.errors import invalid
+from services.gateway.protocol import GenerateBody
+from services.gateway.validation.common import Job, check_rid, nonempty, samples, token_ids
+from services.gateway.validation.constraints import native_constraint
+from services.gateway.validation.limits import MAX_BATCH, MAX_LOGPROBS, MAX_N
+from services.gateway.validation.sampling import check_range, native_sampling
+from shared.messages.tokenize import Prompt, TextPrompt, TokenPrompt
+
+
+def native_jobs(body: GenerateBody) -> tuple[list[Job], bool]:
+    """The jobs of a /generate body, and whether it was a batch (a list of prompts): one job
+    per prompt, each `sampling_params.n` times, prompt-major, as SGLang orders them."""
+    s = body.sampling_params
+    if not 1 <= s.n <= MAX_N:
+        raise invalid(
+            f"sampling_params.n must be between 1 and {MAX_N}, got {s.n}", "sampling_params.n"
+        )
+    check_range(
+        "top_logprobs_num",
+        body.top_logprobs_num,
+        0 <= body.top_logprobs_num <= MAX_LOGPROBS,
+        f"between 0 and {MAX_LOGPROBS}",
+    )
+    check_range(
+        "logprob_start_len",
+        body.logprob_start_len,
+        body.logprob_start_len >= -1,
+        "-1 (no prompt logprobs) or a prompt position >= 0",
+    )
+    prompts, batched = native_prompts(body)
+    rids = native_rids(body.rid, len(prompts), batched)
+    sampling = native_sampling(s)
+    if body.return_logprob:
+        sampling = msgspec.structs.replace(
+            sampling,
+            return_logprob=True,
+            top_logprobs=body.top_logprobs_num,
+            logprob_start_len=body.logprob_start_len,
+        )
+    constraint = native_constraint(s)
+    jobs = []
+    for prompt, rid in zip(prompts, rids, strict=True):
+        job = Job(
+            prompt=prompt, sampling=sampling, stream=body.stream, rid=rid, constraint=constraint
+        )
+        for i, sample in enumerate(samples(job, s.n)):
+            # SGLang names the samples of a client-chosen rid rid, rid-1, rid-2, ...
+            jobs.append(sample if i == 0 or rid is None else replace(sample, rid=f"{rid}-{i}"))
+    return jobs, batched or s.n > 1
+
+
+def native_rids(rid: str | list[str] | None, count: int, batched: bool) -> list[str | None]:
+    if rid is None:
+        return [None] * count
+    rids = rid if isinstance(rid, list) else [rid]
+    if isinstance(rid, list) != batched or len(rids) != count:
+        raise invalid("rid must be a string for one prompt, or a list with one per prompt", "rid")
+    for i, r in enumerate(rids):
+        check_rid(r, f"rid[{i}]" if batched else "rid")
+    if len(set(rids)) != len(rids):
+        raise invalid("rid must not repeat within a batch", "rid")
+    return list(rids)
+
+
+def native_prompts(body: GenerateBody) -> tuple[list[Prompt], bool]:
+    """The prompts of /generate, and whether they came as a batch (a list)."""
+    if body.text is not None and body.input_ids is not None:
+        raise invalid("give either text or input_ids, not both", "input_ids")
+    if body.input_ids is not None:
+        ids = nonempty(body.input_ids, "input_ids")
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            return [TokenPrompt(input_ids=token_ids(ids, "input_ids"))], False
+        if len(ids) > MAX_BATCH:
+            raise invalid(f"input_ids may hold at most {MAX_BATCH} prompts", "input_ids")
+        out: list[Prompt] = []
+        for i, p in enumerate(ids):
+            at = f"input_ids[{i}]"
+            if not isinstance(p, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in p
+            ):
+                raise invalid(f"{at} must be a list of token ids", at)
+            out.append(TokenPrompt(input_ids=token_ids(nonempty(p, at), at)))
+        return out, True
+    if isinstance(body.text, list):
+        if len(nonempty(body.text, "text")) > MAX_BATCH:
+            raise invalid(f"text may hold at most {MAX_BATCH} prompts", "text")
+        return [TextPrompt(text=nonempty(t, f"text[{i}]")) for i, t in enumerate(body.text)], True
+    if not body.text:
+        raise invalid("text (or input_ids) is required and must not be empty", "text")
+    return [TextPrompt(text=body.text)], False
