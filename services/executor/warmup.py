@@ -71,9 +71,10 @@ def warm_up(engine: Engine) -> None:
     log.info("kernels warmed up in %.1f s", time.perf_counter() - started)
 
 
-def warm_masks(vocab: int, device: torch.device) -> None:
+def warm_masks(vocab: int, device: torch.device) -> torch.Tensor:
     """The grammar-mask kernel, as sampling a constrained request launches it (float32 rows
-    of the model's whole vocabulary): otherwise the first constrained batch compiles it."""
+    of the model's whole vocabulary): otherwise the first constrained batch compiles it.
+    Returns the two rows it masked (row 0 masked everywhere, row 1 untouched)."""
     from services.executor.grammar.masks import apply_bitmask  # imports xgrammar
 
     logits = torch.zeros(2, vocab, dtype=torch.float32, device=device)
@@ -83,3 +84,4 @@ def warm_masks(vocab: int, device: torch.device) -> None:
     # hide here until a client's constrained request.
     if not (torch.isinf(logits[0]).all() and not logits[1].any()):
         raise RuntimeError("the grammar-mask kernel failed its warm-up check")
+    return logits

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import msgspec
 import redis
 
 from shared import constants
-from shared.messages.heartbeat import Heartbeat
+from shared.messages.heartbeat import ExecutorLoad, Heartbeat
 from tests.conftest import free_port
 
 
@@ -41,9 +42,21 @@ class Stack:
         finally:
             r.close()
 
-    def wait_idle(self, timeout: float = 20.0) -> Heartbeat:
+    def wait_running(self, timeout: float = 20.0) -> Heartbeat:
+        """Until an executor's heartbeat reports a request running."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for beat in self.executor_loads():
+                if beat.executor is not None and beat.executor.running > 0:
+                    return beat
+            time.sleep(0.05)
+        raise AssertionError(f"no executor reported a running request\n{self.log_tail()}")
+
+    def wait_idle(
+        self, timeout: float = 20.0, until: Callable[[ExecutorLoad], bool] = lambda _: True
+    ) -> Heartbeat:
         """Until every executor reports no request, and every KV slot either free or cached
-        and unlocked (nothing leaked, nothing still locked)."""
+        and unlocked (nothing leaked, nothing still locked), and `until` holds of its load."""
         deadline = time.monotonic() + timeout
         last = None
         while time.monotonic() < deadline:
@@ -57,6 +70,7 @@ class Stack:
                     and load.waiting == 0
                     and load.evictable_tokens == load.cached_tokens
                     and load.free_kv_tokens + load.cached_tokens == load.total_kv_tokens
+                    and until(load)
                 ):
                     return last
             time.sleep(0.1)

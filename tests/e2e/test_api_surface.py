@@ -187,29 +187,35 @@ def test_seeded_request_is_the_same_alone_and_in_a_busy_batch(tiny_stack: Stack)
         "ignore_eos": True,
     }
 
-    async def main() -> tuple[str, str]:
+    async def main() -> tuple[str, str, int]:
         async with aiohttp.ClientSession() as s:
             url = f"{tiny_stack.base_url}/v1/completions"
             async with s.post(url, json=body) as r:
                 alone = (await r.json())["choices"][0]["text"]
-            noise = [
-                s.post(url, json={**body, "seed": None, "prompt": f"noise {i}", "max_tokens": 24})
-                for i in range(8)
-            ]
+            streaming = [asyncio.Event() for _ in range(8)]
+            finished: list[bool] = [False] * 8
 
-            async def busy() -> str:
-                await asyncio.sleep(0.05)  # join a batch that is already decoding
-                async with s.post(url, json=body) as r:
-                    return str((await r.json())["choices"][0]["text"])
-
-            async def drain(cm: Any) -> None:
-                async with cm as r:
+            async def noise(i: int) -> None:
+                other = {**body, "seed": None, "prompt": f"noise {i}", "max_tokens": 300}
+                async with s.post(url, json={**other, "stream": True}) as r:
                     assert r.status == 200
+                    async for raw in r.content:
+                        if raw.startswith(b"data: "):
+                            streaming[i].set()
+                finished[i] = True
 
-            seeded, *_ = await asyncio.gather(busy(), *(drain(n) for n in noise))
-            return str(alone), str(seeded)
+            tasks = [asyncio.create_task(noise(i)) for i in range(8)]
+            for started in streaming:
+                await started.wait()  # every noise request is decoding
+            async with s.post(url, json=body) as r:
+                seeded = (await r.json())["choices"][0]["text"]
+            # The seeded request came and went while noise was still decoding beside it.
+            still_running = finished.count(False)
+            await asyncio.gather(*tasks)
+            return str(alone), str(seeded), still_running
 
-    alone, busy = asyncio.run(main())
+    alone, busy, beside = asyncio.run(main())
+    assert beside > 0  # it really shared a batch
     assert alone == busy
     tiny_stack.wait_idle()
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.e2e.stack import Stack, start_stack
+from tests.executor.helpers import hf_argmax_continuation
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -59,11 +60,7 @@ def test_retraction_keeps_every_output_exact(small_stack: Stack, tiny_hf: torch.
 
     outputs = asyncio.run(main())
     for p, out in zip(prompts, outputs, strict=True):
-        ids = list(p)
-        with torch.no_grad():
-            for _ in range(new):
-                ids.append(int(tiny_hf(torch.tensor([ids])).logits[0, -1].argmax()))
-        assert out == ids[len(p) :]
+        assert out == hf_argmax_continuation(tiny_hf, p, new)
     # 8 x (~15 + 40) tokens in a 100-slot pool: any two running together outgrow it, so the
     # executor had to retract however the requests happened to arrive.
     assert "retract" in small_stack.log_path.read_text()

@@ -64,8 +64,9 @@ def test_constrained_request_reaches_the_executor(tiny_stack: Stack) -> None:
     body = {"text": "hi", "sampling_params": {"regex": "(yes|no)", "max_new_tokens": 4}}
     status, data = post(tiny_stack, "/generate", body)
     assert status == 200, data
-    assert data["meta_info"]["finish_reason"] is not None
-    assert "compiled regex grammar" in tiny_stack.log_path.read_text(errors="replace")
+    # A random model writes "yes" or "no" only when the grammar reached the sampler.
+    assert data["text"] in ("yes", "no"), data
+    assert data["meta_info"]["finish_reason"]["type"] == "stop", data
     tiny_stack.wait_idle()
 
 
@@ -168,7 +169,8 @@ def _forced_keys(stack: Stack) -> tuple[int, Any]:
     forces text (its keys), and the request's JSON output."""
     before = stack.wait_idle().executor
     assert before is not None
-    body = {"text": "hi", "sampling_params": {"json_schema": SCHEMA, "max_new_tokens": 80}}
+    # SCHEMA bounds the output (compact JSON, at most ~60 bytes): it always completes.
+    body = {"text": "hi", "sampling_params": {"json_schema": SCHEMA, "max_new_tokens": 200}}
     status, data = post(stack, "/generate", body)
     assert status == 200, data
     done, deadline = time.time(), time.monotonic() + 20
@@ -188,8 +190,8 @@ def test_jump_forward_is_on_by_default_and_off_with_its_flag(
 
     forced, data = _forced_keys(tiny_stack)
     assert forced > 0
-    if data["meta_info"]["finish_reason"]["type"] == "stop":
-        jsonschema.validate(json.loads(data["text"]), SCHEMA)
+    assert data["meta_info"]["finish_reason"]["type"] == "stop", data
+    jsonschema.validate(json.loads(data["text"]), SCHEMA)
     # The environment twin, as compose.yaml would set it: forced text is decoded instead.
     stack = start_stack(
         ["--model", str(tiny_model_dir), "--max-total-tokens", "4096"],
@@ -200,7 +202,7 @@ def test_jump_forward_is_on_by_default_and_off_with_its_flag(
     try:
         forced, data = _forced_keys(stack)
         assert forced == 0
-        if data["meta_info"]["finish_reason"]["type"] == "stop":
-            jsonschema.validate(json.loads(data["text"]), SCHEMA)
+        assert data["meta_info"]["finish_reason"]["type"] == "stop", data
+        jsonschema.validate(json.loads(data["text"]), SCHEMA)
     finally:
         assert stack.stop() == 0, stack.log_tail()

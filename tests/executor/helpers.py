@@ -146,6 +146,19 @@ def hf_last_logits(model: torch.nn.Module, prompt: Sequence[int]) -> torch.Tenso
         return model(torch.tensor([list(prompt)])).logits[0, -1].float()
 
 
+def hf_argmax_continuation(model: torch.nn.Module, prompt: Sequence[int], n: int) -> list[int]:
+    """transformers' argmax at each of n positions after the prompt, EOS included (what
+    `ignore_eos` decoding gives), one token a forward pass over its KV cache."""
+    out: list[int] = []
+    with torch.no_grad():
+        step = model(torch.tensor([list(prompt)]), use_cache=True)
+        for _ in range(n):
+            token = int(step.logits[0, -1].argmax())
+            out.append(token)
+            step = model(torch.tensor([[token]]), cache=step.cache, use_cache=True)
+    return out
+
+
 def hf_greedy(model: torch.nn.Module, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
     """transformers' greedy continuation (stops after eos, like greedy_generate)."""
     generative: Any = model  # any transformers causal LM; its generate() is loosely typed

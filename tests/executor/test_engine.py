@@ -17,7 +17,13 @@ from shared.messages.common import AbortRequest, SamplingParams, Trace
 from shared.messages.detok import RequestFailed, StepOutput, TokenDelta
 from shared.messages.schedule import TokenizedRequest
 from shared.model_files import resolve_model
-from tests.executor.helpers import EOS_ID, hf_greedy, make_hf_model, write_tiny_model
+from tests.executor.helpers import (
+    EOS_ID,
+    hf_argmax_continuation,
+    hf_greedy,
+    make_hf_model,
+    write_tiny_model,
+)
 
 SEED = 3
 
@@ -166,11 +172,7 @@ def test_retraction_under_memory_pressure_keeps_outputs(
         assert run.finish[f"r{i}"] == "length"
     # ignore_eos: compare with transformers' argmax at every position, EOS included.
     for i, p in enumerate(ps):
-        ids = list(p)
-        with torch.no_grad():
-            for _ in range(60):
-                ids.append(int(hf_model(torch.tensor([ids])).logits[0, -1].argmax()))
-        assert run.tokens[f"r{i}"] == ids[len(p) :]
+        assert run.tokens[f"r{i}"] == hf_argmax_continuation(hf_model, p, 60)
 
 
 def test_overlap_goes_on_while_requests_wait_and_prefill(

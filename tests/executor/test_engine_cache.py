@@ -11,7 +11,7 @@ import torch
 
 from services.executor.engine.loop import Engine
 from shared.messages.detok import TokenDelta
-from tests.executor.helpers import make_hf_model, write_tiny_model
+from tests.executor.helpers import hf_argmax_continuation, make_hf_model, write_tiny_model
 from tests.executor.test_engine import Run, make_engine, make_request
 
 SEED = 5
@@ -28,11 +28,7 @@ def hf_model() -> torch.nn.Module:
 
 
 def argmax_continuation(hf: torch.nn.Module, prompt: list[int], n: int) -> list[int]:
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(n):
-            ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt) :]
+    return hf_argmax_continuation(hf, prompt, n)
 
 
 class CachedRun(Run):

@@ -501,5 +501,9 @@ def test_counters(grammars: Grammars) -> None:
 
 def test_mask_warm_up_masks_its_row_only() -> None:
     """The executor's start-up compile of the mask kernel runs the real path (on the CPU
-    here: xgrammar's kernel) and checks its own result."""
-    warm_masks(MODEL_VOCAB, torch.device("cpu"))
+    here: xgrammar's kernel): its all-forbidding row is masked everywhere, the other row not
+    at all."""
+    logits = warm_masks(MODEL_VOCAB, torch.device("cpu"))
+    assert logits.shape == (2, MODEL_VOCAB)
+    assert bool((logits[0] == float("-inf")).all())
+    assert bool((logits[1] == 0).all())

@@ -93,3 +93,15 @@ async def test_least_recently_used_grammars_leave_first(
     cache.get(keys[0])  # a is now more recent than b
     assert await cache.prefetch(keys[2], c) is None
     assert keys[0] in cache and keys[2] in cache and keys[1] not in cache
+
+
+async def test_an_executor_reading_a_grammar_keeps_it_in_the_store(
+    aredis: aioredis.Redis, tok: GrammarTokenizer
+) -> None:
+    """--grammar-cache-ttl counts from the last use by anyone: an executor's read extends
+    the entry's life as the grammar service's do."""
+    key = await cache_in_redis(aredis, GrammarCompiler(tok), PHONE)
+    await aredis.pexpire(constants.grammar_cache_key(key), 1000)
+    cache = GrammarCache(GrammarStore(aredis, 60), tok)
+    assert await cache.prefetch(key, PHONE) is None
+    assert 1000 < await aredis.pttl(constants.grammar_cache_key(key)) <= 60_000

@@ -84,6 +84,7 @@ class Engine:
         self.overlap = runner.cuda if overlap is None else overlap
         self.inflight: InFlight | None = None
         self.overlapped_steps = 0  # steps launched before the previous one's tokens landed
+        self.aborted = 0  # requests ended early (aborted, past their deadline, bus restarted)
         self.waiting_tokens = 0  # prompt tokens of the waiting requests, as of the last step
 
     # -- called from any thread --------------------------------------------------------------
@@ -109,6 +110,7 @@ class Engine:
             jump_forward_tokens=stats.jump_forward_tokens if stats is not None else 0,
             jump_extended_tokens=p.jump_extended_tokens,
             waiting_tokens=self.waiting_tokens,
+            aborted_requests=self.aborted,
         )
 
     # -- the stepping thread -----------------------------------------------------------------
@@ -245,6 +247,7 @@ class Engine:
             self.policy.add(req)
 
     def _end(self, req: Req, out: Outputs) -> None:
+        self.aborted += 1
         req.finish = "abort"
         self.policy.remove(req)
         out.finished(req)
