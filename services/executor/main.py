@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
 
-from services.executor.builder import KV_CACHE_DTYPES, EngineSettings, build_engine
+from services.executor.builder import KV_CACHE_DTYPES, build_engine, settings_from_flags
 from services.executor.engine.loop import AbortEverything, Engine
 from services.executor.engine.outputs import stamp_published
 from services.executor.grammar.backend import GrammarBackend
@@ -242,28 +242,7 @@ async def serve(a: argparse.Namespace) -> None:
         grammar_tok, grammar_cache.get, jump_forward=not a.disable_jump_forward
     )
     engine = build_engine(
-        EngineSettings(
-            model=source,
-            name=instance,
-            stream=stream,
-            device=a.device,
-            dtype=a.dtype,
-            kv_cache_dtype=a.kv_cache_dtype,
-            load_format=a.load_format,
-            max_total_tokens=a.max_total_tokens,
-            mem_fraction_static=a.mem_fraction_static,
-            max_running_requests=a.max_running_requests,
-            max_prefill_tokens=a.max_prefill_tokens,
-            attention_backend=a.attention_backend,
-            disable_cuda_graph=a.disable_cuda_graph,
-            cuda_graph_max_bs=a.cuda_graph_max_bs,
-            seed=a.seed,
-            check_integrity=a.check_integrity,
-            disable_radix_cache=a.disable_radix_cache,
-            page_size=a.page_size,
-            schedule_policy=a.schedule_policy,
-            sample_vocab=len(grammar_tok.tokenizer),
-        ),
+        settings_from_flags(a, source, instance, stream, len(grammar_tok.tokenizer)),
         progress,
         grammars=grammars,
     )

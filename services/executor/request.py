@@ -54,6 +54,9 @@ class Req:
     prompt_logprobs: dict[int, TokenLogprob] = field(default_factory=dict)  # prompt position ->
     prompt_logprobs_sent: bool = False
     hops: HopTimes | None = None  # the trace's stamps, then the executor's; sent once
+    # max_new_tokens 0 (SGLang's): the prompt is computed (cached, its logprobs taken) and the
+    # request ends there, "length", without sampling anything
+    prefill_only: bool = False
 
     def generator(self, device: torch.device) -> torch.Generator | None:
         """The request's own generator when it has a seed (made on first use)."""
@@ -87,6 +90,7 @@ class Req:
             limit_len=min(context_length, len(m.input_ids) + m.max_new_tokens),
             prompt_logprobs_sent=resumed,
             hops=None if resumed else m.trace.hops,
+            prefill_only=m.max_new_tokens == 0,
         )
 
     @property

@@ -49,8 +49,9 @@ RULES: dict[str, dict[str, dict[str, Any]]] = {
     "ChatMessageBody": {"role": {"enum": list(v.CHAT_ROLES)}},
     "NativeSamplingBody": {
         **SAMPLING,
-        "max_new_tokens": TOKENS,
+        "max_new_tokens": {"minimum": 0, "maximum": v.MAX_TOKENS_LIMIT},  # 0: the prompt only
         "min_new_tokens": {"minimum": 0},
+        "stop_regex": {"maxItems": v.MAX_STOP_STRINGS, "maxLength": v.MAX_STOP_REGEX_CHARS},
     },
     "GenerateBody": {
         "text": {"minLength": 1, "minItems": 1, "maxItems": v.MAX_BATCH},

@@ -120,6 +120,7 @@ class NativeSamplingBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     top_k: int = -1
     min_p: float = 0.0
     stop: str | list[str] | None = None
+    stop_regex: str | list[str] | None = None  # the output ends after a match (kept)
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True

@@ -112,9 +112,9 @@ class Tokenization:
                     f"[0, {self.vocab_size})",
                     "stop_token_ids",
                 )
-        if s.logprob_start_len >= prompt_len:
+        if s.logprob_start_len > prompt_len:  # equal: no prompt token's (SGLang allows it)
             raise PromptError(
-                f"logprob_start_len ({s.logprob_start_len}) must be less than the prompt's "
+                f"logprob_start_len ({s.logprob_start_len}) must be at most the prompt's "
                 f"length ({prompt_len} tokens)",
                 "logprob_start_len",
             )

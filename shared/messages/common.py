@@ -32,6 +32,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, frozen=True):
     return_logprob: bool = False  # of each sampled token
     top_logprobs: int = 0  # and of the k most likely tokens at each position
     logprob_start_len: int = -1  # >= 0: also of the prompt tokens from this position on
+    # SGLang's stop_regex: the output ends right after the first match (which it keeps)
+    stop_regex: list[str] = []
 
 
 class HopTimes(

@@ -56,3 +56,27 @@ def test_concatenation_equals_text_before_stop() -> None:
         out, matched, _ = run(["Observation:"], pieces)
         assert matched == "Observation:"
         assert "".join(out) == "The answer is 42.\n"
+
+
+def test_a_stop_regex_ends_the_output_right_after_its_match() -> None:
+    s = StopStrings([], [r"[0-9]{3}"])
+    assert s.feed("ab 12") == ("ab 12", None)  # no match yet: released at once
+    assert s.feed("34 more") == ("3", r"[0-9]{3}")  # matched across the deltas: "123" kept
+
+
+def test_the_first_match_to_end_wins_across_regexes() -> None:
+    s = StopStrings([], [r"c+d", r"\bb"])
+    assert s.feed("xx bcc") == ("xx b", r"\bb")
+
+
+def test_stop_strings_are_dropped_and_regexes_kept() -> None:
+    s = StopStrings(["END"], [r"!"])
+    assert s.feed("hi END") == ("hi ", "END")
+    s = StopStrings(["END"], [r"!"])
+    assert s.feed("hi! x END") == ("hi!", r"!")  # the regex matched first
+
+
+def test_text_passed_through_under_min_tokens_is_still_searched_later() -> None:
+    s = StopStrings([], [r"abc"])
+    assert s.pass_through("xab") == "xab"  # min_new_tokens not reached: no stop
+    assert s.feed("cd") == ("c", "abc")

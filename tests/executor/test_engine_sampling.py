@@ -164,3 +164,37 @@ def test_penalties_follow_the_reference(
         assert got == penalised_greedy(hf_model, p, 10, 1.8, 0.7, 0.4)
     plain = [t for d in out["plain"] for t in d.token_ids]
     assert plain != [t for d in out["r0"] for t in d.token_ids]  # the penalties did something
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_prefill_only_request_computes_its_prompt_and_samples_nothing(
+    tiny_dir: Path, hf_model: torch.nn.Module, overlap: bool
+) -> None:
+    """max_new_tokens 0 (SGLang's): the prompt is computed in chunks, its logprobs taken and
+    its KV cached; the request ends "length" with no token."""
+    prompt = prompts(8, seed=9)[7]  # 30 tokens
+    engine = make_engine(tiny_dir, overlap=overlap, max_prefill_tokens=7)
+    req = make_request("p", prompt, 0, return_logprob=True, logprob_start_len=0)
+    out = drain(engine, [req])["p"]
+    assert [t for d in out for t in d.token_ids] == []
+    assert out[-1].finish == "length"
+    (block,) = [d.prompt_logprobs for d in out if d.prompt_logprobs is not None]
+    ref = hf_logprobs(hf_model, prompt)
+    want = [ref[p - 1, prompt[p]].item() for p in range(1, len(prompt))]
+    torch.testing.assert_close(
+        torch.tensor(block.logprobs[1:]), torch.tensor(want), atol=1e-4, rtol=0
+    )
+    # Its prompt stayed in the cache: the next request on it computes only the last token.
+    (first, *_) = drain(engine, [make_request("next", prompt, 2)])["next"]
+    assert first.cached_tokens == len(prompt) - 1
+    kv, cache = engine.policy.kv, engine.policy.mem.cache
+    assert kv.num_free() + cache.total_size() == kv.num_slots
+
+
+def test_logprobs_may_start_at_the_prompts_end(tiny_dir: Path) -> None:
+    """logprob_start_len equal to the prompt's length (SGLang allows it): no prompt token's."""
+    prompt = prompts(8, seed=9)[3]
+    req = make_request("e", prompt, 0, return_logprob=True, logprob_start_len=len(prompt))
+    out = drain(make_engine(tiny_dir), [req])["e"]
+    blocks = [d.prompt_logprobs for d in out if d.prompt_logprobs is not None]
+    assert out[-1].finish == "length" and all(b.token_ids == [] for b in blocks)

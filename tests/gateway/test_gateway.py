@@ -404,9 +404,9 @@ BAD_INPUT = [
     ),
     (
         "/generate",
-        {"text": "a", "sampling_params": {"max_new_tokens": 0}},
+        {"text": "a", "sampling_params": {"max_new_tokens": -1}},
         "sampling_params.max_new_tokens",
-        "between 1",
+        "between 0",
     ),
     (
         "/generate",

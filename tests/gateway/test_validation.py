@@ -288,7 +288,7 @@ def test_native_batch_and_n() -> None:
         (b'{"text": "a", "sampling_params": {"top_k": 0}}', "sampling_params.top_k"),
         (b'{"text": "a", "sampling_params": {"temperature": -1}}', "sampling_params.temperature"),
         (
-            b'{"text": "a", "sampling_params": {"max_new_tokens": 0}}',
+            b'{"text": "a", "sampling_params": {"max_new_tokens": -1}}',
             "sampling_params.max_new_tokens",
         ),
     ],
@@ -416,3 +416,36 @@ def test_a_tiny_positive_top_p_is_accepted_as_sent() -> None:
     """1e-165 is a valid (0, 1] value: the sampler keeps the most likely token for it."""
     job = completion_jobs(decode(b'{"prompt": "a", "top_p": 1e-165}', CompletionBody), MODEL)[0]
     assert job.sampling.top_p == 1e-165
+
+
+def test_sglang_frontend_fields_are_accepted() -> None:
+    """What SGLang's RuntimeEndpoint sends: a prefill-only request (max_new_tokens 0), stop
+    regexes, and unset fields as nulls."""
+    body = (
+        b'{"text": "a", "sampling_params": {"max_new_tokens": 0, "stop_regex": null,'
+        b' "regex": null, "json_schema": null, "n": 1, "stop": [], "stop_token_ids": null},'
+        b' "return_logprob": true, "return_text_in_logprobs": true, "logprob_start_len": 0}'
+    )
+    (job,), _ = native_jobs(decode(body, GenerateBody))
+    assert job.sampling.max_new_tokens == 0 and job.sampling.stop_regex == []
+    one = b'{"text": "a", "sampling_params": {"stop_regex": "[0-9]+"}}'
+    (job,), _ = native_jobs(decode(one, GenerateBody))
+    assert job.sampling.stop_regex == ["[0-9]+"]
+    many = b'{"text": "a", "sampling_params": {"stop_regex": ["x", "y+z"]}}'
+    (job,), _ = native_jobs(decode(many, GenerateBody))
+    assert job.sampling.stop_regex == ["x", "y+z"]
+
+
+@pytest.mark.parametrize(
+    ("regexes", "param", "words"),
+    [
+        (b'"[0-9"', "sampling_params.stop_regex", "not a valid regular expression"),
+        (b'["a", "(b"]', "sampling_params.stop_regex[1]", "not a valid regular expression"),
+        (b'"a*"', "sampling_params.stop_regex", "matches the empty string"),
+        (b'["a"' + b', "a"' * 16 + b"]", "sampling_params.stop_regex", "at most 16"),
+    ],
+)
+def test_bad_stop_regexes_are_refused(regexes: bytes, param: str, words: str) -> None:
+    body = b'{"text": "a", "sampling_params": {"stop_regex": %s}}' % regexes
+    error = refusal(body, GenerateBody)
+    assert error.param == param and words in error.message, error.message

@@ -56,8 +56,8 @@ def admit(
         )
     req = Req.from_message(msg, seq, limits.context_length)
     req.hops = stamp_hops(req.hops, executor_inbox=submitted)
-    if req.exhausted:  # resumed with its whole output: only the ending is left to send
-        req.finish = "length"
+    if req.exhausted and not req.prefill_only:  # resumed with its whole output: only the
+        req.finish = "length"  # ending is left to send
     if not msg.grammar_key:
         return req
     if grammars is None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import re
 
 MAX_TOKENS_LIMIT = 1_000_000  # a sanity bound; the tokenizer checks the real context length
-MAX_STOP_STRINGS = 16
+MAX_STOP_STRINGS = 16  # stop strings, and stop regexes
+MAX_STOP_REGEX_CHARS = 1024
 MAX_BATCH = 64  # prompts in one request
 MAX_N = 16  # parallel samples of one OpenAI request
 MAX_LOGPROBS = 20  # top alternatives per position (OpenAI's and vLLM's bound)

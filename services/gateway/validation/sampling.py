@@ -4,6 +4,7 @@ refusal naming the field as the client spelled it; and the OpenAI and native fie
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 
 from services.gateway.errors import invalid
@@ -12,6 +13,7 @@ from services.gateway.validation.common import token_ids
 from services.gateway.validation.limits import (
     MAX_LOGIT_BIAS,
     MAX_N,
+    MAX_STOP_REGEX_CHARS,
     MAX_STOP_STRINGS,
     MAX_TOKENS_LIMIT,
 )
@@ -67,6 +69,9 @@ def native_sampling(s: NativeSamplingBody) -> SamplingParams:
         frequency_penalty=s.frequency_penalty,
         presence_penalty=s.presence_penalty,
         logit_bias=s.logit_bias,
+        stop_regex=s.stop_regex,
+        # SGLang's: 0 computes (and caches) the prompt only, for its logprobs
+        fewest_new_tokens=0,
     )
 
 
@@ -89,11 +94,14 @@ def sampling_params(
     frequency_penalty: float = 0.0,
     presence_penalty: float = 0.0,
     logit_bias: dict[str, float] | None = None,
+    stop_regex: str | list[str] | None = None,
+    fewest_new_tokens: int = 1,
 ) -> SamplingParams:
     """Range-check sampling controls; `name(field)` is the field as the client spelled it."""
-    if max_new_tokens is not None and not 1 <= max_new_tokens <= MAX_TOKENS_LIMIT:
+    low = fewest_new_tokens
+    if max_new_tokens is not None and not low <= max_new_tokens <= MAX_TOKENS_LIMIT:
         raise invalid(
-            f"{name('max_new_tokens')} must be between 1 and {MAX_TOKENS_LIMIT}, "
+            f"{name('max_new_tokens')} must be between {low} and {MAX_TOKENS_LIMIT}, "
             f"got {max_new_tokens}",
             name("max_new_tokens"),
         )
@@ -137,6 +145,7 @@ def sampling_params(
         frequency_penalty=frequency_penalty,
         presence_penalty=presence_penalty,
         logit_bias=logit_biases(logit_bias, name("logit_bias")),
+        stop_regex=stop_regexes(stop_regex, name("stop_regex")),
     )
 
 
@@ -165,3 +174,21 @@ def stop_strings(stop: str | list[str] | None, param: str) -> list[str]:
     if any(not s for s in stops):
         raise invalid(f"{param} strings must not be empty", param)
     return stops
+
+
+def stop_regexes(stop: str | list[str] | None, param: str) -> list[str]:
+    """SGLang's `stop_regex`: Python regexes, each compiled here so a bad one is a 400."""
+    patterns = [stop] if isinstance(stop, str) else list(stop or [])
+    if len(patterns) > MAX_STOP_STRINGS:
+        raise invalid(f"{param} may hold at most {MAX_STOP_STRINGS} patterns", param)
+    for i, p in enumerate(patterns):
+        at = f"{param}[{i}]" if isinstance(stop, list) else param
+        if len(p) > MAX_STOP_REGEX_CHARS:
+            raise invalid(f"{at} may be at most {MAX_STOP_REGEX_CHARS} characters long", at)
+        try:
+            rx = re.compile(p)
+        except re.error as e:
+            raise invalid(f"{at} is not a valid regular expression: {e}", at) from None
+        if rx.fullmatch(""):
+            raise invalid(f"{at} matches the empty string, so it would stop at once", at)
+    return patterns

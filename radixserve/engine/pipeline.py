@@ -1,0 +1,271 @@
+"""The whole engine in one process: the tokenizer's, the executor's and the detokenizer's
+synchronous cores, wired by queues instead of Redis streams.
+
+    pipeline = Pipeline(tokenization, engine, grammar_tok)
+    sink = pipeline.submit(jobs)            # any thread: validated jobs in
+    for delta in sink: ...                  # their replies (Delta / Failure), in order
+
+Two threads: the stepping thread owns the executor's engine (it takes the submitted requests and
+steps the engine while it has work), and the detokenizer thread owns the detokenizer (it turns
+each step's tokens into text deltas for the callers' sinks), so detokenizing never holds up
+the next step, as in the services. A request's registration reaches the detokenizer thread
+before the request reaches the engine, so it always precedes its tokens. Callers only ever
+touch their sinks and the two queues.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import msgspec
+import xgrammar as xgr
+from msgspec import Struct
+
+from services.detokenizer.core import Detokenizer
+from services.executor.engine.loop import Engine as StepEngine
+from services.gateway.responses import Accumulated
+from services.gateway.validation import Job
+from services.tokenizer.core import PromptError, Tokenization
+from services.tokenizer.handlers import generate as tokenize_request
+from shared.grammar import (
+    GrammarError,
+    GrammarTokenizer,
+    compile_constraint,
+    grammar_key,
+    new_compiler,
+)
+from shared.messages.common import AbortRequest, ErrorInfo, Trace
+from shared.messages.detok import DetokRegister
+from shared.messages.reply import Delta, Failure
+from shared.messages.schedule import TokenizedRequest
+from shared.messages.tokenize import GenerateRequest
+
+log = logging.getLogger(__name__)
+
+DEADLINE_S = 24 * 3600.0  # no HTTP timeout in-process: a day, then the engine gives up
+REPLY = "inproc"  # the reply_to of every in-process request (replies are routed by rid)
+
+Reply = Delta | Failure
+
+
+class RequestError(ValueError):
+    """A request refused before it ran, with the message and field an HTTP 400 would name."""
+
+    def __init__(self, info: ErrorInfo) -> None:
+        super().__init__(info.message)
+        self.info = info
+        self.param = info.param
+
+
+@dataclass
+class Sink:
+    """Where one request's replies go, called from the detokenizer thread. With `collect`,
+    the deltas are added to `acc` there and `put` hears only the last one (a caller that
+    wants the whole result is woken once, not once a token)."""
+
+    put: Callable[[Reply], None]
+    rid: str = ""
+    collect: bool = False
+    acc: Accumulated = field(default_factory=Accumulated)
+
+
+@dataclass
+class _Control:
+    request: TokenizedRequest | None = None
+    abort: str | None = None
+    flush: threading.Event | None = None
+    flushed: list[bool] = field(default_factory=list)
+
+
+class Pipeline:
+    def __init__(
+        self, tokenization: Tokenization, engine: StepEngine, grammar_tok: GrammarTokenizer
+    ) -> None:
+        self.tok, self.engine, self.grammar_tok = tokenization, engine, grammar_tok
+        self.detok = Detokenizer(tokenization.tokenizer)
+        self.compiled: dict[str, xgr.CompiledGrammar] = {}  # read by the engine's grammars
+        self._compiler: xgr.GrammarCompiler | None = None
+        self._compile_lock = threading.Lock()
+        self.sinks: dict[str, Sink] = {}
+        self._sinks_lock = threading.Lock()
+        self.inbox: queue.SimpleQueue[_Control] = queue.SimpleQueue()
+        # what the detokenizer thread handles, in order: registrations and step outputs
+        self.detok_inbox: queue.SimpleQueue[Struct | None] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self.failure: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="radixserve-engine", daemon=True)
+        self.detok_thread = threading.Thread(
+            target=self._detokenize, name="radixserve-detokenizer", daemon=True
+        )
+        self.detok_thread.start()
+        self.thread.start()
+
+    # -- any thread --------------------------------------------------------------------------
+    def submit(self, jobs: Sequence[Job], sinks: Sequence[Sink]) -> list[str]:
+        """Tokenize and start every job (all or none: a refusal raises RequestError before any
+        starts); their rids."""
+        self._check_alive()
+        prepared: list[tuple[DetokRegister, TokenizedRequest]] = []
+        for job in jobs:
+            rid = job.rid or uuid.uuid4().hex
+            with self._sinks_lock:
+                if rid in self.sinks or any(t.trace.rid == rid for _, t in prepared):
+                    info = ErrorInfo(
+                        status=400, message=f"rid {rid!r} is already in flight", param="rid"
+                    )
+                    raise RequestError(info)
+            prepared.append(self._prepare(job, rid))
+        for (register, request), sink in zip(prepared, sinks, strict=True):
+            sink.rid = request.trace.rid
+            with self._sinks_lock:
+                self.sinks[sink.rid] = sink
+            self.detok_inbox.put(register)  # before the engine can produce a token for it
+            self.inbox.put(_Control(request=request))
+        self._wake.set()
+        return [t.trace.rid for _, t in prepared]
+
+    def abort(self, rid: str) -> bool:
+        """Stop a request in flight (it ends with finish reason "abort"); False if unknown."""
+        with self._sinks_lock:
+            known = rid in self.sinks
+        if known:
+            self.inbox.put(_Control(abort=rid))
+            self._wake.set()
+        return known
+
+    def flush_cache(self, timeout_s: float = 60.0) -> bool:
+        """Empty the prefix cache; False while requests run (they hold cached prefixes)."""
+        self._check_alive()
+        control = _Control(flush=threading.Event())
+        self.inbox.put(control)
+        self._wake.set()
+        assert control.flush is not None
+        if not control.flush.wait(timeout_s):
+            raise TimeoutError("the engine did not answer the cache flush")
+        return bool(control.flushed and control.flushed[0])
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        self.thread.join(timeout_s)
+        self.detok_inbox.put(None)
+        self.detok_thread.join(timeout_s)
+
+    def in_flight(self) -> int:
+        with self._sinks_lock:
+            return len(self.sinks)
+
+    # -- the caller's thread: tokenization and grammars, as the services do them -------------
+    def _prepare(self, job: Job, rid: str) -> tuple[DetokRegister, TokenizedRequest]:
+        trace = Trace(rid=rid, reply_to=REPLY, deadline=time.time() + DEADLINE_S)
+        req = GenerateRequest(
+            trace=trace,
+            prompt=job.prompt,
+            sampling=job.sampling,
+            stream=job.stream,
+            constraint=job.constraint,
+            echo=job.echo,
+        )
+        try:
+            (_, register), (_, tokenized) = tokenize_request(self.tok, req, partitions=1)
+        except PromptError as e:
+            raise RequestError(e.info) from None
+        assert isinstance(register, DetokRegister) and isinstance(tokenized, TokenizedRequest)
+        if tokenized.constraint is not None:
+            key = self._grammar(tokenized)
+            tokenized = msgspec.structs.replace(tokenized, grammar_key=key)
+        return register, tokenized
+
+    def _grammar(self, req: TokenizedRequest) -> str:
+        c = req.constraint
+        assert c is not None
+        key = grammar_key(c, self.grammar_tok.fingerprint)
+        with self._compile_lock:
+            if key in self.compiled:
+                return key
+            if self._compiler is None:
+                self._compiler = new_compiler(self.grammar_tok)
+            try:
+                self.compiled[key] = compile_constraint(self._compiler, c)
+            except GrammarError as e:
+                raise RequestError(ErrorInfo(status=400, message=str(e), param=c.param)) from None
+        return key
+
+    def _check_alive(self) -> None:
+        if self.failure is not None:
+            raise RuntimeError(f"the engine stopped after a failure: {self.failure!r}")
+        if self._stop.is_set():
+            raise RuntimeError("the engine is shut down")
+
+    # -- the stepping thread -----------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._take_inbox()
+                if not self.engine.has_work():
+                    self._wake.wait(0.05)
+                    self._wake.clear()
+                    continue
+                for _, out in self.engine.step().outputs:
+                    self.detok_inbox.put(out)
+        except BaseException as e:  # a bug, or the device gone: every caller hears it
+            self._failed(e, "the engine's stepping thread")
+
+    def _detokenize(self) -> None:
+        try:
+            while True:
+                message = self.detok_inbox.get()
+                if message is None:
+                    return
+                self._deliver(self.detok.handle(message, "", "0-0"))  # type: ignore[arg-type]
+        except BaseException as e:
+            self._failed(e, "the engine's detokenizer thread")
+
+    def _failed(self, e: BaseException, where: str) -> None:
+        self.failure = e
+        log.exception("%s failed", where)
+        info = ErrorInfo(status=500, message=f"the engine failed: {e!r}", type="server_error")
+        with self._sinks_lock:
+            sinks = list(self.sinks.values())
+            self.sinks.clear()
+        for sink in sinks:
+            sink.put(Failure(rid=sink.rid, error=info))
+
+    def _take_inbox(self) -> None:
+        while True:
+            try:
+                c = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            if c.request is not None:
+                self.engine.submit(c.request)
+            elif c.abort is not None:
+                self.engine.submit(AbortRequest(rid=c.abort))
+            elif c.flush is not None:
+                c.flushed.append(not self.engine.has_work() and self.engine.flush_cache())
+                c.flush.set()
+
+    def _deliver(self, messages: list[tuple[str, Struct]]) -> None:
+        for _, m in messages:
+            if isinstance(m, AbortRequest):  # a stop string matched: the executor stops it
+                self.engine.submit(m)
+            elif isinstance(m, Delta | Failure):
+                with self._sinks_lock:
+                    sink = self.sinks.get(m.rid)
+                    if sink is not None and (isinstance(m, Failure) or m.finish_reason is not None):
+                        del self.sinks[m.rid]
+                if sink is None:
+                    continue
+                if sink.collect and isinstance(m, Delta):
+                    sink.acc.add(m)
+                    if m.finish_reason is None:
+                        continue
+                sink.put(m)
+            # RequestDone and the like: for a scheduler, which this process has none of
