@@ -33,6 +33,14 @@ LEADER_TTL_S = 3.0
 def add_flags(p: EnvArgumentParser) -> None:
     """The scheduler's own flags (`radixserve serve` takes them too)."""
     p.add_flag(
+        "--resume-wait",
+        type=float,
+        default=60.0,
+        check=positive,
+        help="seconds a request resumed from a lost executor waits for another (or the lost "
+        "one's restart) before it fails with a retryable 503",
+    )
+    p.add_flag(
         "--max-queued-requests",
         type=int,
         default=4096,
@@ -55,7 +63,7 @@ async def serve(a: argparse.Namespace) -> None:
         a.redis_url,
         max_connections=a.redis_max_connections,
     )
-    router = Router(max_queued=a.max_queued_requests)
+    router = Router(max_queued=a.max_queued_requests, resume_wait_s=a.resume_wait)
     # Claim quickly: entries pending at a dead leader should not wait the default 30 s.
     consumer: GroupConsumer[ScheduleMessage] = GroupConsumer(
         svc.r,
@@ -145,7 +153,7 @@ async def serve(a: argparse.Namespace) -> None:
             entries = await consumer.read(count=256, block_ms=100)
             if entries and not router.executors:
                 await refresh_executors()  # one may have started since the last look
-            out = []
+            out = router.unpark()  # resumed requests waiting for an executor that came back
             for e in entries:
                 msg = e.message
                 if isinstance(msg, TokenizedRequest):

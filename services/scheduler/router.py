@@ -80,6 +80,9 @@ def _failure(status: int, message: str, retry: bool = False) -> ErrorInfo:
 class Router:
     max_queued: int  # requests waiting in executors' queues, all executors together
     stale_after_s: float = STALE_AFTER_S
+    # A request resumed from a lost executor that finds no other waits this long for one (the
+    # supervisor restarting the lost one) before it fails with a retryable 503.
+    resume_wait_s: float = 60.0
     executors: dict[str, ExecutorView] = field(default_factory=dict)
     assigned: dict[str, Assignment] = field(default_factory=dict)  # rid -> where it went
     early_aborts: dict[str, float] = field(default_factory=dict)  # rid -> deadline
@@ -99,6 +102,8 @@ class Router:
     # made were never sent (their entries come again), the early aborts it used come back.
     undo: list[Callable[[], object]] = field(default_factory=list)
     staged_deletes: list[str] = field(default_factory=list)
+    # rid -> (unix time it waits until, the resumed request waiting for an executor)
+    parked: dict[str, tuple[float, TokenizedRequest]] = field(default_factory=dict)
 
     def take_changes(self) -> tuple[dict[str, bytes], list[str]]:
         """The batch's changes for Redis, committed with its messages; then `committed()`,
@@ -225,6 +230,11 @@ class Router:
         if req.trace.deadline < now:
             err = ErrorInfo(status=504, message="the request's deadline passed", type="timeout")
             return self._ended(req, RequestFailed(rid=rid, error=err))
+        if req.resumes and not any(
+            e.instance not in req.avoid and len(req.input_ids) < e.load.context_length
+            for e in self.executors.values()
+        ):
+            return self._park(req, now)
         if not self.executors:
             err = _failure(503, "no executor is alive to serve this request", retry=True)
             return self._ended(req, RequestFailed(rid=rid, error=err))
@@ -256,6 +266,31 @@ class Router:
         )
         self.saves[rid] = routes.encode(record)
         return [(best.load.stream, routed)]
+
+    def _park(self, req: TokenizedRequest, now: float) -> list[tuple[str, Struct]]:
+        """Hold a resumed request until an executor it may go to is alive."""
+        rid = req.trace.rid
+        if rid not in self.parked:
+            self.parked[rid] = (min(req.trace.deadline, now + self.resume_wait_s), req)
+        return []
+
+    def unpark(self, now: float | None = None) -> list[tuple[str, Struct]]:
+        """Route the parked requests that can go now; fail those that waited too long."""
+        now = time.time() if now is None else now
+        out: list[tuple[str, Struct]] = []
+        for rid, (until, req) in list(self.parked.items()):
+            can_go = any(
+                e.instance not in req.avoid and len(req.input_ids) < e.load.context_length
+                for e in self.executors.values()
+            )
+            if can_go:
+                del self.parked[rid]
+                out += self.route(req, now)
+            elif now >= until:
+                del self.parked[rid]
+                msg = "no executor came back to resume this request on; retry"
+                out += self._ended(req, RequestFailed(rid=rid, error=_failure(503, msg, True)))
+        return out
 
     def _ended(self, req: TokenizedRequest, msg: Struct) -> list[tuple[str, Struct]]:
         if req.resumes:  # it was routed before: its stored route goes too

@@ -49,3 +49,21 @@ def test_a_killed_executors_requests_resume_on_the_other(fault_stack: Stack) -> 
     assert t.recover_s is not None, f"not serving again: {t.row()}\n{fault_stack.log_tail()}"
     # The next scenario starts from a whole stack: the restarted executor has loaded.
     wait_for(lambda: fault_stack.live_instances("executor") >= 2, 120, "the restarted executor")
+
+
+def test_the_only_executors_requests_wait_for_its_restart(fault_stack: Stack) -> None:
+    """With one executor, the requests it held wait for the supervisor's restart of it
+    (--resume-wait) and resume there; requests sent meanwhile are refused with Retry-After
+    and served when retried: none fails, none hangs."""
+    for proc in fault_stack.extra:  # leave the supervisor's own executor alone
+        proc.kill()
+        proc.wait()
+    wait_for(lambda: fault_stack.live_instances("executor") == 1, 60, "one executor")
+    seen = len(fault_stack.log_path.read_text(errors="replace"))
+    t = asyncio.run(under_load(fault_stack, kill(fault_stack, "executor"), SETTINGS))
+    assert t.in_flight_at_fault > 0, t.row()
+    assert (t.hung, t.failed) == (0, 0), t.row()
+    assert t.recover_s is not None, f"not serving again: {t.row()}\n{fault_stack.log_tail()}"
+    log = fault_stack.log_path.read_text(errors="replace")[seen:]
+    # Its requests waited and resumed on the restarted executor, none refused for want of one.
+    assert "resuming it elsewhere" in log and "no executor came back" not in log

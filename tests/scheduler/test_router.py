@@ -211,11 +211,25 @@ def test_a_resumed_request_avoids_the_executor_it_was_lost_from_and_skips_the_qu
     assert r.route(resumed)[0][0] == "rs:exec:e2"  # the queue is full, but it is admitted
     _, refused = r.route(make_request("b"))[0]
     assert isinstance(refused, RequestFailed) and "queue is full" in refused.error.message
-    only = Router(max_queued=10)
-    only.update_executors([beat("e1")])
-    _, msg = only.route(resumed)[0]
-    assert isinstance(msg, RequestFailed) and msg.error.status == 503
-    assert msg.error.retry_after == 1 and "no other executor" in msg.error.message
+
+
+def test_a_resumed_request_with_nowhere_to_go_waits_for_an_executor() -> None:
+    """Only the executor it was lost from is alive (or none): it waits (the supervisor's
+    restart brings a new one), and fails with a retryable 503 only past --resume-wait."""
+    resumed = msgspec.structs.replace(make_request("a"), resumes=1, avoid=["e1"])
+    r = Router(max_queued=10, resume_wait_s=30.0)
+    r.update_executors([beat("e1")], now=0.0)
+    assert r.route(resumed, now=100.0) == [] and "a" in r.parked
+    assert r.unpark(now=110.0) == []  # still nowhere to go
+    r.update_executors([beat("e1"), beat("e2")], now=1.0)  # e1's replacement is up
+    assert r.unpark(now=115.0)[0][0] == "rs:exec:e2"
+    assert r.assigned["a"].executor == "e2" and not r.parked
+    late = Router(max_queued=10, resume_wait_s=30.0)
+    assert late.route(resumed, now=100.0) == []  # no executor at all: it waits too
+    assert late.unpark(now=129.0) == []
+    ((stream, msg),) = late.unpark(now=130.0)
+    assert stream == "rs:detok:0" and isinstance(msg, RequestFailed) and msg.error.status == 503
+    assert msg.error.retry_after == 1 and "no executor came back" in msg.error.message
 
 
 def test_the_requests_of_a_gateway_that_is_gone_are_aborted() -> None:
