@@ -28,10 +28,15 @@ async def flush_cache(request: web.Request) -> web.StreamResponse:
     """Empty every executor's prefix cache. Refused while requests are queued or running:
     they hold parts of the cache. Answers once every executor reports an empty cache."""
     state = request.app[STATE]
+    asked = time.time()
     beats = await _executors(request)
     if not beats:
         raise ApiError(503, "no executor is alive", type="service_unavailable")
-    busy = sum(b.executor.waiting + b.executor.running for b in beats if b.executor)
+    if _busy(beats):
+        # A beat is up to one interval old: requests that finished since may still count.
+        # Judge by beats sent after this request arrived.
+        beats = await _fresh_beats(request, asked)
+    busy = _busy(beats)
     if busy:
         raise ApiError(400, f"cannot flush the cache while {busy} request(s) are queued or running")
     sent = time.time()
@@ -50,6 +55,19 @@ async def flush_cache(request: web.Request) -> web.StreamResponse:
         "the flush was refused: requests arrived while it was under way; retry",
         type="conflict",
     )
+
+
+def _busy(beats: list[Heartbeat]) -> int:
+    return sum(b.executor.waiting + b.executor.running for b in beats if b.executor)
+
+
+async def _fresh_beats(request: web.Request, since: float) -> list[Heartbeat]:
+    deadline = time.monotonic() + FLUSH_WAIT_S
+    beats = await _executors(request)
+    while time.monotonic() < deadline and not all(b.ts > since for b in beats):
+        await asyncio.sleep(0.05)
+        beats = await _executors(request)
+    return beats
 
 
 def add_routes(app: web.Application) -> None:
