@@ -11,6 +11,8 @@ USAGE = """usage: radixserve-loadtest <command> [flags]
 commands:
   serving   benchmark a running server (flags as in SGLang's bench_serving)
   burst     N requests at once to a running server: status counts, Retry-After, latency
+  lang      radixserve.lang programs (few-shot select, tree-of-thought fork, multi-turn chat)
+            on an Engine with the radix cache on and off: programs/s and cache hit rate
   faults    start a stack and break it (each service killed, Redis restarted, hostile input)
             under a steady load: ok / retried / failed-fast / hung per scenario
 
@@ -38,7 +40,13 @@ def _faults(argv: list[str]) -> None:
     faults.main(argv)
 
 
-COMMANDS = {"serving": _serving, "burst": _burst, "faults": _faults}
+def _lang(argv: list[str]) -> None:
+    from loadtest import lang_bench
+
+    lang_bench.main(argv)
+
+
+COMMANDS = {"serving": _serving, "burst": _burst, "faults": _faults, "lang": _lang}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -39,15 +39,22 @@ __all__ = [
     "gen_int",
     "gen_string",
     "get_server_info",
+    "image",
     "select",
     "set_default_backend",
     "system",
     "system_begin",
     "system_end",
+    "token_length_normalized",
     "user",
     "user_begin",
     "user_end",
+    "video",
 ]
+
+# select's scoring: the mean logprob of the choice's tokens (SGLang's default method; its other
+# two, greedy_token_selection and unconditional_likelihood_normalized, are not offered).
+token_length_normalized = "token_length_normalized"
 
 
 def gen(
@@ -100,9 +107,17 @@ def gen_string(name: str | None = None, **kwargs: Any) -> Gen | Select:
 
 
 def select(
-    name: str | None = None, choices: list[str] | None = None, temperature: float = 0.0
+    name: str | None = None,
+    choices: list[str] | None = None,
+    temperature: float = 0.0,
+    choices_method: Any = token_length_normalized,
 ) -> Select:
     """Choose one of `choices` by the model's token-length-normalised likelihood."""
+    if choices_method != token_length_normalized:
+        raise ValueError(
+            f"select choices_method {choices_method!r} is not supported: only "
+            "token_length_normalized (the default)"
+        )
     if not choices or not all(isinstance(c, str) for c in choices):
         raise ValueError("select choices must be a non-empty list of strings")
     if temperature < 0:
@@ -157,3 +172,13 @@ def flush_cache(backend: Any = None) -> None:
 
 def get_server_info(backend: Any = None) -> dict[str, Any]:
     return get_backend(backend).get_server_info()
+
+
+def image(path: Any) -> Expr:
+    """Refused: radixserve serves text-only models, so a program cannot add an image."""
+    raise ValueError("image(): radixserve serves text-only models; a program cannot add an image")
+
+
+def video(path: Any, num_frames: int = 0) -> Expr:
+    """Refused, as image()."""
+    raise ValueError("video(): radixserve serves text-only models; a program cannot add a video")

@@ -206,7 +206,7 @@ class Executor:
             if self.messages:
                 self.messages[-1]["content"] += extra
         self.role = role
-        self.text = self._opened(role)
+        self._retext(self._opened(role))
         self.role_start = len(self.text)
 
     def _role_end(self, role: str) -> None:
@@ -215,7 +215,14 @@ class Executor:
         content = self.text[self.role_start :]
         self.messages.append({"role": role, "content": content})
         self.role = None
-        self.text = self._rendered(False)
+        self._retext(self._rendered(False))
+
+    def _retext(self, text: str) -> None:
+        """The text a role's start or end re-renders: streamed as what it adds (a template's
+        header or end-of-turn) when it extends the text, as chat templates do."""
+        if text.startswith(self.text):
+            self._append(text[len(self.text) :], None)
+        self.text = text
 
     def _opened(self, role: str) -> str:
         """The conversation so far, then `role`'s header as the chat template writes it."""

@@ -26,9 +26,10 @@ _default_backend: Backend | None = None
 
 
 def set_default_backend(backend: Any) -> None:
-    """The backend programs run on when `run` names none: a RuntimeEndpoint or an Engine."""
+    """The backend programs run on when `run` names none: a RuntimeEndpoint or an Engine
+    (None: no default)."""
     global _default_backend
-    _default_backend = as_backend(backend)
+    _default_backend = None if backend is None else as_backend(backend)
 
 
 def get_backend(backend: Any = None) -> Backend:

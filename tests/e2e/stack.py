@@ -6,11 +6,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 import redis
@@ -18,6 +20,8 @@ import redis
 from shared import constants
 from shared.messages.heartbeat import ExecutorLoad, Heartbeat
 from tests.conftest import free_port
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -41,6 +45,28 @@ class Stack:
             return [dec.decode(v) for v in r.mget(keys) if v is not None] if keys else []
         finally:
             r.close()
+
+    def most_running_during(self, work: Callable[[], T]) -> tuple[T, int]:
+        """work()'s result, and the most requests an executor's heartbeat reported running
+        while it ran."""
+        most = 0
+        done = threading.Event()
+
+        def watch() -> None:
+            nonlocal most
+            while not done.wait(0.05):
+                for beat in self.executor_loads():
+                    if beat.executor is not None:
+                        most = max(most, beat.executor.running)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            result = work()
+        finally:
+            done.set()
+            watcher.join()
+        return result, most
 
     def wait_running(self, timeout: float = 20.0) -> Heartbeat:
         """Until an executor's heartbeat reports a request running."""

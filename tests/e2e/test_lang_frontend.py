@@ -187,13 +187,27 @@ def test_stream_yields_the_text_as_it_is_generated(backend: Any) -> None:
     assert "".join(state.text_iter("b")) == state["b"]  # read again, after the fact
 
 
+def test_a_streamed_chat_includes_the_templates_text(backend: Any) -> None:
+    @rl.function
+    def program(s: Any) -> None:
+        s += rl.system("Be brief.")
+        s += rl.user("Hello")
+        s += rl.assistant(rl.gen("r", max_tokens=5, temperature=0))
+
+    state = program.run(stream=True, backend=backend)
+    assert "".join(state.text_iter()) == state.text()
+    assert state.text().endswith("<|im_end|>\n")  # ChatML's end of turn, streamed too
+
+
 def test_run_batch_returns_every_program_in_order(backend: Any) -> None:
     @rl.function
     def program(s: Any, i: int) -> None:
         s += f"Story {i}:"
         s += rl.gen("story", max_tokens=6, temperature=0)
 
-    states = program.run_batch([{"i": i} for i in range(24)], backend=backend, num_threads=8)
+    states = program.run_batch(
+        [{"i": i} for i in range(24)], backend=backend, num_threads=8, progress_bar=True
+    )
     assert [s.text() for s in states] == [f"Story {i}:" + s["story"] for i, s in enumerate(states)]
     one = program.run(5, backend=backend)
     assert states[5]["story"] == one["story"]
@@ -226,6 +240,37 @@ def test_the_programs_own_exception_reaches_the_caller(backend: Any) -> None:
         program.run(backend=backend)
     with pytest.raises(TypeError, match="program"):
         program.run(1, backend=backend)  # no such argument: refused before anything runs
+
+
+def test_run_batch_of_32_decodes_them_side_by_side(tiny_stack: Stack) -> None:
+    @rl.function
+    def program(s: Any, i: int) -> None:
+        s += f"Story {i}:"
+        s += rl.gen("story", max_tokens=400, temperature=0, ignore_eos=True)
+
+    backend = rl.RuntimeEndpoint(tiny_stack.base_url)
+    states, most_running = tiny_stack.most_running_during(
+        lambda: program.run_batch([{"i": i} for i in range(32)], backend=backend)
+    )
+    assert all(len(s["story"]) > 0 for s in states)
+    assert most_running > 8, most_running  # decoded side by side, not one after another
+
+
+def test_a_program_for_sglang_runs_with_the_import_changed(tiny_stack: Stack) -> None:
+    import radixserve.lang as sgl  # what the user changes; the rest is SGLang's own API
+
+    @sgl.function
+    def program(s: Any, q: str) -> None:
+        s += sgl.user(q)
+        s += sgl.assistant(sgl.gen("a", max_tokens=4, temperature=0, stop=["\n"]))
+
+    sgl.set_default_backend(sgl.RuntimeEndpoint(tiny_stack.base_url))
+    try:
+        state = program.run(q="hi")
+        assert state.messages()[1] == {"role": "assistant", "content": state["a"]}
+        assert [s["a"] for s in program.run_batch([{"q": "hi"}])] == [state["a"]]
+    finally:
+        sgl.set_default_backend(None)
 
 
 def test_flush_cache_and_server_info(backend: Any) -> None:

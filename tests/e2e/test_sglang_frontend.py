@@ -5,8 +5,6 @@ get_server_info, each checked against transformers on the same weights where it 
 from __future__ import annotations
 
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -151,24 +149,9 @@ def test_run_batch_runs_the_programs_together(backend: Any, tiny_stack: Stack) -
         s += f"Story {i}:"
         s += sgl.gen("story", max_tokens=400, temperature=0, ignore_eos=True)
 
-    most_running = 0
-    done = threading.Event()
-
-    def watch() -> None:
-        nonlocal most_running
-        while not done.is_set():
-            for beat in tiny_stack.executor_loads():
-                if beat.executor is not None:
-                    most_running = max(most_running, beat.executor.running)
-            time.sleep(0.05)
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    try:
-        states = program.run_batch([{"i": i} for i in range(32)], num_threads=32)
-    finally:
-        done.set()
-        watcher.join()
+    states, most_running = tiny_stack.most_running_during(
+        lambda: program.run_batch([{"i": i} for i in range(32)], num_threads=32)
+    )
     assert len(states) == 32 and all(len(s["story"]) > 0 for s in states)
     assert most_running > 8, most_running  # decoded side by side, not one after another
 

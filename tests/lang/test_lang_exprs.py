@@ -34,6 +34,8 @@ def test_adding_builds_the_expressions_in_order() -> None:
         (lambda: rl.gen("x", dtype=list), "dtype must be"),
         (lambda: rl.select("x", []), "non-empty"),
         (lambda: rl.select("x", ["a"], temperature=-1), "temperature"),
+        (lambda: rl.select("x", ["a"], choices_method="greedy"), "only token_length_normalized"),
+        (lambda: rl.image("cat.png"), "text-only"),
     ],
 )
 def test_bad_expressions_are_refused_where_written(make: Any, message: str) -> None:
