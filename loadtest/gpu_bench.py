@@ -7,7 +7,8 @@ DIR/gpu_bench.json (DIR: --out, else $OUT, else results/) and a short table is p
 Sections: roofline, correctness, decode1, peer, heavy, structured, offline, offline_fp8 (the
 same 500 prompts with --kv-cache-dtype fp8_e5m2), online, profile, prefill; and, only when
 named, burst (2,000 requests at once and the shared-prefix workload at concurrency 256 through
-`radixserve serve`, counting lost requests).
+`radixserve serve`, counting lost requests) and engine_ab (the public `radixserve.Engine`
+against the executor's engine stepped directly, alternating on one engine: gpu/engine_ab.py).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ TIME_LIMITS = {
     "burst": 420,
     "profile": 300,
     "prefill": 240,
+    "engine_ab": 300,
 }
 OFFLINE_RUN_S = 130  # the 500-prompt run stops here and reports what it finished
 
@@ -87,7 +89,12 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         from loadtest.gpu.prefill import prefill_section
 
         return prefill_section()
-    raise SystemExit(f"unknown section {name!r}; known: {', '.join([*SECTIONS, 'burst'])}")
+    if name == "engine_ab":
+        from loadtest.gpu.engine_ab import engine_ab_section
+
+        return engine_ab_section()
+    extra = ["burst", "engine_ab"]
+    raise SystemExit(f"unknown section {name!r}; known: {', '.join([*SECTIONS, *extra])}")
 
 
 def table(results: dict[str, Any]) -> str:

@@ -8,7 +8,9 @@ import random
 
 
 def random_ids(rng: random.Random, n: int, vocab: int) -> list[int]:
-    return [rng.randrange(10, vocab) for _ in range(n)]
+    """Ids in [10, vocab), one draw each whatever `vocab` is: runs with different vocabularies
+    (the internal path's model, the public path's tokenizer) get the same lengths after them."""
+    return [10 + int(rng.random() * (vocab - 10)) for _ in range(n)]
 
 
 def throughput_prompts(

@@ -2,15 +2,16 @@
 synchronous cores, wired by queues instead of Redis streams.
 
     pipeline = Pipeline(tokenization, engine, grammar_tok)
-    sink = pipeline.submit(jobs)            # any thread: validated jobs in
-    for delta in sink: ...                  # their replies (Delta / Failure), in order
+    rids = pipeline.submit(jobs, sinks)     # any thread: validated jobs in
+    # each sink's `put` hears its request's replies (Delta / Failure), in order
 
-Two threads: the stepping thread owns the executor's engine (it takes the submitted requests and
-steps the engine while it has work), and the detokenizer thread owns the detokenizer (it turns
-each step's tokens into text deltas for the callers' sinks), so detokenizing never holds up
-the next step, as in the services. A request's registration reaches the detokenizer thread
-before the request reaches the engine, so it always precedes its tokens. Callers only ever
-touch their sinks and the two queues.
+One stepping thread owns the executor's engine and the detokenizer: it takes the submitted
+requests (registering each with the detokenizer first, so a registration always precedes its
+tokens), steps the engine while it has work, and turns each step's tokens into text for the
+callers' sinks. On a GPU that detokenization runs after the next step is launched, so it is
+hidden behind the device's work, as the executor's own bookkeeping is; a second thread would
+only contend with the stepping one for the GIL. Callers only ever touch their sinks and the
+inbox.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ log = logging.getLogger(__name__)
 
 DEADLINE_S = 24 * 3600.0  # no HTTP timeout in-process: a day, then the engine gives up
 REPLY = "inproc"  # the reply_to of every in-process request (replies are routed by rid)
+EXPIRE_EVERY_S = 10.0  # how often an idle engine lets the detokenizer forget finished rids
 
 Reply = Delta | Failure
 
@@ -65,7 +67,7 @@ class RequestError(ValueError):
 
 @dataclass
 class Sink:
-    """Where one request's replies go, called from the detokenizer thread. With `collect`,
+    """Where one request's replies go, called from the stepping thread. With `collect`,
     the deltas are added to `acc` there and `put` hears only the last one (a caller that
     wants the whole result is woken once, not once a token)."""
 
@@ -78,6 +80,7 @@ class Sink:
 @dataclass
 class _Control:
     request: TokenizedRequest | None = None
+    register: DetokRegister | None = None  # the request's, handled just before it
     abort: str | None = None
     flush: threading.Event | None = None
     flushed: list[bool] = field(default_factory=list)
@@ -95,16 +98,11 @@ class Pipeline:
         self.sinks: dict[str, Sink] = {}
         self._sinks_lock = threading.Lock()
         self.inbox: queue.SimpleQueue[_Control] = queue.SimpleQueue()
-        # what the detokenizer thread handles, in order: registrations and step outputs
-        self.detok_inbox: queue.SimpleQueue[Struct | None] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self.failure: BaseException | None = None
+        self._expired_at = time.monotonic()
         self.thread = threading.Thread(target=self._run, name="radixserve-engine", daemon=True)
-        self.detok_thread = threading.Thread(
-            target=self._detokenize, name="radixserve-detokenizer", daemon=True
-        )
-        self.detok_thread.start()
         self.thread.start()
 
     # -- any thread --------------------------------------------------------------------------
@@ -126,8 +124,7 @@ class Pipeline:
             sink.rid = request.trace.rid
             with self._sinks_lock:
                 self.sinks[sink.rid] = sink
-            self.detok_inbox.put(register)  # before the engine can produce a token for it
-            self.inbox.put(_Control(request=request))
+            self.inbox.put(_Control(request=request, register=register))
         self._wake.set()
         return [t.trace.rid for _, t in prepared]
 
@@ -155,8 +152,6 @@ class Pipeline:
         self._stop.set()
         self._wake.set()
         self.thread.join(timeout_s)
-        self.detok_inbox.put(None)
-        self.detok_thread.join(timeout_s)
 
     def in_flight(self) -> int:
         with self._sinks_lock:
@@ -209,24 +204,24 @@ class Pipeline:
         try:
             while not self._stop.is_set():
                 self._take_inbox()
+                self._forget_finished()
                 if not self.engine.has_work():
                     self._wake.wait(0.05)
                     self._wake.clear()
                     continue
                 for _, out in self.engine.step().outputs:
-                    self.detok_inbox.put(out)
+                    self._deliver(self.detok.handle(out, "", "0-0"))
         except BaseException as e:  # a bug, or the device gone: every caller hears it
             self._failed(e, "the engine's stepping thread")
 
-    def _detokenize(self) -> None:
-        try:
-            while True:
-                message = self.detok_inbox.get()
-                if message is None:
-                    return
-                self._deliver(self.detok.handle(message, "", "0-0"))  # type: ignore[arg-type]
-        except BaseException as e:
-            self._failed(e, "the engine's detokenizer thread")
+    def _forget_finished(self) -> None:
+        """The detokenizer remembers finished rids for a while (to drop late tokens quietly);
+        let it forget them now and then, as the service does, so a long-lived engine does
+        not grow."""
+        now = time.monotonic()
+        if now - self._expired_at > EXPIRE_EVERY_S:
+            self._expired_at = now
+            self.detok.expire()
 
     def _failed(self, e: BaseException, where: str) -> None:
         self.failure = e
@@ -245,6 +240,8 @@ class Pipeline:
             except queue.Empty:
                 return
             if c.request is not None:
+                if c.register is not None:  # before the engine can produce a token for it
+                    self.detok.handle(c.register, "", "0-0")
                 self.engine.submit(c.request)
             elif c.abort is not None:
                 self.engine.submit(AbortRequest(rid=c.abort))
