@@ -8,6 +8,7 @@ import asyncio
 import itertools
 import json
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -178,3 +179,22 @@ def test_cache_flush_model_info_and_shutdown(model_dir: Path, engine: Engine) ->
         assert theirs["output_ids"] == mine["output_ids"] and theirs["text"] == mine["text"]
     with pytest.raises(RuntimeError, match="shut down"):
         other.generate("x", GREEDY)
+
+
+def test_a_long_lived_engine_forgets_finished_requests(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The detokenizer remembers finished rids for a while to drop late tokens quietly; the
+    engine lets it forget them, so memory does not grow with every request ever served."""
+    from radixserve.engine import pipeline
+    from services.detokenizer import core
+
+    monkeypatch.setattr(pipeline, "EXPIRE_EVERY_S", 0.0)
+    monkeypatch.setattr(core, "FINISHED_MEMORY_S", 0.0)
+    with Engine(str(model_dir), device="cpu", max_total_tokens=2048, show_progress=False) as e:
+        e.generate(["one", "two", "three"], GREEDY)
+        detok = e.pipeline.detok
+        deadline = time.monotonic() + 30
+        while detok.finished and time.monotonic() < deadline:  # the stepping loop clears it
+            time.sleep(0.01)
+        assert not detok.finished and not detok.states
