@@ -15,7 +15,6 @@ results have /generate's shape (SGLang's): `text`, `output_ids`, `meta_info`.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import queue
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -30,12 +29,11 @@ from services.executor.grammar.backend import GrammarBackend
 from services.gateway import validation
 from services.gateway.errors import ApiError
 from services.gateway.native_api import NativeRenderer
-from services.gateway.protocol import GenerateBody
+from services.gateway.protocol import ChatMessageBody, GenerateBody
 from services.tokenizer.core import Tokenization
 from shared.grammar import GrammarTokenizer
 from shared.messages.common import ErrorInfo
 from shared.messages.reply import Failure, Usage
-from shared.messages.tokenize import ChatPrompt
 from shared.model_files import read_architecture, resolve_model
 
 Result = dict[str, Any]
@@ -108,10 +106,8 @@ class Engine:
     ) -> Any:
         """A conversation through the model's chat template (a generation prompt added): the
         assistant's reply, in `generate`'s shape."""
-        prompt = _checked(lambda: _chat_prompt(messages))
-        body = _body("x", sampling_params, None, **logprob_options)
-        jobs, _ = _checked(lambda: validation.native_jobs(body))
-        jobs = [dataclasses.replace(j, prompt=prompt) for j in jobs]
+        body = _body(None, sampling_params, None, **logprob_options)
+        jobs = _checked(lambda: validation.native_chat_jobs(_chat_messages(messages), body))
         return self._run(jobs, len(jobs) > 1, body, stream)
 
     async def async_generate(
@@ -264,12 +260,13 @@ def _failure(reply: Failure) -> Exception:
     return RuntimeError(reply.error.message)
 
 
-def _chat_prompt(messages: list[dict[str, str]]) -> ChatPrompt:
-    """The messages checked as /v1/chat/completions checks them."""
-    from services.gateway.protocol import ChatMessageBody
+class _Messages(msgspec.Struct):
+    messages: list[ChatMessageBody]
 
-    bodies = msgspec.convert(messages, list[ChatMessageBody])
-    return validation.chat_prompt(bodies)
+
+def _chat_messages(messages: list[dict[str, str]]) -> list[ChatMessageBody]:
+    """The messages decoded as /v1/chat/completions decodes them (the same refusals)."""
+    return validation.convert({"messages": messages}, _Messages).messages
 
 
 class _Progress:

@@ -20,7 +20,6 @@ import logging
 import queue
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -46,6 +45,7 @@ from shared.messages.detok import DetokRegister
 from shared.messages.reply import Delta, Failure
 from shared.messages.schedule import TokenizedRequest
 from shared.messages.tokenize import GenerateRequest
+from shared.request_ids import bus_id, new_rid
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,8 @@ class Sink:
     wants the whole result is woken once, not once a token)."""
 
     put: Callable[[Reply], None]
-    rid: str = ""
+    rid: str = ""  # the caller's name for the request
+    key: str = ""  # the id it runs under (shared/request_ids.py)
     collect: bool = False
     acc: Accumulated = field(default_factory=Accumulated)
 
@@ -95,7 +96,8 @@ class Pipeline:
         self.compiled: dict[str, xgr.CompiledGrammar] = {}  # read by the engine's grammars
         self._compiler: xgr.GrammarCompiler | None = None
         self._compile_lock = threading.Lock()
-        self.sinks: dict[str, Sink] = {}
+        self.sinks: dict[str, Sink] = {}  # key -> the sink of the request running under it
+        self.keys: dict[str, str] = {}  # rid -> key, of the requests in flight
         self._sinks_lock = threading.Lock()
         self.inbox: queue.SimpleQueue[_Control] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -110,32 +112,41 @@ class Pipeline:
         """Tokenize and start every job (all or none: a refusal raises RequestError before any
         starts); their rids."""
         self._check_alive()
-        prepared: list[tuple[DetokRegister, TokenizedRequest]] = []
-        for job in jobs:
-            rid = job.rid or uuid.uuid4().hex
-            with self._sinks_lock:
-                if rid in self.sinks or any(t.trace.rid == rid for _, t in prepared):
+        rids = [job.rid or new_rid() for job in jobs]
+        keys = [
+            rid if job.rid is None else bus_id(rid) for rid, job in zip(rids, jobs, strict=True)
+        ]
+        with self._sinks_lock:  # reserve the rids, so a concurrent call cannot take one
+            for rid in rids:
+                if rid in self.keys or rids.count(rid) > 1:
                     info = ErrorInfo(
                         status=400, message=f"rid {rid!r} is already in flight", param="rid"
                     )
                     raise RequestError(info)
-            prepared.append(self._prepare(job, rid))
-        for (register, request), sink in zip(prepared, sinks, strict=True):
-            sink.rid = request.trace.rid
+            self.keys.update(zip(rids, keys, strict=True))
+        try:
+            prepared = [self._prepare(job, key) for job, key in zip(jobs, keys, strict=True)]
+        except BaseException:
             with self._sinks_lock:
-                self.sinks[sink.rid] = sink
+                for rid in rids:
+                    del self.keys[rid]
+            raise
+        for (register, request), sink, rid, key in zip(prepared, sinks, rids, keys, strict=True):
+            sink.rid, sink.key = rid, key
+            with self._sinks_lock:
+                self.sinks[key] = sink
             self.inbox.put(_Control(request=request, register=register))
         self._wake.set()
-        return [t.trace.rid for _, t in prepared]
+        return rids
 
     def abort(self, rid: str) -> bool:
         """Stop a request in flight (it ends with finish reason "abort"); False if unknown."""
         with self._sinks_lock:
-            known = rid in self.sinks
-        if known:
-            self.inbox.put(_Control(abort=rid))
+            key = self.keys.get(rid)
+        if key is not None:
+            self.inbox.put(_Control(abort=key))
             self._wake.set()
-        return known
+        return key is not None
 
     def flush_cache(self, timeout_s: float = 60.0) -> bool:
         """Empty the prefix cache; False while requests run (they hold cached prefixes)."""
@@ -158,8 +169,8 @@ class Pipeline:
             return len(self.sinks)
 
     # -- the caller's thread: tokenization and grammars, as the services do them -------------
-    def _prepare(self, job: Job, rid: str) -> tuple[DetokRegister, TokenizedRequest]:
-        trace = Trace(rid=rid, reply_to=REPLY, deadline=time.time() + DEADLINE_S)
+    def _prepare(self, job: Job, key: str) -> tuple[DetokRegister, TokenizedRequest]:
+        trace = Trace(rid=key, reply_to=REPLY, deadline=time.time() + DEADLINE_S)
         req = GenerateRequest(
             trace=trace,
             prompt=job.prompt,
@@ -230,6 +241,7 @@ class Pipeline:
         with self._sinks_lock:
             sinks = list(self.sinks.values())
             self.sinks.clear()
+            self.keys.clear()
         for sink in sinks:
             sink.put(Failure(rid=sink.rid, error=info))
 
@@ -258,8 +270,11 @@ class Pipeline:
                     sink = self.sinks.get(m.rid)
                     if sink is not None and (isinstance(m, Failure) or m.finish_reason is not None):
                         del self.sinks[m.rid]
+                        del self.keys[sink.rid]
                 if sink is None:
                     continue
+                if sink.key != sink.rid:  # the caller knows it by its own rid
+                    m = msgspec.structs.replace(m, rid=sink.rid)
                 if sink.collect and isinstance(m, Delta):
                     sink.acc.add(m)
                     if m.finish_reason is None:

@@ -16,6 +16,8 @@ from aiohttp import web
 
 from services.gateway import validation
 from services.gateway.access import caller
+from services.gateway.access_policy import Caller
+from services.gateway.dispatch import Dispatcher
 from services.gateway.errors import ApiError, invalid
 from services.gateway.protocol import AbortBody
 from services.gateway.responses import json_response
@@ -27,30 +29,32 @@ async def abort_request(request: web.Request) -> web.StreamResponse:
     """`{"rid": ...}` aborts the HTTP call that dispatched that rid, on any gateway (404 when
     none has it in flight for this caller); `{"abort_all": true}` aborts every call in flight
     here (an admin) or the caller's own calls in flight here."""
-    dispatcher = request.app[STATE].dispatcher
-    who = caller(request)
     body = validation.decode(await request.read(), AbortBody)
+    rids = await abort_calls(request.app[STATE].dispatcher, caller(request), body)
+    return json_response({"aborted": list(rids)})
+
+
+async def abort_calls(dispatcher: Dispatcher, who: Caller, body: AbortBody) -> tuple[str, ...]:
+    """Abort what `body` names for `who` (HTTP and gRPC alike): the rids aborted."""
     if body.abort_all and body.rid is not None:
         raise invalid("give rid or abort_all, not both", "rid")
     try:
         if body.abort_all:
-            inflight = dispatcher.inflight
-            rids = tuple(sorted(inflight.calls)) if who.admin else inflight.owned_by(who.owner)
+            call = dispatcher.inflight.owned_by(None if who.admin else who.owner)
         elif body.rid is None:
             raise invalid("rid is required (or abort_all: true)", "rid")
         else:
             validation.check_rid(body.rid, "rid")
             call = await dispatcher.inflight.lookup(body.rid)
-            rids = call.rids if who.admin or call.owner == who.owner else ()
-            if not rids:
+            if not (who.admin or call.owner == who.owner) or not call.rids:
                 raise ApiError(
                     404, f"no request with rid {body.rid!r} is in flight on any gateway", "rid"
                 )
-        if rids:
-            await dispatcher.publish_aborts(rids, "abort_request")
+        if call.rids:
+            await dispatcher.publish_aborts(call.bus_ids(), "abort_request")
     except TRANSIENT as e:
         raise ApiError(503, f"cannot reach the request bus: {e}") from e
-    return json_response({"aborted": list(rids)})
+    return call.rids
 
 
 def add_routes(app: web.Application) -> None:

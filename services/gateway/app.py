@@ -140,8 +140,17 @@ async def start_site(
     stops accepting, then waits up to `shutdown_timeout` for in-flight requests."""
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=shutdown_timeout)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as e:  # not a bus outage to wait out: say so and stop
+        await runner.cleanup()
+        raise ListenError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     return runner
+
+
+class ListenError(RuntimeError):
+    """The gateway cannot bind its port (taken, or not an address of this host): fatal, unlike
+    the OSErrors of a Redis outage, which the service waits out."""
 
 
 def bound_port(runner: web.AppRunner) -> int:

@@ -17,7 +17,7 @@ from services.gateway.background import Background
 from services.gateway.batcher import Batcher
 from services.gateway.errors import ApiError, invalid
 from services.gateway.hop_stats import FirstToken, HopStats, stage_ms
-from services.gateway.inflight import Inflight
+from services.gateway.inflight import Call, Inflight
 from services.gateway.replies import ReplyRouter
 from services.gateway.validation import Job
 from shared import constants
@@ -25,6 +25,7 @@ from shared.bus import TRANSIENT
 from shared.messages.common import AbortRequest, ErrorInfo, HopTimes, Trace
 from shared.messages.reply import Delta, Failure, GenerationReply, ReplyMessage
 from shared.messages.tokenize import GenerateRequest
+from shared.request_ids import bus_id, new_rid
 
 log = logging.getLogger(__name__)
 
@@ -64,14 +65,19 @@ class Dispatcher:
         refused = self.admission.check(len(self.router.queues), len(jobs))
         if refused is not None:
             raise refused
-        rids = [job.rid or uuid.uuid4().hex for job in jobs]
+        rids = [job.rid or new_rid() for job in jobs]
         for rid in rids:
-            if rid in self.router.queues:
+            if rid in self.inflight.calls:
                 raise invalid(f"rid {rid!r} is already in flight", "rid")
         if len(set(rids)) != len(rids):  # a client's rid "a-1" beside the samples of "a"
             raise invalid(
                 "the request's rids (with their samples' rid-1, rid-2, ...) repeat", "rid"
             )
+        # the ids they travel under (shared/request_ids.py): a client's rid gets its own each time
+        keys = [
+            rid if job.rid is None else bus_id(rid) for rid, job in zip(rids, jobs, strict=True)
+        ]
+        call = Call(tuple(rids), owner, tuple(keys))
         timeout_s = self.request_timeout_s if timeout_s is None else timeout_s
         deadline = time.time() + timeout_s
         trace = Trace(
@@ -83,33 +89,36 @@ class Dispatcher:
         )
         requests = [
             GenerateRequest(
-                trace=msgspec.structs.replace(trace, rid=rid),
+                trace=msgspec.structs.replace(trace, rid=key),
                 prompt=job.prompt,
                 sampling=job.sampling,
                 stream=job.stream,
                 constraint=job.constraint,
                 echo=job.echo,
             )
-            for rid, job in zip(rids, jobs, strict=True)
+            for key, job in zip(keys, jobs, strict=True)
         ]
-        queues = [self.router.register(rid) for rid in rids]
-        self.inflight.add(rids, owner)
+        queues = [self.router.register(key) for key in keys]
+        self.inflight.add(call)
         try:
             await self.batcher.publish(
                 [(constants.TOKENIZE_STREAM, req) for req in requests],
                 maxlen=constants.WORK_STREAM_MAXLEN,
-                expiring=self.inflight.registry_keys(rids, timeout_s, owner),
+                expiring=self.inflight.registry_keys(call, timeout_s),
             )
         except BaseException as e:
-            for rid in rids:
-                self.router.unregister(rid)
+            for rid, key in zip(rids, keys, strict=True):
+                self.router.unregister(key)
                 self.inflight.release(rid)
                 if isinstance(e, asyncio.CancelledError):  # it may have gone out: take it back
-                    self.abort(rid, "client disconnected")
+                    self.abort(key, "client disconnected")
             if isinstance(e, TRANSIENT):
                 raise unreachable(e) from e
             raise
-        return [Pending(self, rid, q, timeout_s) for rid, q in zip(rids, queues, strict=True)]
+        return [
+            Pending(self, rid, key, q, timeout_s)
+            for rid, key, q in zip(rids, keys, queues, strict=True)
+        ]
 
     async def call(
         self, build: Callable[[Trace], msgspec.Struct], timeout_s: float
@@ -156,16 +165,23 @@ class Dispatcher:
 
 
 class Pending:
-    """One request in flight: its reply queue, its deadline, and whether it has ended.
+    """One request in flight: its reply queue, its deadline, and whether it has ended. `rid`
+    is the client's name for it, `key` the id it travels under.
 
     `close()` must be called when the handler is done (in a `finally`): it drops the queue and,
     unless the request ended (a final Delta or a Failure arrived), aborts it downstream.
     """
 
     def __init__(
-        self, dispatcher: Dispatcher, rid: str, queue: asyncio.Queue[ReplyMessage], timeout_s: float
+        self,
+        dispatcher: Dispatcher,
+        rid: str,
+        key: str,
+        queue: asyncio.Queue[ReplyMessage],
+        timeout_s: float,
     ) -> None:
-        self.dispatcher, self.rid, self.queue, self.timeout_s = dispatcher, rid, queue, timeout_s
+        self.dispatcher, self.rid, self.key = dispatcher, rid, key
+        self.queue, self.timeout_s = queue, timeout_s
         self.until = asyncio.get_running_loop().time() + timeout_s  # monotonic deadline
         self.finished = False
         self.abort_reason = "gateway dropped the request"
@@ -191,7 +207,7 @@ class Pending:
     def first_token(self, hops: HopTimes) -> dict[str, float]:
         """Called by the handler as it takes the request's first delta (the one that carries
         `hops`): its per-stage latencies, also recorded in this gateway's medians."""
-        replied = self.dispatcher.router.replied_at.pop(self.rid, 0.0)
+        replied = self.dispatcher.router.replied_at.pop(self.key, 0.0)
         stages = stage_ms(FirstToken(hops, replied, time.time()))
         self.dispatcher.hop_stats.add(stages)
         log.debug("first token of %s: %s", self.rid, stages)
@@ -206,10 +222,10 @@ class Pending:
         return message
 
     def close(self) -> None:
-        self.dispatcher.router.unregister(self.rid)
+        self.dispatcher.router.unregister(self.key)
         self.dispatcher.inflight.release(self.rid)
         if not self.finished:
-            self.dispatcher.abort(self.rid, self.abort_reason)
+            self.dispatcher.abort(self.key, self.abort_reason)
 
 
 def unreachable(e: BaseException) -> ApiError:

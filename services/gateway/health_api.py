@@ -14,7 +14,7 @@ from services.gateway.dispatch import ClientGone
 from services.gateway.errors import ApiError, error_body
 from services.gateway.ready_gate import read_readiness
 from services.gateway.responses import json_response, traceparent
-from services.gateway.state import STATE
+from services.gateway.state import STATE, GatewayState
 from services.gateway.validation import Job
 from shared.bus import TRANSIENT
 from shared.messages.common import SamplingParams
@@ -61,12 +61,21 @@ async def health(request: web.Request) -> web.StreamResponse:
     )
 
 
-async def health_generate(request: web.Request) -> web.StreamResponse:
-    """200 with the seconds one greedy token took through every service; 503 saying why not
-    (a service refused the probe, or no token came within PROBE_TIMEOUT_S)."""
-    state = request.app[STATE]
+class ProbeFailed(Exception):
+    """The one-token probe did not come back: `status` says how ("unavailable", "timeout")."""
+
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+async def probe_generate(
+    state: GatewayState, parent: str, request: web.BaseRequest | None = None
+) -> dict[str, Any]:
+    """One greedy token through every service: its latency, ids and rid; raises ProbeFailed
+    (and ClientGone when `request`'s client leaves). Shared by HTTP and gRPC health checks."""
     if state.draining:
-        return unavailable("draining", "the gateway is shutting down")
+        raise ProbeFailed("draining", "the gateway is shutting down")
     probe = Job(
         prompt=TextPrompt(text=PROBE_PROMPT),
         sampling=SamplingParams(max_new_tokens=1, temperature=0.0),
@@ -76,34 +85,42 @@ async def health_generate(request: web.Request) -> web.StreamResponse:
     started = time.monotonic()
     tokens: list[int] = []
     try:
-        (pending,) = await state.dispatcher.submit(
-            [probe], traceparent(request), timeout_s=PROBE_TIMEOUT_S
-        )
+        (pending,) = await state.dispatcher.submit([probe], parent, timeout_s=PROBE_TIMEOUT_S)
     except ApiError as e:
-        return unavailable("unavailable", f"the probe was not sent: {e.message}")
+        raise ProbeFailed("unavailable", f"the probe was not sent: {e.message}") from e
     try:
         while True:
             reply = await pending.next(request)
             if isinstance(reply, Failure):
-                return unavailable("unavailable", f"the probe failed: {reply.error.message}")
+                raise ProbeFailed("unavailable", f"the probe failed: {reply.error.message}")
             tokens += reply.token_ids
             if reply.finish_reason is not None:
                 break
     except ApiError:  # its deadline passed; closing it aborts it downstream
-        return unavailable("timeout", f"no token came back within {PROBE_TIMEOUT_S:g}s")
+        raise ProbeFailed("timeout", f"no token came back within {PROBE_TIMEOUT_S:g}s") from None
     except ClientGone:
         pending.abort_reason = "client disconnected"
-        return web.Response(status=499)
+        raise
     finally:
         pending.close()
-    return json_response(
-        {
-            "status": "ok",
-            "latency_s": round(time.monotonic() - started, 4),
-            "token_ids": tokens,
-            "rid": pending.rid,
-        }
-    )
+    return {
+        "status": "ok",
+        "latency_s": round(time.monotonic() - started, 4),
+        "token_ids": tokens,
+        "rid": pending.rid,
+    }
+
+
+async def health_generate(request: web.Request) -> web.StreamResponse:
+    """200 with the seconds one greedy token took through every service; 503 saying why not
+    (a service refused the probe, or no token came within PROBE_TIMEOUT_S)."""
+    try:
+        result = await probe_generate(request.app[STATE], traceparent(request), request)
+    except ProbeFailed as e:
+        return unavailable(e.status, e.message)
+    except ClientGone:
+        return web.Response(status=499)
+    return json_response(result)
 
 
 def add_routes(app: web.Application) -> None:

@@ -3,16 +3,16 @@ gateway reads, so POST /abort_request reaches a request whichever gateway dispat
 
 `constants.rid_key(rid)` holds the call's owner (its caller's key digest, "" when anonymous:
 services/gateway/access_policy.py) and every rid dispatched by the same HTTP call (its `n`
-samples, its batch's other prompts): an abort of one rid aborts the whole call, which answers
-as one, and only its owner or an admin may abort it. The keys are set in the round trip that
-publishes the requests, with the requests' timeout as TTL, and deleted when the call ends (a
-crashed gateway's keys expire).
+samples, its batch's other prompts), with the id each travels under on the bus
+(shared/request_ids.py): an abort of one rid aborts the whole call, which answers as one, and
+only its owner or an admin may abort it. The keys are set in the round trip that publishes the
+requests, with the requests' timeout as TTL, and deleted when the call ends (a crashed
+gateway's keys expire).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from typing import NamedTuple
 
 import msgspec
@@ -28,8 +28,12 @@ _encode = msgspec.msgpack.encode
 
 
 class Call(NamedTuple):
-    rids: tuple[str, ...]  # every rid of one HTTP call
+    rids: tuple[str, ...]  # every rid of one HTTP call, as its client knows them
     owner: str  # who dispatched it: a key digest, "" when anonymous
+    keys: tuple[str, ...] = ()  # the ids they travel under on the bus (empty: the rids)
+
+    def bus_ids(self) -> tuple[str, ...]:
+        return self.keys or self.rids
 
 
 _decode_call = msgspec.msgpack.Decoder(Call).decode
@@ -39,33 +43,33 @@ NO_CALL = Call((), "")
 class Inflight:
     def __init__(self, r: aioredis.Redis, background: Background) -> None:
         self.r, self.background = r, background
-        self.calls: dict[str, tuple[str, ...]] = {}  # rid -> every rid of its HTTP call
-        self.owners: dict[str, str] = {}  # rid -> its call's owner
+        self.calls: dict[str, Call] = {}  # rid -> its HTTP call
         self._released: list[str] = []  # rids whose registry keys are not deleted yet
         self._deleting = False  # a delete task is running: it takes what is released meanwhile
 
-    def registry_keys(
-        self, rids: Sequence[str], ttl_s: float, owner: str = ""
-    ) -> list[tuple[str, bytes, float]]:
+    def registry_keys(self, call: Call, ttl_s: float) -> list[tuple[str, bytes, float]]:
         """The `(key, value, ttl_s)` entries to set with the requests' publication."""
-        value = _encode(Call(tuple(rids), owner))
-        return [(constants.rid_key(rid), value, ttl_s) for rid in rids]
+        value = _encode(call)
+        return [(constants.rid_key(rid), value, ttl_s) for rid in call.rids]
 
-    def add(self, rids: Sequence[str], owner: str = "") -> None:
-        call = tuple(rids)
-        for rid in call:
+    def add(self, call: Call) -> None:
+        for rid in call.rids:
             self.calls[rid] = call
-            self.owners[rid] = owner
 
-    def owned_by(self, owner: str) -> tuple[str, ...]:
-        """This gateway's rids in flight for `owner`, sorted."""
-        return tuple(sorted(rid for rid, who in self.owners.items() if who == owner))
+    def owned_by(self, owner: str | None) -> Call:
+        """This gateway's calls in flight for `owner` (every one's when None) as one, sorted
+        by rid."""
+        pairs = sorted(
+            (rid, call.bus_ids()[call.rids.index(rid)])
+            for rid, call in self.calls.items()
+            if owner is None or call.owner == owner
+        )
+        return Call(tuple(r for r, _ in pairs), owner or "", tuple(k for _, k in pairs))
 
     def release(self, rid: str) -> None:
         """The request ended here: forget it, and delete its key soon, in batches."""
         if self.calls.pop(rid, None) is None:
             return
-        self.owners.pop(rid, None)
         self._released.append(rid)
         if not self._deleting:
             self._deleting = True
@@ -88,6 +92,6 @@ class Inflight:
         gateway or from the registry; no rids when no gateway has it in flight."""
         local = self.calls.get(rid)
         if local is not None:
-            return Call(local, self.owners.get(rid, ""))
+            return local
         raw = await self.r.get(constants.rid_key(rid))
         return _decode_call(raw) if raw is not None else NO_CALL

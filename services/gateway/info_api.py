@@ -24,7 +24,7 @@ from services.gateway.responses import json_response
 from services.gateway.state import STATE, GatewayState
 from shared import constants
 from shared.bus import TRANSIENT
-from shared.messages.heartbeat import Heartbeat
+from shared.messages.heartbeat import ExecutorLoad, Heartbeat
 from shared.service import live_instances
 
 
@@ -35,11 +35,21 @@ async def _beats(state: GatewayState, services: tuple[str, ...]) -> dict[str, li
         raise ApiError(503, f"redis is unreachable: {e}") from e
 
 
+async def executor_loads(state: GatewayState) -> list[ExecutorLoad]:
+    """Each live executor's load from its last heartbeat, by instance name."""
+    beats = (await _beats(state, ("executor",)))["executor"]
+    return [b.executor for b in sorted(beats, key=lambda b: b.instance) if b.executor is not None]
+
+
 async def get_model_info(request: web.Request) -> web.StreamResponse:
+    info = await model_info(request.app[STATE])
+    return json_response(info if caller(request).admin else public_model_info(info))
+
+
+async def model_info(state: GatewayState) -> dict[str, Any]:
     """What a live tokenizer loaded; the context length is the executors' (they may serve less
     than the checkpoint's, e.g. a sliding-window model), else the tokenizer's. Fields nobody
     live can tell are null."""
-    state = request.app[STATE]
     beats = await _beats(state, ("tokenizer", "executor"))
     model = next((b.model for b in beats["tokenizer"] if b.model is not None), None)
     contexts = [b.executor.context_length for b in beats["executor"] if b.executor is not None]
@@ -59,7 +69,7 @@ async def get_model_info(request: web.Request) -> web.StreamResponse:
         "eos_token_ids": model.eos_token_ids if model is not None else None,
         "has_chat_template": model.has_chat_template if model is not None else None,
     }
-    return json_response(info if caller(request).admin else public_model_info(info))
+    return info
 
 
 def public_model_info(info: dict[str, Any]) -> dict[str, Any]:
@@ -82,9 +92,13 @@ def redact(url: str) -> str:
 
 
 async def get_server_info(request: web.Request) -> web.StreamResponse:
+    full = await server_info(request.app[STATE])
+    return json_response(full if caller(request).admin else public_server_info(full))
+
+
+async def server_info(state: GatewayState) -> dict[str, Any]:
     """This gateway's settings and state, every live service instance, each executor's load
     from its last heartbeat, and the scheduler leader."""
-    state = request.app[STATE]
     beats = await _beats(state, ("gateway", *PIPELINE))
     try:
         leader = await state.r.get(constants.SCHEDULER_LEADER_KEY)
@@ -121,7 +135,7 @@ async def get_server_info(request: web.Request) -> web.StreamResponse:
             if b.executor is not None
         ],
     }
-    return json_response(full if caller(request).admin else public_server_info(full))
+    return full
 
 
 # The gateway settings anyone may see (a list of what is shown, so a new setting stays hidden).

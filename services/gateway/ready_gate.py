@@ -19,7 +19,7 @@ from aiohttp import web
 
 from services.gateway.errors import ApiError
 from services.gateway.readiness import Readiness, assess
-from services.gateway.state import STATE
+from services.gateway.state import STATE, GatewayState
 from shared import constants
 from shared.bus import TRANSIENT
 from shared.messages.heartbeat import Heartbeat
@@ -82,8 +82,15 @@ async def readiness_ctx(app: web.Application) -> AsyncIterator[None]:
 @web.middleware
 async def until_ready(request: web.Request, handler: Handler) -> web.StreamResponse:
     state = request.app[STATE]
-    if state.ready.is_set() or request.method != "POST" or request.path in UNGATED:
-        return await handler(request)
+    if not (state.ready.is_set() or request.method != "POST" or request.path in UNGATED):
+        await check_ready(state)
+    return await handler(request)
+
+
+async def check_ready(state: GatewayState) -> None:
+    """Raise 503 with Retry-After until the stack is first ready (HTTP and gRPC alike)."""
+    if state.ready.is_set():
+        return
     # Read it now rather than trust the watcher's last look: a client that saw /health say
     # 200 must not get a 503 here.
     try:
@@ -92,6 +99,6 @@ async def until_ready(request: web.Request, handler: Handler) -> web.StreamRespo
         raise ApiError(503, f"cannot reach the request bus: {e}", retry_after=RETRY_AFTER_S) from e
     if state.readiness.ready:
         state.ready.set()
-        return await handler(request)
+        return
     waiting = state.readiness.message()
     raise ApiError(503, f"the server is starting ({waiting})", retry_after=RETRY_AFTER_S)

@@ -61,7 +61,12 @@ def json_response(
 
 def traceparent(request: web.BaseRequest) -> str:
     """The client's W3C traceparent if well formed, else a fresh one."""
-    given = request.headers.get("traceparent", "").strip().lower()
+    return traceparent_of(request.headers.get("traceparent"))
+
+
+def traceparent_of(given: str | None) -> str:
+    """`given` (a traceparent header or gRPC metadata value) if well formed, else a fresh one."""
+    given = (given or "").strip().lower()
     if _TRACEPARENT.match(given):
         return given
     return f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"

@@ -41,8 +41,19 @@ def _timeout(state: GatewayState) -> float:
 async def tokenize(request: web.Request) -> web.StreamResponse:
     """`{"tokens": [...], "count": N, "max_model_len": M}`; no length check (that is what a
     client asks it for)."""
-    state = request.app[STATE]
     body = validation.decode(await request.read(), TokenizeBody)
+    reply = await tokenize_call(request.app[STATE], body)
+    return json_response(
+        {
+            "tokens": reply.token_ids,
+            "count": len(reply.token_ids),
+            "max_model_len": reply.max_model_len,
+        }
+    )
+
+
+async def tokenize_call(state: GatewayState, body: TokenizeBody) -> TokenizeResult:
+    """A tokenizer replica's answer to `body` (HTTP and gRPC alike)."""
     validation.check_model(body.model, state.settings.model_name)
     prompt = tokenize_prompt(body)
     param = "messages" if body.messages is not None else "text" if body.text else "prompt"
@@ -54,19 +65,16 @@ async def tokenize(request: web.Request) -> web.StreamResponse:
     reply = await state.dispatcher.call(build, _timeout(state))
     if not isinstance(reply, TokenizeResult):
         raise _unexpected(reply)
-    return json_response(
-        {
-            "tokens": reply.token_ids,
-            "count": len(reply.token_ids),
-            "max_model_len": reply.max_model_len,
-        }
-    )
+    return reply
 
 
 async def detokenize(request: web.Request) -> web.StreamResponse:
     """`{"text": ...}`; an id outside the vocabulary is a 400 naming `tokens[i]`."""
-    state = request.app[STATE]
     body = validation.decode(await request.read(), DetokenizeBody)
+    return json_response({"text": await detokenize_call(request.app[STATE], body)})
+
+
+async def detokenize_call(state: GatewayState, body: DetokenizeBody) -> str:
     validation.check_model(body.model, state.settings.model_name)
     ids = validation.token_ids(body.tokens, "tokens")
 
@@ -78,7 +86,7 @@ async def detokenize(request: web.Request) -> web.StreamResponse:
     reply = await state.dispatcher.call(build, _timeout(state))
     if not isinstance(reply, DetokenizeResult):
         raise _unexpected(reply)
-    return json_response({"text": reply.text})
+    return reply.text
 
 
 def add_routes(app: web.Application) -> None:

@@ -198,3 +198,10 @@ def test_a_long_lived_engine_forgets_finished_requests(
         while detok.finished and time.monotonic() < deadline:  # the stepping loop clears it
             time.sleep(0.01)
         assert not detok.finished and not detok.states
+
+
+def test_a_rid_can_be_used_again_once_its_request_ended(engine: Engine) -> None:
+    first = engine.generate("the sea", GREEDY, rid="mine")
+    again = engine.generate("the sea", GREEDY, rid="mine")
+    assert isinstance(first, dict) and isinstance(again, dict)
+    assert again["meta_info"]["id"] == "mine" and again["output_ids"] == first["output_ids"]

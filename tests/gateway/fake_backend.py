@@ -181,13 +181,24 @@ class FakeBackend:
             await publish(self.r, req.trace.reply_to, delta(rid, "", [], 1, finish_reason="abort"))
 
     async def wait_for_abort(self, rid: str, timeout: float = 3.0) -> AbortRequest:
-        return await _poll(lambda: next((a for a in self.aborts if a.rid == rid), None), timeout)
+        """The abort of the request `rid` (its id on the bus, or the client's name for it)."""
+        return await _poll(
+            lambda: next((a for a in self.aborts if rid in (a.rid, client_rid(a.rid))), None),
+            timeout,
+        )
 
     async def wait_for_request(self, key: str, timeout: float = 3.0) -> GenerateRequest:
         def find() -> GenerateRequest | None:
             return next((q for q in self.requests if prompt_key(q) == key), None)
 
         return await _poll(find, timeout)
+
+
+def client_rid(bus_rid: str) -> str:
+    """The client's name of a request: a rid it chose travels as "<rid>.<8 hex digits>"
+    (shared/request_ids.py); one the gateway made up travels as it is."""
+    head, _, tail = bus_rid.rpartition(".")
+    return head if head and len(tail) == 8 else bus_rid
 
 
 async def _poll(find: Callable[[], T | None], timeout: float) -> T:

@@ -14,7 +14,7 @@ from services.gateway.access_policy import AccessPolicy
 from shared import constants
 from shared.messages.heartbeat import ModelInfo
 from shared.service import Service
-from tests.gateway.fake_backend import FakeBackend
+from tests.gateway.fake_backend import FakeBackend, client_rid
 from tests.gateway.helpers import MODEL, Running, read_sse, wait_until
 
 pytestmark = pytest.mark.redis
@@ -129,7 +129,7 @@ async def test_abort_all_without_the_admin_key_aborts_only_the_callers_requests(
     assert await post(http, url, {"abort_all": True}, BOB) == (200, {"aborted": ["bob-2"]})
     events = await read_sse(bob)  # bob's call ends, aborted
     assert events[-2]["meta_info"]["finish_reason"]["type"] == "abort"
-    assert [a.rid for a in backend.aborts] == ["bob-2"]
+    assert [client_rid(a.rid) for a in backend.aborts] == ["bob-2"]
     await wait_until(lambda: "bob-2" not in keyed.state.dispatcher.inflight.calls)
     assert await post(http, url, {"abort_all": True}, ADMIN) == (200, {"aborted": ["alice-2"]})
     await backend.wait_for_abort("alice-2")

@@ -20,7 +20,7 @@ from shared.messages.common import ChoiceConstraint, JsonSchemaConstraint, Sampl
 from shared.messages.reply import Delta, Usage
 from shared.messages.tokenize import ChatMessage, ChatPrompt, TextPrompt, TokenPrompt
 from shared.service import Service
-from tests.gateway.fake_backend import FakeBackend
+from tests.gateway.fake_backend import FakeBackend, client_rid
 from tests.gateway.helpers import MODEL, Running, read_sse, wait_until
 
 pytestmark = pytest.mark.redis
@@ -258,7 +258,9 @@ async def test_generate_stream_is_cumulative(gw: Running, backend: FakeBackend, 
     ]
     assert {e["meta_info"]["id"] for e in events[:-1]} == {"my-rid.1"}
     (req,) = backend.requests
-    assert req.prompt == TokenPrompt(input_ids=[5, 6]) and req.trace.rid == "my-rid.1"
+    assert req.prompt == TokenPrompt(input_ids=[5, 6])
+    # a rid the client chose travels under an id of its own (shared/request_ids.py)
+    assert req.trace.rid != "my-rid.1" and client_rid(req.trace.rid) == "my-rid.1"
     assert req.sampling.max_new_tokens == 128 and req.stream is True
 
 

@@ -14,7 +14,7 @@ from services.gateway.info_api import redact
 from shared import constants
 from shared.messages.heartbeat import ExecutorLoad, ModelInfo
 from shared.service import Service
-from tests.gateway.fake_backend import FakeBackend
+from tests.gateway.fake_backend import FakeBackend, client_rid
 from tests.gateway.helpers import MODEL, Running
 
 pytestmark = pytest.mark.redis
@@ -115,7 +115,7 @@ async def test_health_generate_sends_a_one_token_greedy_probe(
     assert body["status"] == "ok" and body["token_ids"] == [101, 102, 103]
     assert 0 < body["latency_s"] < 5
     (probe,) = backend.requests
-    assert probe.trace.rid == body["rid"]
+    assert client_rid(probe.trace.rid) == body["rid"]
     assert time.time() < probe.trace.deadline <= time.time() + health_api.PROBE_TIMEOUT_S
     assert probe.sampling.max_new_tokens == 1 and probe.sampling.temperature == 0
 

@@ -15,6 +15,7 @@ from services.gateway.validation.common import (
     Job,
     check_model,
     check_rid,
+    convert,
     decode,
     samples,
     token_ids,
@@ -26,7 +27,12 @@ from services.gateway.validation.completions import (
     completion_prompts,
 )
 from services.gateway.validation.constraints import native_constraint, response_format_constraint
-from services.gateway.validation.native import native_jobs, native_prompts, native_rids
+from services.gateway.validation.native import (
+    native_chat_jobs,
+    native_jobs,
+    native_prompts,
+    native_rids,
+)
 from services.gateway.validation.sampling import logit_biases, sampling_params, stop_strings
 
 __all__ = [
@@ -38,9 +44,11 @@ __all__ = [
     "check_rid",
     "completion_jobs",
     "completion_prompts",
+    "convert",
     "decode",
     "logit_biases",
     "message_text",
+    "native_chat_jobs",
     "native_constraint",
     "native_jobs",
     "native_prompts",

@@ -42,6 +42,15 @@ def decode(body: bytes, type_: type[T]) -> T:
         raise invalid("the body's JSON nests too deeply") from None
 
 
+def convert(value: Any, type_: type[T]) -> T:
+    """`decode` for a body already parsed into Python values (a gRPC message's fields): the
+    same refusals, naming the field the same way."""
+    try:
+        return msgspec.convert(value, type_)
+    except msgspec.ValidationError as e:
+        raise from_decode_error(e) from None
+
+
 def check_rid(rid: str, param: str) -> None:
     if not RID_PATTERN.match(rid):
         raise invalid(f"{param} must be 1 to 128 characters of letters, digits and ._:-", param)

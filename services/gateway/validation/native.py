@@ -7,7 +7,8 @@ from dataclasses import replace
 import msgspec
 
 from services.gateway.errors import invalid
-from services.gateway.protocol import GenerateBody
+from services.gateway.protocol import ChatMessageBody, GenerateBody
+from services.gateway.validation.chat import chat_prompt
 from services.gateway.validation.common import Job, check_rid, nonempty, samples, token_ids
 from services.gateway.validation.constraints import native_constraint
 from services.gateway.validation.limits import MAX_BATCH, MAX_LOGPROBS, MAX_N
@@ -18,6 +19,19 @@ from shared.messages.tokenize import Prompt, TextPrompt, TokenPrompt
 def native_jobs(body: GenerateBody) -> tuple[list[Job], bool]:
     """The jobs of a /generate body, and whether it was a batch (a list of prompts): one job
     per prompt, each `sampling_params.n` times, prompt-major, as SGLang orders them."""
+    check_native_options(body)
+    prompts, batched = native_prompts(body)
+    return prompt_jobs(prompts, batched, body), batched or body.sampling_params.n > 1
+
+
+def native_chat_jobs(messages: list[ChatMessageBody], body: GenerateBody) -> list[Job]:
+    """The jobs of a conversation (through the chat template) with /generate's other fields
+    (`body`'s text and input_ids unused): its `n` samples."""
+    check_native_options(body)
+    return prompt_jobs([chat_prompt(messages)], False, body)
+
+
+def check_native_options(body: GenerateBody) -> None:
     s = body.sampling_params
     if not 1 <= s.n <= MAX_N:
         raise invalid(
@@ -35,7 +49,11 @@ def native_jobs(body: GenerateBody) -> tuple[list[Job], bool]:
         body.logprob_start_len >= -1,
         "-1 (no prompt logprobs) or a prompt position >= 0",
     )
-    prompts, batched = native_prompts(body)
+
+
+def prompt_jobs(prompts: list[Prompt], batched: bool, body: GenerateBody) -> list[Job]:
+    """One job per prompt and sample, with `body`'s sampling, logprob options and rids."""
+    s = body.sampling_params
     rids = native_rids(body.rid, len(prompts), batched)
     sampling = native_sampling(s)
     if body.return_logprob:
@@ -54,7 +72,7 @@ def native_jobs(body: GenerateBody) -> tuple[list[Job], bool]:
         for i, sample in enumerate(samples(job, s.n)):
             # SGLang names the samples of a client-chosen rid rid, rid-1, rid-2, ...
             jobs.append(sample if i == 0 or rid is None else replace(sample, rid=f"{rid}-{i}"))
-    return jobs, batched or s.n > 1
+    return jobs
 
 
 def native_rids(rid: str | list[str] | None, count: int, batched: bool) -> list[str | None]:
