@@ -156,10 +156,12 @@ def main(argv: list[str] | None = None) -> None:
         with contextlib.suppress(redis.RedisError):
             display.show(read_progress(progress_client))
 
+    grpc = f" and gRPC on {host}:{a.grpc_port}" if a.grpc_port > 0 else ""
+
     def on_ready() -> None:
         display.end()
         print(
-            f"ready: radixserve is serving {name} at {url} (ready in "
+            f"ready: radixserve is serving {name} at {url}{grpc} (ready in "
             f"{time.monotonic() - started:.1f}s; Ctrl-C stops it)",
             flush=True,
         )

@@ -178,6 +178,7 @@ class Pipeline:
             stream=job.stream,
             constraint=job.constraint,
             echo=job.echo,
+            api=job.api,
         )
         try:
             (_, register), (_, tokenized) = tokenize_request(self.tok, req, partitions=1)

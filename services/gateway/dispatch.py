@@ -95,6 +95,7 @@ class Dispatcher:
                 stream=job.stream,
                 constraint=job.constraint,
                 echo=job.echo,
+                api=job.api,
             )
             for key, job in zip(keys, jobs, strict=True)
         ]

@@ -21,6 +21,10 @@ def port_number(value: int) -> str | None:
     return None if 0 <= value <= 65535 else "must be a TCP port (0 to 65535)"
 
 
+def grpc_port_number(value: int) -> str | None:
+    return None if -1 <= value <= 65535 else "must be -1 (off) or a TCP port (0 to 65535)"
+
+
 def build_parser() -> EnvArgumentParser:
     p = EnvArgumentParser(prog="radixserve gateway", description="radixserve HTTP gateway")
     add_common_flags(p)
@@ -32,6 +36,14 @@ def add_flags(p: EnvArgumentParser) -> None:
     """The gateway's own flags (`radixserve serve` takes them too)."""
     p.add_flag("--host", default="127.0.0.1", help="address to listen on")
     p.add_flag("--port", type=int, default=8000, check=port_number, help="port to listen on")
+    p.add_flag(
+        "--grpc-port",
+        type=int,
+        default=-1,
+        check=grpc_port_number,
+        help="also serve gRPC on this port (SMG's SGLang worker protocol, radixserve.v1."
+        "RadixServe, grpc.health.v1, reflection); -1: off, 0: any free port",
+    )
     p.add_flag(
         "--request-timeout",
         type=float,
@@ -136,6 +148,7 @@ class Gateway:
             args.api_key, args.admin_api_key, args.max_inflight_per_key
         )
         self.port: int | None = None  # the bound port, once serving
+        self.grpc_port: int | None = None  # the bound gRPC port, once serving (with --grpc-port)
         self.serving = asyncio.Event()
 
     async def serve_http(self) -> None:
@@ -145,6 +158,19 @@ class Gateway:
         assert state.listener is not None
         self.port = bound_port(runner)
         url = f"http://{self.args.host}:{self.port}"
+        grpc_server = None
+        if self.args.grpc_port >= 0:
+            from services.gateway.grpc.server import GrpcServer
+
+            grpc_server = GrpcServer(
+                state, self.args.host, self.args.grpc_port, self.args.drain_timeout
+            )
+            try:
+                self.grpc_port = await grpc_server.start()
+            except BaseException:
+                await runner.cleanup()
+                raise
+            url += f" and gRPC on {self.args.host}:{self.grpc_port}"
         log.info("listening on %s; waiting until every stage is ready", url)
         self.serving.set()
         stopping = asyncio.create_task(self.service.stopping.wait())
@@ -159,7 +185,10 @@ class Gateway:
             stopping.cancel()
             announce.cancel()
             state.draining = True
-            await runner.cleanup()  # stop accepting; in-flight requests finish or time out
+            stops = [runner.cleanup()]  # stop accepting; in-flight requests finish or time out
+            if grpc_server is not None:
+                stops.append(grpc_server.stop())
+            await asyncio.gather(*stops)
 
     async def _announce_ready(self, ready: asyncio.Event, url: str) -> None:
         await ready.wait()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.messages.common import ErrorInfo, SamplingParams
+from shared.messages.common import ErrorInfo
 from shared.messages.heartbeat import ModelInfo
 from shared.messages.tokenize import ChatPrompt, GenerateRequest, Prompt, TextPrompt, TokenPrompt
 from shared.model_files import (
@@ -14,6 +14,19 @@ from shared.model_files import (
     read_architecture,
     read_context_length,
 )
+
+# The native API's names for the fields the tokenizer refuses (the OpenAI names are the keys).
+NATIVE_NAMES = {
+    "prompt": "text",
+    "max_tokens": "sampling_params.max_new_tokens",
+    "logit_bias": "sampling_params.logit_bias",
+    "stop_token_ids": "sampling_params.stop_token_ids",
+}
+
+
+def field_name(req: GenerateRequest, name: str) -> str:
+    """`name` as the request's API spells it."""
+    return NATIVE_NAMES.get(name, name) if req.api == "native" else name
 
 
 class PromptError(Exception):
@@ -58,6 +71,7 @@ class Tokenization:
 
     def encode_prompt(self, req: GenerateRequest) -> list[int]:
         ids, param = self.encode(req.prompt)
+        param = field_name(req, param)
         if not ids:
             raise PromptError("the prompt is empty", param)
         if len(ids) >= self.context_length:
@@ -96,21 +110,21 @@ class Tokenization:
         # The template already wrote the special tokens (BOS included) as text.
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def check_sampling(self, s: SamplingParams, prompt_len: int) -> None:
+    def check_sampling(self, req: GenerateRequest, prompt_len: int) -> None:
         """What only the tokenizer can check: token ids against the vocabulary, positions
         against the prompt."""
+        s = req.sampling
         for t in s.logit_bias:
             if not 0 <= t < self.vocab_size:
+                name = field_name(req, "logit_bias")
                 raise PromptError(
-                    f"logit_bias has token id {t}, outside the vocabulary [0, {self.vocab_size})",
-                    "logit_bias",
+                    f"{name} has token id {t}, outside the vocabulary [0, {self.vocab_size})", name
                 )
         for t in s.stop_token_ids:
             if t >= self.vocab_size:
+                name = field_name(req, "stop_token_ids")
                 raise PromptError(
-                    f"stop_token_ids has token id {t}, outside the vocabulary "
-                    f"[0, {self.vocab_size})",
-                    "stop_token_ids",
+                    f"{name} has token id {t}, outside the vocabulary [0, {self.vocab_size})", name
                 )
         if s.logprob_start_len > prompt_len:  # equal: no prompt token's (SGLang allows it)
             raise PromptError(
@@ -131,9 +145,10 @@ class Tokenization:
         if wanted is None:
             return room
         if wanted > room:
+            name = field_name(req, "max_tokens")
             raise PromptError(
-                f"max_tokens={wanted} plus the prompt's {prompt_len} tokens exceeds this model's "
+                f"{name}={wanted} plus the prompt's {prompt_len} tokens exceeds this model's "
                 f"context length of {self.context_length} tokens (at most {room} allowed)",
-                "max_tokens",
+                name,
             )
         return wanted

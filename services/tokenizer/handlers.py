@@ -59,7 +59,7 @@ def generate(tok: Tokenization, req: GenerateRequest, partitions: int) -> Out:
     trace = req.trace
     ids = tok.encode_prompt(req)
     max_new = tok.max_new_tokens(req, len(ids))
-    tok.check_sampling(req.sampling, len(ids))
+    tok.check_sampling(req, len(ids))
     trace = stamp(trace, tokenized=time.time())
     detok = constants.detok_stream(constants.detok_partition(trace.rid, partitions))
     register = DetokRegister(

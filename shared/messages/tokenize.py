@@ -41,6 +41,9 @@ class GenerateRequest(msgspec.Struct, tag="generate", kw_only=True, frozen=True)
     stream: bool = False
     constraint: Constraint | None = None  # structured output (routed through the grammar service)
     echo: bool = False  # send the prompt's text back before the output (OpenAI `echo`)
+    # whose field names a refusal uses: "openai" (max_tokens, prompt, ...) or "native"
+    # (/generate's sampling_params.max_new_tokens, text, ...)
+    api: str = "openai"
 
 
 class TokenizeRequest(msgspec.Struct, tag="tokenize", kw_only=True, frozen=True):

@@ -48,6 +48,7 @@ def tiny_stack(
         ],
         tmp_path_factory.mktemp("logs") / "tiny-stack.log",
         stack_redis,
+        grpc=True,
     )
     yield stack
     code = stack.stop()

@@ -31,6 +31,7 @@ class Stack:
     log_path: Path
     redis_url: str | None  # None: serve runs its own private Redis
     ready_s: float
+    grpc_target: str | None = None  # host:port of the gateway's gRPC server, when it has one
 
     def log_tail(self, n: int = 60) -> str:
         lines = self.log_path.read_text(errors="replace").splitlines()
@@ -118,8 +119,12 @@ def start_stack(
     redis_url: str | None,
     env: dict[str, str] | None = None,
     timeout: float = 300.0,
+    grpc: bool = False,
 ) -> Stack:
+    """`radixserve serve` with `args`, once /health says it serves; with `grpc`, the gateway
+    also serves gRPC on a free port (`Stack.grpc_target`)."""
     port = free_port()
+    grpc_port = free_port() if grpc else -1
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("RADIXSERVE_")}
     full_env.pop("REDIS_URL", None)
     if redis_url is not None:
@@ -128,13 +133,24 @@ def start_stack(
     log = open(log_path, "wb")  # noqa: SIM115 - the child writes it for the stack's lifetime
     started = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "radixserve", "serve", "--port", str(port), *args],
+        [
+            sys.executable,
+            "-m",
+            "radixserve",
+            "serve",
+            "--port",
+            str(port),
+            "--grpc-port",
+            str(grpc_port),
+            *args,
+        ],
         stdout=log,
         stderr=subprocess.STDOUT,
         env=full_env,
     )
     base = f"http://127.0.0.1:{port}"
-    stack = Stack(base, proc, log_path, redis_url, 0.0)
+    target = f"127.0.0.1:{grpc_port}" if grpc else None
+    stack = Stack(base, proc, log_path, redis_url, 0.0, target)
     while time.monotonic() - started < timeout:
         if proc.poll() is not None:
             raise AssertionError(f"serve exited with {proc.returncode}\n{stack.log_tail()}")

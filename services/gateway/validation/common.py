@@ -28,6 +28,7 @@ class Job:
     rid: str | None = None  # chosen by the client (/generate only)
     constraint: Constraint | None = None  # structured output
     echo: bool = False  # OpenAI completions: the prompt's text comes back before the output
+    api: str = "openai"  # whose field names the services' refusals use ("openai", "native")
 
 
 def decode(body: bytes, type_: type[T]) -> T:

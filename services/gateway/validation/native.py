@@ -67,7 +67,12 @@ def prompt_jobs(prompts: list[Prompt], batched: bool, body: GenerateBody) -> lis
     jobs = []
     for prompt, rid in zip(prompts, rids, strict=True):
         job = Job(
-            prompt=prompt, sampling=sampling, stream=body.stream, rid=rid, constraint=constraint
+            prompt=prompt,
+            sampling=sampling,
+            stream=body.stream,
+            rid=rid,
+            constraint=constraint,
+            api="native",
         )
         for i, sample in enumerate(samples(job, s.n)):
             # SGLang names the samples of a client-chosen rid rid, rid-1, rid-2, ...
