@@ -13,6 +13,8 @@ commands:
   burst     N requests at once to a running server: status counts, Retry-After, latency
   lang      radixserve.lang programs (few-shot select, tree-of-thought fork, multi-turn chat)
             on an Engine with the radix cache on and off: programs/s and cache hit rate
+  protocols gRPC against HTTP on one running server: one-token latency at concurrency 1
+            and 64, decode-heavy output tok/s
   faults    start a stack and break it (each service killed, Redis restarted, hostile input)
             under a steady load: ok / retried / failed-fast / hung per scenario
 
@@ -46,7 +48,19 @@ def _lang(argv: list[str]) -> None:
     lang_bench.main(argv)
 
 
-COMMANDS = {"serving": _serving, "burst": _burst, "faults": _faults, "lang": _lang}
+def _protocols(argv: list[str]) -> None:
+    from loadtest import protocols
+
+    protocols.main(argv)
+
+
+COMMANDS = {
+    "serving": _serving,
+    "burst": _burst,
+    "faults": _faults,
+    "lang": _lang,
+    "protocols": _protocols,
+}
 
 
 def main(argv: list[str] | None = None) -> None:

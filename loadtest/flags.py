@@ -105,8 +105,19 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m loadtest.serving",
         description="Benchmark an LLM server's online serving: throughput, TTFT, ITL, TPOT.",
     )
-    p.add_argument("--backend", choices=sorted(BACKENDS), default="radixserve")
+    p.add_argument(
+        "--backend",
+        choices=sorted([*BACKENDS, "grpc", "grpc-smg"]),
+        default="radixserve",
+        help="grpc: radixserve.v1.RadixServe's StreamGenerate; grpc-smg: SMG's SGLang worker "
+        "protocol (token ids in and out); both need --grpc-target",
+    )
     p.add_argument("--base-url", help="e.g. http://127.0.0.1:8000 (default: --host, --port)")
+    p.add_argument(
+        "--grpc-target",
+        help="host:port of the gRPC server, for --backend grpc and grpc-smg (the tokenizer "
+        "and model name still come from --base-url unless --tokenizer is given)",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--model", help="the model name to send (default: GET /v1/models)")

@@ -11,10 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import grpc
 import numpy as np
 
 from loadtest.backends import Backend, Message, Options, RequestResult, send
 from loadtest.datasets import Conversation
+from loadtest.grpc_backends import GrpcBackend
 from loadtest.progress import Progress
 
 
@@ -40,6 +42,7 @@ class Client:
     options: Options
     max_concurrency: int | None
     count_tokens: Callable[[str], int]  # answers' lengths when the server reports no usage
+    channel: grpc.aio.Channel | None = None  # a gRPC backend's, in place of the HTTP URL
 
     def __post_init__(self) -> None:
         self._slots: contextlib.AbstractAsyncContextManager[Any] = (
@@ -53,6 +56,9 @@ class Client:
     ) -> RequestResult:
         body = self.backend.body(messages, output_len, conv.json_schema, self.options)
         async with self._slots:
+            if isinstance(self.backend, GrpcBackend):
+                assert self.channel is not None, "a gRPC backend needs a channel"
+                return await self.backend.call(self.channel, body, prompt_len)
             return await send(self.session, self.url, self.backend, body, prompt_len)
 
 

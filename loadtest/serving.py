@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import random
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+import grpc
 
 from loadtest import datasets, report, tokenizer
 from loadtest.backends import BACKENDS, Options
 from loadtest.datasets import Conversation
 from loadtest.flags import build_parser
+from loadtest.grpc_backends import GRPC_BACKENDS
 from loadtest.metrics import Metrics, compute
 from loadtest.progress import Progress
 from loadtest.runner import Client, arrival_times, run
@@ -104,9 +108,15 @@ async def benchmark(args: argparse.Namespace) -> Metrics:
     connector = aiohttp.TCPConnector(limit=0)  # the default 100 would cap concurrency silently
     timeout = aiohttp.ClientTimeout(total=args.request_timeout)
     auth = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else None
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=auth) as session:
+    grpc_backend = args.backend in GRPC_BACKENDS
+    if grpc_backend and not args.grpc_target:
+        raise SystemExit(f"--backend {args.backend} needs --grpc-target host:port")
+    async with (
+        aiohttp.ClientSession(connector=connector, timeout=timeout, headers=auth) as session,
+        grpc_channel(args.grpc_target if grpc_backend else None, args.api_key) as channel,
+    ):
         model = args.model or await served_model(session, base_url)
-        if model is None and args.backend != "radixserve":
+        if model is None and args.backend in ("openai", "openai-chat"):
             raise SystemExit(f"{base_url}/v1/models names no model: pass --model")
         tok = tokenizer.load(await resolve_tokenizer(args, session, base_url))
         source = TextSource(tok, args.seed)
@@ -118,9 +128,15 @@ async def benchmark(args: argparse.Namespace) -> Metrics:
             extra_body=args.extra_request_body,
             hop_latency=args.hop_latency,
         )
-        backend = BACKENDS[args.backend]()
+        backend = GRPC_BACKENDS[args.backend](tok) if grpc_backend else BACKENDS[args.backend]()
         client = Client(
-            session, base_url + backend.path, backend, options, args.max_concurrency, source.count
+            session,
+            base_url + backend.path,
+            backend,
+            options,
+            args.max_concurrency,
+            source.count,
+            channel,
         )
         if args.warmup_requests > 0:
             first = conversations[0]
@@ -144,6 +160,32 @@ async def benchmark(args: argparse.Namespace) -> Metrics:
         )
         print("plots: " + ", ".join(map(str, paths)))
     return metrics
+
+
+@contextlib.asynccontextmanager
+async def grpc_channel(target: str | None, api_key: str | None) -> AsyncIterator[Any]:
+    """One channel every request shares (None without a target)."""
+    if target is None:
+        yield None
+        return
+    options = [("grpc.max_receive_message_length", 64 << 20)]
+    interceptors = [BearerKey(api_key)] if api_key else None
+    channel = grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)
+    try:
+        yield channel
+    finally:
+        await channel.close()
+
+
+class BearerKey(grpc.aio.UnaryStreamClientInterceptor):
+    """`authorization: Bearer <key>` on every streaming call, as HTTP's header."""
+
+    def __init__(self, key: str) -> None:
+        self.metadata = (("authorization", f"Bearer {key}"),)
+
+    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        details = details._replace(metadata=(*(details.metadata or ()), *self.metadata))
+        return await continuation(details, request)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -94,7 +94,9 @@ def test_compose_needs_the_password_and_publishes_only_the_gateway(tmp_path: Pat
         url = parse_url(spec["environment"]["REDIS_URL"])
         assert (url["host"], url["password"]) == ("redis", password), name
         assert ("ports" in spec) == (name == "gateway"), name
-    assert services["gateway"]["ports"] == ["127.0.0.1:8000:8000"]
+    assert services["gateway"]["ports"] == ["127.0.0.1:8000:8000", "127.0.0.1:50051:50051"]
+    command = services["gateway"]["command"]
+    assert command[command.index("--grpc-port") + 1] == "50051"
     assert services["gateway"]["environment"]["RADIXSERVE_API_KEY"] == "k1,k2"
     assert "RADIXSERVE_API_KEY" not in services["tokenizer"]["environment"]
 

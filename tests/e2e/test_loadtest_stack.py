@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from loadtest import serving, tokenizer
+from loadtest import protocols, serving, tokenizer
 from loadtest.flags import build_parser
 from loadtest.textgen import TextSource
 from tests.e2e.stack import Stack
@@ -17,13 +18,19 @@ from tests.e2e.stack import Stack
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 
-def test_benchmark_counts_match_the_servers_usage(tiny_stack: Stack, tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("backend", ["openai", "grpc", "grpc-smg"])
+def test_benchmark_counts_match_the_servers_usage(
+    tiny_stack: Stack, tiny_model_dir: Path, backend: str
+) -> None:
+    assert tiny_stack.grpc_target is not None
     args = build_parser().parse_args(
         [
             "--base-url",
             tiny_stack.base_url,
+            "--grpc-target",
+            tiny_stack.grpc_target,
             "--backend",
-            "openai",
+            backend,
             "--tokenizer",
             str(tiny_model_dir),
             "--dataset-name",
@@ -100,4 +107,40 @@ def test_a_burst_through_the_stack_completes(tiny_stack: Stack, tmp_path: Path) 
     summary = json.loads(out.read_text())
     assert summary["counts"]["2xx"] == 40, summary
     assert summary["latency_ms_ok"] is not None
+    tiny_stack.wait_idle()
+
+
+def test_protocols_compares_http_and_grpc_on_one_server(
+    tiny_stack: Stack, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    assert tiny_stack.grpc_target is not None
+    out = tmp_path / "protocols.json"
+    record = protocols.main(
+        [
+            "--base-url",
+            tiny_stack.base_url,
+            "--grpc-target",
+            tiny_stack.grpc_target,
+            "--tokenizer",
+            str(tiny_model_dir),
+            "--rounds",
+            "2",
+            "--scale",
+            "0.05",
+            "--out",
+            str(out),
+        ]
+    )
+    runs = record["runs"]
+    assert len(runs) == 2 * 3 * 3  # rounds x workloads x protocols
+    assert all(r["failed"] == 0 for r in runs)
+    # each protocol went first in a different round
+    firsts = {r["round"]: r["protocol"] for r in reversed(runs) if r["workload"] == "one_token_c1"}
+    assert firsts == {0: "radixserve", 1: "grpc"}
+    heavy = [r for r in runs if r["workload"] == "decode_heavy"]
+    assert {r["requests"] for r in heavy} == {round(64 * 0.05)}
+    summary = record["summary"]["decode_heavy"]
+    assert summary["radixserve"]["tok_s_over_http"] == 1.0
+    assert set(summary) == {"radixserve", "grpc", "grpc-smg"}
+    assert json.loads(out.read_text())["summary"] == record["summary"]
     tiny_stack.wait_idle()
