@@ -8,7 +8,8 @@ Sections: roofline, correctness, decode1, peer, heavy, structured, offline, offl
 same 500 prompts with --kv-cache-dtype fp8_e5m2), online, profile, prefill; and, only when
 named, burst (2,000 requests at once and the shared-prefix workload at concurrency 256 through
 `radixserve serve`, counting lost requests) and engine_ab (the public `radixserve.Engine`
-against the executor's engine stepped directly, alternating on one engine: gpu/engine_ab.py).
+against the executor's engine stepped directly, alternating on one engine: gpu/engine_ab.py) and
+protocols (HTTP against gRPC on one `radixserve serve`: gpu/protocols.py).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ TIME_LIMITS = {
     "profile": 300,
     "prefill": 240,
     "engine_ab": 300,
+    "protocols": 420,
 }
 OFFLINE_RUN_S = 130  # the 500-prompt run stops here and reports what it finished
 
@@ -93,7 +95,11 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         from loadtest.gpu.engine_ab import engine_ab_section
 
         return engine_ab_section()
-    extra = ["burst", "engine_ab"]
+    if name == "protocols":
+        from loadtest.gpu.protocols import protocols_section
+
+        return protocols_section(str(out_dir))
+    extra = ["burst", "engine_ab", "protocols"]
     raise SystemExit(f"unknown section {name!r}; known: {', '.join([*SECTIONS, *extra])}")
 
 

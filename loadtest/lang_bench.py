@@ -95,6 +95,16 @@ def overhead(engine: Engine, url: str, n: int) -> dict[str, Any]:
     }
 
 
+def release_device_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="radixserve-loadtest lang", description=__doc__)
     p.add_argument("--model", default="", help="HF dir or .gguf (default: bundled SmolLM2)")
@@ -155,6 +165,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if a.url and cache == "on":
                 report["overhead"] = overhead(engine, a.url, a.overhead_requests)
                 print(json.dumps({"overhead": report["overhead"]}), flush=True)
+        # The next engine sizes its KV pool from the free GPU memory: this one's must be gone.
+        del engine
+        release_device_memory()
     if a.url:
         for name in names:
             row = {

@@ -288,8 +288,9 @@ def decode_heavy_offline() -> dict[str, Any]:
     return result
 
 
-def _serve(model: Path, log: Path, port: int) -> Any:
-    """`radixserve serve` with dummy weights; returns the process once /health is 200."""
+def _serve(model: Path, log: Path, port: int, *extra: str) -> Any:
+    """`radixserve serve` with dummy weights (and `extra` flags); returns the process once
+    /health is 200."""
     import os
     import subprocess
     import sys
@@ -308,6 +309,7 @@ def _serve(model: Path, log: Path, port: int) -> Any:
             "dummy",
             "--port",
             str(port),
+            *extra,
         ],
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,

@@ -211,38 +211,45 @@ class BatchPolicy:
 
     def _plan_extend(self) -> StepPlan | None:
         self._admit()
-        if not self.prefilling:
-            return None
+        while self.prefilling:
+            plan, out_of_memory = self._extend_chunks()
+            if plan is not None or not out_of_memory or self.running:
+                return plan
+            # Partly prefilled prompts hold the whole pool: give the youngest's slots to the
+            # others so at least one can finish (it waits to be admitted again). Only prompts
+            # that still need slots count: a prefill-only request whose last chunk is in
+            # flight needs none and is about to finish.
+            needing = [r for r in self.prefilling if not r.pending and r.pending_len > 0]
+            if len(needing) < 2:
+                return None
+            victim = max(needing, key=lambda r: r.seq)
+            self.prefilling.remove(victim)
+            self.mem.release(victim)
+            self.waiting.appendleft(victim)
+        return None
+
+    def _extend_chunks(self) -> tuple[StepPlan | None, bool]:
+        """The next chunk of each prefilling prompt, within the token budget; and whether a
+        prompt found no free slot."""
         reqs: list[Req] = []
         lens: list[int] = []
         budget = self.max_prefill_tokens
-        out_of_memory = False
         for req in self.prefilling:
             if budget <= 0:
                 break
-            if req.pending:
+            if req.pending or req.pending_len == 0:
                 # Its last chunk is in flight (overlap): the token it samples starts its
-                # decoding, which a CUDA graph replays far cheaper than a one-token extend.
+                # decoding, which a CUDA graph replays far cheaper than a one-token extend;
+                # a prefill-only request samples none and has nothing left to compute.
                 continue
             n = min(req.pending_len, budget, self.mem.available())
             if n <= 0:
-                out_of_memory = True
-                break
+                return (StepPlan(reqs, lens, is_decode=False) if reqs else None), True
             self.mem.grow(req, n)
             reqs.append(req)
             lens.append(n)
             budget -= n
-        if not reqs:
-            if out_of_memory and not self.running:
-                # Partly prefilled prompts hold the whole pool: give the youngest's slots to
-                # the others so at least one can finish.
-                victim = max(self.prefilling, key=lambda r: r.seq)
-                self.prefilling.remove(victim)
-                self.mem.release(victim)
-                self.waiting.appendleft(victim)
-                return self._plan_extend() if self.prefilling else None
-            return None
-        return StepPlan(reqs, lens, is_decode=False)
+        return (StepPlan(reqs, lens, is_decode=False) if reqs else None), False
 
     def _plan_decode(self) -> StepPlan | None:
         """One token for every running request, plus the tokens a grammar forced after it

@@ -198,3 +198,36 @@ def test_logprobs_may_start_at_the_prompts_end(tiny_dir: Path) -> None:
     out = drain(make_engine(tiny_dir), [req])["e"]
     blocks = [d.prompt_logprobs for d in out if d.prompt_logprobs is not None]
     assert out[-1].finish == "length" and all(b.token_ids == [] for b in blocks)
+
+
+def test_prefill_only_requests_in_flight_are_never_recomputed_or_evicted(tiny_dir: Path) -> None:
+    """With overlap, a prefill-only request whose last chunk is in flight has nothing left to
+    compute and samples no token. Planning the next step must pass over it: taking it for out
+    of memory evicted it (freeing slots the device was still writing) and prefilled it again;
+    with many of them the planner recursed until Python gave up (SGLang's `select` sends many)."""
+    engine = make_engine(tiny_dir, overlap=True, max_prefill_tokens=64)
+    ps = prompts(8, seed=21)
+    reqs = [
+        make_request(f"p{i}", p, 0, return_logprob=True, logprob_start_len=0)
+        for i, p in enumerate(ps)
+    ]
+    reqs += [make_request(f"g{i}", p, 3, ignore_eos=True) for i, p in enumerate(ps[:3])]
+    computed = 0
+    original = engine.runner.forward
+
+    def forward(plan: Any, prev: Any = None) -> Any:
+        nonlocal computed
+        computed += sum(
+            n for r, n in zip(plan.reqs, plan.extend_lens, strict=True) if r.rid[0] == "p"
+        )
+        return original(plan, prev=prev)
+
+    engine.runner.forward = forward  # type: ignore[method-assign]
+    out = drain(engine, reqs)
+    for i, p in enumerate(ps):
+        deltas = out[f"p{i}"]
+        assert deltas[-1].finish == "length" and not [t for d in deltas for t in d.token_ids]
+        blocks = [d.prompt_logprobs for d in deltas if d.prompt_logprobs is not None]
+        assert len(blocks) == 1 and len(blocks[0].token_ids) == len(p)
+    assert computed == sum(len(p) for p in ps)  # every prompt computed once
+    engine.policy.check_integrity()
