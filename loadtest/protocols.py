@@ -7,8 +7,9 @@ Three workloads, each sent through every protocol in turn (HTTP's native /genera
 `grpc`: radixserve.v1's StreamGenerate, `grpc-smg`: SMG's worker protocol), the order rotated
 every round so no protocol always runs first or last:
 
-- one-token requests at concurrency 1: the median request latency is the protocol's per-request
-  overhead on top of one prefill and one sampled token;
+- one-token requests at concurrency 1, the protocols taking turns request by request (so a
+  slow moment of the machine falls on all of them alike): the median request latency is the
+  protocol's per-request overhead on top of one prefill and one sampled token;
 - one-token requests at concurrency 64: the same under many requests at once;
 - decode-heavy: 64 prompts of 128 tokens, 512 out, all at once: output tokens per second.
 
@@ -31,10 +32,10 @@ from typing import Any
 import aiohttp
 
 from loadtest import datasets, tokenizer
-from loadtest.backends import BACKENDS, Options
+from loadtest.backends import BACKENDS, Options, RequestResult
 from loadtest.grpc_backends import GRPC_BACKENDS
 from loadtest.metrics import compute
-from loadtest.runner import Client, arrival_times, run
+from loadtest.runner import Client, arrival_times, converse, run
 from loadtest.serving import grpc_channel, resolve_tokenizer
 from loadtest.textgen import TextSource
 
@@ -52,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grpc-target", default="127.0.0.1:50051")
     p.add_argument("--tokenizer", default="", help="default: the server's (GET /get_model_info)")
     p.add_argument("--api-key", default="")
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--protocols", default=",".join(PROTOCOLS))
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument(
@@ -70,7 +71,37 @@ async def one_run(
     client = dataclasses.replace(client, max_concurrency=concurrency)
     convs = datasets.random_dataset(source, random.Random(), n, in_len, out_len, 1.0)
     done = await run(client, convs, arrival_times(n, float("inf"), 0))
-    m = compute(done.results, done.duration_s, source.count)
+    return _result(compute(done.results, done.duration_s, source.count), n, concurrency)
+
+
+async def interleaved(
+    clients: dict[str, Client], order: list[str], tok: Any, seed: int, scale: float
+) -> dict[str, dict[str, Any]]:
+    """one_token_c1 with the protocols taking turns, request by request: each protocol's
+    result, as one_run gives it."""
+    n, _, in_len, out_len = WORKLOADS["one_token_c1"]
+    n = max(1, round(n * scale))
+    convs = {
+        name: datasets.random_dataset(
+            TextSource(tok, seed + 97 * i), random.Random(), n, in_len, out_len, 1.0
+        )
+        for i, name in enumerate(order)
+    }
+    results: dict[str, list[RequestResult]] = {name: [] for name in order}
+    started = {name: 0.0 for name in order}
+    for k in range(n):
+        for name in order:
+            t0 = time.perf_counter()
+            await converse(clients[name], convs[name][k], results[name].append)
+            started[name] += time.perf_counter() - t0
+    out = {}
+    for name in order:
+        m = compute(results[name], started[name], clients[name].count_tokens)
+        out[name] = _result(m, n, 1)
+    return out
+
+
+def _result(m: Any, n: int, concurrency: int) -> dict[str, Any]:
     assert m.e2e is not None
     return {
         "requests": n,
@@ -109,9 +140,16 @@ async def measure(a: argparse.Namespace) -> dict[str, Any]:
         for r in range(a.rounds):
             order = protocols[r % len(protocols) :] + protocols[: r % len(protocols)]
             for workload in workloads:
+                seed = a.seed + 7919 * r + 31 * len(runs)
+                if workload == "one_token_c1":
+                    results = await interleaved(clients, order, tok, seed, a.scale)
+                else:
+                    results = {}
+                    for name in order:
+                        source = TextSource(tok, seed + 97 * len(results))
+                        results[name] = await one_run(clients[name], source, workload, a.scale)
                 for name in order:
-                    source = TextSource(tok, a.seed + 7919 * r + 31 * len(runs))
-                    result = await one_run(clients[name], source, workload, a.scale)
+                    result = results[name]
                     runs.append({"round": r, "protocol": name, "workload": workload, **result})
                     print(
                         f"round {r} {workload:<14} {name:<11} "
