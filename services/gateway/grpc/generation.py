@@ -37,13 +37,16 @@ async def dispatch(
 
 async def replies(pendings: list[Pending]) -> AsyncIterator[tuple[int, Delta, Accumulated]]:
     """(sample index, its new delta, everything it produced so far) until every sample has
-    finished. Leaving early (an error, a cancelled RPC) aborts the unfinished ones."""
+    finished; deltas that carry nothing (a request's admission) are not passed on, so no
+    message is sent for them. Leaving early (an error, a cancelled RPC) aborts the
+    unfinished ones."""
     accs = [Accumulated() for _ in pendings]
     async for i, d in merged(pendings):
         if d.hops is not None:  # the first token: its per-stage latency joins the gateway's
             accs[i].hop_ms = pendings[i].first_token(d.hops)
         accs[i].add(d)
-        yield i, d, accs[i]
+        if d.token_ids or d.text or d.finish_reason is not None or d.prompt_logprobs:
+            yield i, d, accs[i]
 
 
 async def collect(pendings: list[Pending]) -> list[Accumulated]:

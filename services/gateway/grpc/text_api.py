@@ -14,6 +14,7 @@ from typing import TypeAlias
 import grpc
 
 from services.gateway.abort_api import abort_calls
+from services.gateway.access_policy import Caller
 from services.gateway.grpc import text_convert as convert
 from services.gateway.grpc.calls import rpc
 from services.gateway.grpc.generation import collect, dispatch, replies
@@ -103,9 +104,9 @@ class TextService(pb_grpc.RadixServeServicer):
 
     # -- the generations' two shapes ---------------------------------------------------------
     async def _whole(
-        self, context: Context, who: object, jobs: list[Job], param: str
+        self, context: Context, who: Caller, jobs: list[Job], param: str
     ) -> pb.GenerateResponse:
-        pendings = await dispatch(self.state, context, who, jobs, param)  # type: ignore[arg-type]
+        pendings = await dispatch(self.state, context, who, jobs, param)
         accs = await collect(pendings)
         return pb.GenerateResponse(
             choices=[
@@ -115,8 +116,8 @@ class TextService(pb_grpc.RadixServeServicer):
         )
 
     async def _chunks(
-        self, context: Context, who: object, jobs: list[Job], param: str
+        self, context: Context, who: Caller, jobs: list[Job], param: str
     ) -> AsyncIterator[pb.GenerateChunk]:
-        pendings = await dispatch(self.state, context, who, jobs, param)  # type: ignore[arg-type]
+        pendings = await dispatch(self.state, context, who, jobs, param)
         async for i, d, acc in replies(pendings):
             yield convert.chunk(i, pendings[i].rid, d, acc)
