@@ -15,13 +15,14 @@ import logging
 import time
 
 from services.scheduler import failover, routes
+from services.scheduler.policy import METHODS, Thresholds, make_policy
 from services.scheduler.router import Router
 from shared import constants
 from shared.bus import GroupConsumer, publish_many
-from shared.config import EnvArgumentParser, add_common_flags, positive
+from shared.config import EnvArgumentParser, add_common_flags, non_negative, positive
 from shared.logs import setup_logging
 from shared.messages.common import AbortRequest
-from shared.messages.schedule import RequestDone, ScheduleMessage, TokenizedRequest
+from shared.messages.schedule import FlushCache, RequestDone, ScheduleMessage, TokenizedRequest
 from shared.service import Service, default_instance_id, live_instances, run_async
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,46 @@ def add_flags(p: EnvArgumentParser) -> None:
         check=positive,
         help="requests waiting in executor queues before new ones get 503",
     )
+    p.add_flag(
+        "--load-balance-method",
+        default="cache_aware",
+        choices=sorted(METHODS),
+        help="how requests are spread over executors: cache_aware (to the executor that "
+        "holds the longest prefix of the prompt, unless the load is imbalanced), least_load, "
+        "or round_robin",
+    )
+    p.add_flag(
+        "--cache-threshold",
+        type=float,
+        default=0.3,
+        check=lambda v: None if 0.0 <= v <= 1.0 else "must be in [0, 1]",
+        help="cache_aware: the share of a prompt an executor's routed prefixes must match for "
+        "the request to follow them (below it: the least-loaded executor)",
+    )
+    p.add_flag(
+        "--balance-abs-threshold",
+        type=int,
+        default=64,
+        check=non_negative,
+        help="cache_aware: the load (requests in flight) is imbalanced when the busiest "
+        "executor has more than this many above the idlest, and --balance-rel-threshold "
+        "times its load; then the least-loaded executor gets the request",
+    )
+    p.add_flag(
+        "--balance-rel-threshold",
+        type=float,
+        default=1.5,
+        check=lambda v: None if v >= 1.0 else "must be at least 1",
+        help="cache_aware: see --balance-abs-threshold",
+    )
+    p.add_flag(
+        "--router-tree-tokens",
+        type=int,
+        default=0,
+        check=non_negative,
+        help="cache_aware: tokens of routed prefixes remembered per executor, least recently "
+        "used forgotten first (0: as many as the executor's KV pool holds)",
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -63,7 +104,12 @@ async def serve(a: argparse.Namespace) -> None:
         a.redis_url,
         max_connections=a.redis_max_connections,
     )
-    router = Router(max_queued=a.max_queued_requests, resume_wait_s=a.resume_wait)
+    thresholds = Thresholds(a.cache_threshold, a.balance_abs_threshold, a.balance_rel_threshold)
+    router = Router(
+        max_queued=a.max_queued_requests,
+        resume_wait_s=a.resume_wait,
+        policy=make_policy(a.load_balance_method, thresholds, a.router_tree_tokens),
+    )
     # Claim quickly: entries pending at a dead leader should not wait the default 30 s.
     consumer: GroupConsumer[ScheduleMessage] = GroupConsumer(
         svc.r,
@@ -162,8 +208,8 @@ async def serve(a: argparse.Namespace) -> None:
                     out += router.abort(msg)
                 elif isinstance(msg, RequestDone):
                     router.done(msg.rid)
-                else:
-                    out += router.broadcast(msg)
+                elif isinstance(msg, FlushCache):
+                    out += router.flush_cache(msg)
             saves, deletes = router.take_changes()
             # the routed requests, their stored routes and the ack of what led to them: one
             # round trip, atomically; if it fails, none of it happened (the entries come again)
@@ -183,7 +229,7 @@ async def serve(a: argparse.Namespace) -> None:
             if owner is not None and owner.decode() == svc.instance:
                 await svc.r.delete(LEADER_KEY)
 
-    log.info("scheduler ready")
+    log.info("scheduler ready (load balance method %s)", a.load_balance_method)
     await svc.run(work)
 
 

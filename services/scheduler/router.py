@@ -1,8 +1,12 @@
 """Admission, routing and executor loss, synchronous: the service feeds it heartbeats and
 messages, and stores the route changes it accumulates (`take_changes`) in Redis.
 
-Load of an executor = its waiting + running requests from its last heartbeat, plus what this
-scheduler sent it since that heartbeat (so a burst does not all land on one executor).
+Which executor a request goes to is its policy's choice (policy.py, `--load-balance-method`),
+among the executors alive, with a context long enough, and not lost by this request before.
+Load of an executor = the requests this scheduler routed there that are not done yet, or what
+its last heartbeat reported (waiting + running, plus what was sent since), whichever is more:
+a heartbeat that left before the executor read what was sent to it cannot make a burst land
+on one executor, and after a restart the heartbeat still counts what the table forgot.
 
 An executor is lost when its liveness key is gone (it expired, or the supervisor deleted it on
 seeing the process exit) or when its heartbeat has not changed for `stale_after_s`: routing to
@@ -19,12 +23,14 @@ import msgspec
 from msgspec import Struct
 
 from services.scheduler import routes
+from services.scheduler.assignments import Assignment, Assignments
+from services.scheduler.policy import Policy
 from shared import constants
 from shared.hops import stamp
 from shared.messages.common import AbortRequest, ErrorInfo
 from shared.messages.detok import RequestAborted, RequestFailed
 from shared.messages.heartbeat import ExecutorLoad, Heartbeat
-from shared.messages.schedule import TokenizedRequest
+from shared.messages.schedule import FlushCache, TokenizedRequest
 
 # An executor whose heartbeat (every 0.5 s) has not changed for this long is lost.
 STALE_AFTER_S = 2.0
@@ -34,6 +40,9 @@ _encoder = msgspec.msgpack.Encoder()
 
 @dataclass
 class ExecutorView:
+    """An executor as its last heartbeat showed it, plus what was sent to it since (which
+    that heartbeat may or may not count yet: Router.loads takes the exact count as well)."""
+
     instance: str
     load: ExecutorLoad
     beat_ts: float
@@ -46,14 +55,6 @@ class ExecutorView:
     @property
     def busy(self) -> int:
         return self.load.waiting + self.load.running + self.sent_since_beat
-
-
-@dataclass
-class Assignment:
-    executor: str
-    detok_stream: str
-    deadline: float
-    reply_to: str = ""  # its gateway's reply stream
 
 
 @dataclass
@@ -83,8 +84,11 @@ class Router:
     # A request resumed from a lost executor that finds no other waits this long for one (the
     # supervisor restarting the lost one) before it fails with a retryable 503.
     resume_wait_s: float = 60.0
+    # The service passes --load-balance-method's (cache_aware by default); plain
+    # least-loaded here, so tests of admission and failover do not depend on prefixes.
+    policy: Policy = field(default_factory=Policy)
     executors: dict[str, ExecutorView] = field(default_factory=dict)
-    assigned: dict[str, Assignment] = field(default_factory=dict)  # rid -> where it went
+    assigned: Assignments = field(default_factory=Assignments)  # rid -> where it went
     early_aborts: dict[str, float] = field(default_factory=dict)  # rid -> deadline
     # Until then (monotonic) an executor missing from the heartbeats is kept, not lost: after
     # a Redis restart every liveness key is gone until its owner's next beat.
@@ -178,7 +182,7 @@ class Router:
             old = self.executors.get(hb.instance)
             sent = old.sent_since_beat if old is not None and old.beat_ts == hb.ts else 0
             live[hb.instance] = ExecutorView(hb.instance, hb.executor, hb.ts, sent)
-        known = set(self.executors) | {a.executor for a in self.assigned.values()}
+        known = set(self.executors) | self.assigned.executors()
         lost_names = known - set(live)
         if lost_names and now < self.grace_until:
             live.update({n: self.executors[n] for n in lost_names if n in self.executors})
@@ -193,9 +197,10 @@ class Router:
         if lost:
             for rid, a in list(self.assigned.items()):
                 if a.executor in lost:
-                    del self.assigned[rid]
+                    self.assigned.pop(rid)
                     lost[a.executor].requests[rid] = a
         for name in lost:
+            self.policy.lost(name)
             if name not in keyed:
                 self.streams.pop(name, None)
         return list(lost.values())
@@ -253,19 +258,26 @@ class Router:
         if not fits:
             msg = "no other executor is alive to resume this request on; retry"
             return self._ended(req, RequestFailed(rid=rid, error=_failure(503, msg, True)))
-        best = min(fits, key=lambda e: (e.busy, e.instance))
+        # what the executor will prefill
+        tokens = req.input_ids + req.resume_ids if req.resume_ids else req.input_ids
+        best = self.executors[self.policy.choose(tokens, self.loads(fits))]
+        self.policy.routed(best.instance, tokens, best.load.total_kv_tokens)
         best.sent_since_beat += 1
         reply_to = req.trace.reply_to
-        self.assigned[rid] = Assignment(
-            best.instance, req.detok_stream, req.trace.deadline, reply_to
+        self.assigned.setdefault(
+            rid, Assignment(best.instance, req.detok_stream, req.trace.deadline, reply_to)
         )
-        self.undo.append(lambda: self.assigned.pop(rid, None))
+        self.undo.append(lambda: self.assigned.pop(rid))
         routed = msgspec.structs.replace(req, trace=stamp(req.trace, routed=time.time()))
         record = routes.RouteRecord(
             best.instance, req.detok_stream, req.trace.deadline, _encoder.encode(routed), reply_to
         )
         self.saves[rid] = routes.encode(record)
         return [(best.load.stream, routed)]
+
+    def loads(self, views: list[ExecutorView]) -> dict[str, int]:
+        """instance -> its load (see the module's docstring)."""
+        return {e.instance: max(e.busy, self.assigned.held_by(e.instance)) for e in views}
 
     def _park(self, req: TokenizedRequest, now: float) -> list[tuple[str, Struct]]:
         """Hold a resumed request until an executor it may go to is alive."""
@@ -299,13 +311,18 @@ class Router:
 
     def done(self, rid: str) -> None:
         """A detokenizer sent the request's final answer: nothing is left to resume."""
-        self.assigned.pop(rid, None)
+        self.assigned.pop(rid)
         self.saves.pop(rid, None)
         self.deletes.add(rid)
 
     def broadcast(self, msg: Struct) -> list[tuple[str, Struct]]:
         """The same message to every live executor (cache flushes)."""
         return [(view.load.stream, msg) for view in self.executors.values()]
+
+    def flush_cache(self, msg: FlushCache) -> list[tuple[str, Struct]]:
+        """Every executor drops its cached prefixes: nothing is left to route by either."""
+        self.policy.flushed()
+        return self.broadcast(msg)
 
     def abort(self, msg: AbortRequest, now: float | None = None) -> list[tuple[str, Struct]]:
         a = self.assigned.get(msg.rid)
@@ -323,7 +340,7 @@ class Router:
         now = time.time() if now is None else now
         for rid, a in list(self.assigned.items()):
             if a.deadline < now:
-                del self.assigned[rid]
+                self.assigned.pop(rid)
                 self.deletes.add(rid)
         for rid, until in list(self.early_aborts.items()):
             if until < now:

@@ -7,34 +7,10 @@ import msgspec
 from services.scheduler import failover, routes
 from services.scheduler.router import Router
 from shared import constants
-from shared.messages.common import AbortRequest, HopTimes, SamplingParams, Trace
+from shared.messages.common import AbortRequest, HopTimes
 from shared.messages.detok import RequestAborted, RequestFailed, Reroute
-from shared.messages.heartbeat import ExecutorLoad, Heartbeat
 from shared.messages.schedule import TokenizedRequest
-
-
-def make_request(rid: str, n: int = 4, deadline: float = 1e12) -> TokenizedRequest:
-    return TokenizedRequest(
-        trace=Trace(rid=rid, reply_to="rs:reply:g", deadline=deadline),
-        input_ids=list(range(n)),
-        sampling=SamplingParams(),
-        max_new_tokens=8,
-        eos_token_ids=[0],
-        detok_stream="rs:detok:0",
-    )
-
-
-def beat(name: str, waiting: int = 0, running: int = 0, ts: float = 1.0) -> Heartbeat:
-    load = ExecutorLoad(
-        stream=f"rs:exec:{name}",
-        model="m",
-        context_length=64,
-        waiting=waiting,
-        running=running,
-        free_kv_tokens=100,
-        total_kv_tokens=100,
-    )
-    return Heartbeat(service="executor", instance=name, pid=1, started=0, ts=ts, executor=load)
+from tests.scheduler.factories import beat, make_request
 
 
 def test_no_executor_is_a_503() -> None:
