@@ -27,6 +27,7 @@ from radixserve.progress import ProgressDisplay, read_progress
 from radixserve.redis_proc import RedisServer
 from radixserve.restart import RestartPolicy
 from radixserve.supervisor import Supervisor
+from shared import constants
 from shared.config import EnvArgumentParser, add_common_flags, env_name, non_negative, positive
 from shared.model_files import ModelNotFoundError, resolve_model
 
@@ -46,6 +47,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         add(p)
     p.add_flag(
         "--tokenizer-replicas", type=int, default=1, check=positive, help="tokenizer processes"
+    )
+    p.add_flag(
+        "--dp-size",
+        type=int,
+        default=1,
+        check=positive,
+        help="executor processes (data parallelism; the scheduler routes between them, see "
+        "--load-balance-method). On CUDA executor i runs on GPU (--device's index + i), "
+        "sharing GPUs when there are fewer; executors that share a GPU each need "
+        "--max-total-tokens",
     )
     p.add_flag(
         "--max-restarts",
@@ -69,9 +80,39 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="seconds to wait for every service to be ready",
     )
     a = p.parse_args(argv)
+    gpus = _gpu_count(a.device) if a.dp_size > 1 else 0
+    a.executor_devices = executor_devices(a.device, a.dp_size, gpus)
+    cuda = [d for d in a.executor_devices if d.startswith("cuda")]
+    if len(cuda) > len(set(cuda)) and a.max_total_tokens <= 0:
+        p.error(
+            f"{a.dp_size} executors would share a GPU ({', '.join(a.executor_devices)}): give "
+            "each its KV pool with --max-total-tokens (--mem-fraction-static sizes a pool from "
+            "the memory free when it is measured, so the first executor would take what the "
+            "others need)"
+        )
     if "REDIS_URL" not in os.environ and a.redis_url == "redis://127.0.0.1:6379/0":
         a.redis_url = ""  # nothing given: run a private Redis
     return a
+
+
+def _gpu_count(device: str) -> int:
+    if device == "cpu":
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def executor_devices(device: str, dp_size: int, gpu_count: int) -> list[str]:
+    """The --device of each of `dp_size` executors: on CUDA one GPU each from --device's
+    index up (cuda:K, cuda:K+1, ...), going round again over those GPUs when there are fewer
+    than executors; otherwise (the CPU, or no GPU) `device` for all."""
+    if device == "cpu" or gpu_count == 0 or not device.startswith(("cuda", "auto")):
+        return [device] * dp_size
+    index = device.partition(":")[2]
+    base = int(index) if index.isdigit() else 0
+    span = max(1, gpu_count - base)  # the GPUs from the base up
+    return [f"cuda:{base + i % span}" for i in range(dp_size)]
 
 
 def check_model(a: argparse.Namespace) -> str:
@@ -94,7 +135,7 @@ def check_model(a: argparse.Namespace) -> str:
 def child_env(a: argparse.Namespace) -> dict[str, str]:
     env = dict(os.environ)
     for key, value in vars(a).items():
-        if value is None or (isinstance(value, bool) and not value):
+        if value is None or (isinstance(value, bool) and not value) or key == "executor_devices":
             continue
         env[env_name("--" + key.replace("_", "-"))] = str(value)
     env["REDIS_URL"] = a.redis_url
@@ -111,13 +152,28 @@ def child_specs(a: argparse.Namespace, suffix: str = "") -> list[ChildSpec]:
     cmd = [sys.executable, "-m", "radixserve"]
     specs: list[ChildSpec] = []
     for service in SERVICE_ORDER:
-        count = {"tokenizer": a.tokenizer_replicas, "detokenizer": a.detokenizer_partitions}
+        count = {
+            "tokenizer": a.tokenizer_replicas,
+            "detokenizer": a.detokenizer_partitions,
+            "executor": a.dp_size,
+        }
         for i in range(count.get(service, 1)):
             argv = [*cmd, service]
             if service == "detokenizer":
                 argv += ["--partition", str(i)]
+            if service == "executor" and a.dp_size > 1:
+                argv += ["--device", a.executor_devices[i]]
             specs.append(ChildSpec(f"{service}-{i}", service, argv, env, suffix))
     return specs
+
+
+def executors_live(client: redis.Redis, suffix: str) -> int:
+    """Executors of this launch whose heartbeat is live (each beats once its model loaded)."""
+    try:
+        pattern = constants.live_key("executor", f"*{suffix}")
+        return sum(1 for _ in client.scan_iter(match=pattern, count=500))
+    except redis.RedisError:
+        return 0
 
 
 def health_ok(url: str) -> bool:
@@ -166,10 +222,14 @@ def main(argv: list[str] | None = None) -> None:
             flush=True,
         )
 
+    def is_ready() -> bool:
+        """Serving end to end, with every executor --dp-size asked for."""
+        return health_ok(url) and executors_live(progress_client, suffix) >= a.dp_size
+
     supervisor = Supervisor(
         child_specs(a, suffix),
         a.redis_url,
-        is_ready=lambda: health_ok(url),
+        is_ready=is_ready,
         on_ready=on_ready,
         on_tick=show_progress,  # an executor restarted later shows its load too
         policy=RestartPolicy(max_restarts=a.max_restarts, window_s=a.restart_window),

@@ -155,7 +155,10 @@ async def serve(a: argparse.Namespace) -> None:
             await publish_many(svc.r, aborts)
 
     async def refresh_executors() -> None:
+        before = set(router.executors)
         lost = router.update_executors(await live_instances(svc.r, "executor"))
+        for name in sorted(set(router.executors) - before):
+            log.info("executor %s joined: %d live", name, len(router.executors))
         if not lost:
             return
         rids = [rid for ex in lost for rid in ex.requests]
