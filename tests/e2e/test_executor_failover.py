@@ -43,7 +43,10 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def stack(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     server = RedisServer()
     server.start()
-    s = Stack(server, executor_args(model_dir), tmp_path_factory.mktemp("failover-logs"))
+    # Least-loaded routing: the rounds send the same prompts again and need them on both
+    # executors, where cache-aware routing would keep them on the one that cached them.
+    args = [*executor_args(model_dir), "--load-balance-method", "least_load"]
+    s = Stack(server, args, tmp_path_factory.mktemp("failover-logs"))
     try:
         s.start(timeout=300)
         yield s
