@@ -15,6 +15,8 @@ commands:
             on an Engine with the radix cache on and off: programs/s and cache hit rate
   protocols gRPC against HTTP on one running server: one-token latency at concurrency 1
             and 64, decode-heavy output tok/s
+  dp        the shared-prefix workload against one executor and --dp-size executors per
+            --load-balance-method (a fresh serve each): cache hit rate and throughput
   faults    start a stack and break it (each service killed, Redis restarted, hostile input)
             under a steady load: ok / retried / failed-fast / hung per scenario
 
@@ -42,6 +44,12 @@ def _faults(argv: list[str]) -> None:
     faults.main(argv)
 
 
+def _dp(argv: list[str]) -> None:
+    from loadtest import dp_bench
+
+    dp_bench.main(argv)
+
+
 def _lang(argv: list[str]) -> None:
     from loadtest import lang_bench
 
@@ -58,6 +66,7 @@ COMMANDS = {
     "serving": _serving,
     "burst": _burst,
     "faults": _faults,
+    "dp": _dp,
     "lang": _lang,
     "protocols": _protocols,
 }

@@ -8,8 +8,10 @@ Sections: roofline, correctness, decode1, peer, heavy, structured, offline, offl
 same 500 prompts with --kv-cache-dtype fp8_e5m2), online, profile, prefill; and, only when
 named, burst (2,000 requests at once and the shared-prefix workload at concurrency 256 through
 `radixserve serve`, counting lost requests) and engine_ab (the public `radixserve.Engine`
-against the executor's engine stepped directly, alternating on one engine: gpu/engine_ab.py) and
-protocols (HTTP against gRPC on one `radixserve serve`: gpu/protocols.py).
+against the executor's engine stepped directly, alternating on one engine: gpu/engine_ab.py),
+protocols (HTTP against gRPC on one `radixserve serve`: gpu/protocols.py) and dp (two executors
+on the one GPU, the shared-prefix workload routed cache_aware and round_robin, and one executor
+for reference: gpu/dp.py).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ TIME_LIMITS = {
     "prefill": 240,
     "engine_ab": 300,
     "protocols": 420,
+    "dp": 580,
 }
 OFFLINE_RUN_S = 130  # the 500-prompt run stops here and reports what it finished
 
@@ -99,7 +102,11 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         from loadtest.gpu.protocols import protocols_section
 
         return protocols_section(str(out_dir))
-    extra = ["burst", "engine_ab", "protocols"]
+    if name == "dp":
+        from loadtest.gpu.dp import dp_section
+
+        return dp_section(str(out_dir))
+    extra = ["burst", "engine_ab", "protocols", "dp"]
     raise SystemExit(f"unknown section {name!r}; known: {', '.join([*SECTIONS, *extra])}")
 
 
@@ -189,6 +196,19 @@ def table(results: dict[str, Any]) -> str:
                 f"{gsp['completed']}/{gsp['requests']} / {gsp['lost']}",
             )
         )
+    dp_runs = get("dp", "runs") or {}
+    for run in ("cache_aware", "round_robin", "single"):
+        r = dp_runs.get(run)
+        if r is not None:
+            hit = r["cache_hit_rate"]
+            where = "one executor, the whole GPU" if run == "single" else f"DP=2 on one GPU, {run}"
+            rows.append(
+                (
+                    f"shared prefix 64x16 at once: {where}",
+                    f"{'n/a' if hit is None else f'{100 * hit:.1f}%'} cache hits, "
+                    f"{r['output_throughput']:.0f} output tok/s, {r['completed']} done",
+                )
+            )
     for arch in ("llama", "qwen2", "qwen3"):
         c = get("correctness", arch)
         if c is not None:
