@@ -52,8 +52,8 @@ def add_flags(p: EnvArgumentParser) -> None:
         "--load-balance-method",
         default="cache_aware",
         choices=sorted(METHODS),
-        help="how requests are spread over executors: cache_aware (to the executor that "
-        "holds the longest prefix of the prompt, unless the load is imbalanced), least_load, "
+        help="how requests are spread over executors: cache_aware (to the executor that was "
+        "sent the longest prefix of the prompt, unless the load is imbalanced), least_load, "
         "or round_robin",
     )
     p.add_flag(
@@ -62,7 +62,7 @@ def add_flags(p: EnvArgumentParser) -> None:
         default=0.3,
         check=lambda v: None if 0.0 <= v <= 1.0 else "must be in [0, 1]",
         help="cache_aware: the share of a prompt an executor's routed prefixes must match for "
-        "the request to follow them (below it: the least-loaded executor)",
+        "the request to follow them (below it: the executor holding the fewest prefix tokens)",
     )
     p.add_flag(
         "--balance-abs-threshold",

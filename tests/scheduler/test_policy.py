@@ -42,25 +42,34 @@ def test_imbalance_needs_both_thresholds_exceeded(loads: dict[str, int], want: b
 
 
 def test_balanced_a_match_at_the_threshold_wins_over_load() -> None:
+    sizes = {"a": 300, "b": 200}
     # b holds half the prompt: the threshold is met (>=), and b is followed though busier.
-    assert cache_aware_choice(100, {"a": 0, "b": 3}, {"b": 50}, T) == "b"
-    # Below it: the least-loaded executor.
-    assert cache_aware_choice(100, {"a": 0, "b": 3}, {"b": 49}, T) == "a"
-    # No match anywhere, or an empty prompt: least-loaded, ties to the first name.
-    assert cache_aware_choice(100, {"b": 1, "a": 1}, {}, T) == "a"
-    assert cache_aware_choice(0, {"a": 2, "b": 1}, {}, T) == "b"
+    assert cache_aware_choice(100, {"a": 0, "b": 3}, {"b": 50}, sizes, T) == "b"
+    # Below it: the executor holding the fewest prefix tokens, b, though the busier.
+    assert cache_aware_choice(100, {"a": 0, "b": 3}, {"b": 49}, sizes, T) == "b"
+    assert cache_aware_choice(100, {"a": 0, "b": 3}, {"b": 49}, {"a": 100}, T) == "b"
+    assert cache_aware_choice(100, {"a": 0, "b": 3}, {"b": 49}, {"b": 100}, T) == "a"
+    # Trees alike (or none): the less loaded, then the first name; so for an empty prompt.
+    assert cache_aware_choice(100, {"a": 2, "b": 1}, {}, {}, T) == "b"
+    assert cache_aware_choice(100, {"b": 1, "a": 1}, {}, {"a": 9, "b": 9}, T) == "a"
+    assert cache_aware_choice(0, {"a": 2, "b": 1}, {}, {}, T) == "b"
 
 
 def test_imbalanced_the_least_loaded_wins_over_a_full_match() -> None:
-    assert cache_aware_choice(100, {"a": 10, "b": 5}, {"a": 100}, T) == "b"
-    assert cache_aware_choice(100, {"a": 10, "b": 7}, {"a": 100}, T) == "a"
+    sizes = {"a": 100, "b": 500}
+    assert cache_aware_choice(100, {"a": 10, "b": 5}, {"a": 100}, sizes, T) == "b"
+    assert cache_aware_choice(100, {"a": 10, "b": 7}, {"a": 100}, sizes, T) == "a"
+    # and over the smallest tree
+    assert cache_aware_choice(100, {"a": 10, "b": 5}, {}, sizes, T) == "b"
 
 
 def test_equal_matches_go_to_the_less_loaded_then_the_first_name() -> None:
-    assert cache_aware_choice(100, {"a": 3, "b": 2, "c": 0}, {"a": 80, "b": 80}, T) == "b"
-    assert cache_aware_choice(100, {"a": 2, "b": 2, "c": 0}, {"a": 80, "b": 80}, T) == "a"
+    loads = {"a": 3, "b": 2, "c": 0}
+    assert cache_aware_choice(100, loads, {"a": 80, "b": 80}, {}, T) == "b"
+    loads = {"a": 2, "b": 2, "c": 0}
+    assert cache_aware_choice(100, loads, {"a": 80, "b": 80}, {}, T) == "a"
     # The longer match wins whatever the load, while balanced.
-    assert cache_aware_choice(100, {"a": 3, "b": 2}, {"a": 90, "b": 80}, T) == "a"
+    assert cache_aware_choice(100, {"a": 3, "b": 2}, {"a": 90, "b": 80}, {}, T) == "a"
 
 
 def test_cache_aware_follows_the_tree_holding_the_longest_prefix() -> None:
@@ -72,8 +81,10 @@ def test_cache_aware_follows_the_tree_holding_the_longest_prefix() -> None:
     loads = {"e1": 3, "e2": 1, "e3": 0}
     # 64 of 80 tokens on e1, 32 on e2: e1, though the busiest.
     assert policy.choose(SYSTEM + question, loads) == "e1"
-    # 32 of 80 on e1 and on e2 alike (40% < 50%): the least-loaded, e3.
+    # 32 of 80 on e1 and on e2 alike (40% < 50%): the smallest trees are e2's and e3's (64
+    # tokens each, e1 holds 80), and e3 is the less loaded of those.
     assert policy.choose(SYSTEM[:32] + question * 3, loads) == "e3"
+    assert policy.choose(SYSTEM[:32] + question * 3, {"e1": 0, "e2": 1, "e3": 2}) == "e2"
     # A threshold of 0.4 follows them: the less loaded of the two.
     low = CacheAware(Thresholds(cache=0.4, balance_abs=4, balance_rel=1.5), trees)
     assert low.choose(SYSTEM[:32] + question * 3, loads) == "e2"

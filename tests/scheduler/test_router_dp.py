@@ -54,6 +54,23 @@ def test_the_turns_of_a_conversation_follow_its_first_turn() -> None:
     assert target(r, "turn-2", PROMPT + answer + follow_up) == "e2"
 
 
+def test_a_burst_of_groups_is_split_evenly_by_their_prefixes() -> None:
+    """A new prefix goes to the executor holding the fewest prefix tokens, not the one with
+    the fewest requests right now: when C and D arrive, e1 holds 3 requests of A against
+    e2's one of B, but A's followers came early and B's come later."""
+    r = dp_router()
+    system = {g: [100 * (i + 1) + t for t in range(32)] for i, g in enumerate("ABCD")}
+    order = "ABAACDBCDBCD"
+    placed: dict[str, set[str]] = {}
+    per_executor = {"e1": 0, "e2": 0}
+    for i, group in enumerate(order):
+        executor = target(r, f"r{i}", system[group] + [7, i, 7, i, 7, i, 7, i])
+        placed.setdefault(group, set()).add(executor)
+        per_executor[executor] += 1
+    assert placed == {"A": {"e1"}, "B": {"e2"}, "C": {"e2"}, "D": {"e1"}}
+    assert per_executor == {"e1": 6, "e2": 6}
+
+
 def test_an_imbalanced_load_overrides_the_cache() -> None:
     r = dp_router(CacheAware(Thresholds(cache=0.3, balance_abs=2, balance_rel=1.5)))
     chosen = [target(r, f"a-{i}", PROMPT) for i in range(5)]
