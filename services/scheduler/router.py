@@ -36,6 +36,8 @@ from shared.messages.schedule import FlushCache, TokenizedRequest
 STALE_AFTER_S = 2.0
 
 _encoder = msgspec.msgpack.Encoder()
+_request_decoder = msgspec.msgpack.Decoder(TokenizedRequest)
+UNKNOWN_CAPACITY = 1 << 62
 
 
 @dataclass
@@ -150,11 +152,22 @@ class Router:
         self.grace_until = now + grace_s
 
     def restore(self, rid: str, record: routes.RouteRecord) -> None:
-        """A route stored by an earlier leader (a new leader's table is rebuilt from them)."""
+        """A route stored by an earlier leader (a new leader's table is rebuilt from them);
+        its prompt is the policy's to learn again, as if routed now."""
+        if rid in self.assigned:
+            return
         self.assigned.setdefault(
             rid,
             Assignment(record.executor, record.detok_stream, record.deadline, record.reply_to),
         )
+        try:
+            req = _request_decoder.decode(record.request)
+        except msgspec.DecodeError:
+            return  # written by another version: routed by its resumption, if ever
+        view = self.executors.get(record.executor)
+        # An executor not seen beating yet: its tree is trimmed at its next route.
+        capacity = view.load.total_kv_tokens if view is not None else UNKNOWN_CAPACITY
+        self.policy.routed(record.executor, req.input_ids + req.resume_ids, capacity)
 
     def update_executors(
         self, beats: list[Heartbeat], now: float | None = None
@@ -261,6 +274,7 @@ class Router:
         # what the executor will prefill
         tokens = req.input_ids + req.resume_ids if req.resume_ids else req.input_ids
         best = self.executors[self.policy.choose(tokens, self.loads(fits))]
+        # (a route undone by a failed commit stays in the policy's trees: they are a guess)
         self.policy.routed(best.instance, tokens, best.load.total_kv_tokens)
         best.sent_since_beat += 1
         reply_to = req.trace.reply_to

@@ -128,6 +128,22 @@ def test_a_lost_executor_leaves_the_table_its_tree_goes_and_its_requests_go_else
     assert target(r, "later", PROMPT) == "e2"
 
 
+def test_a_new_leader_learns_the_prefixes_of_the_requests_in_flight() -> None:
+    r = dp_router()
+    assert target(r, "other", OTHER) == "e1"
+    assert target(r, "a", PROMPT) == "e2"
+    saves, _ = r.take_changes()
+    fresh = dp_router()
+    for rid, raw in saves.items():
+        record = routes.decode(raw)
+        assert record is not None
+        fresh.restore(rid, record)
+    assert fresh.loads(list(fresh.executors.values())) == {"e1": 1, "e2": 1}
+    # The samples of "a" follow it to e2, as they would have with the old leader.
+    assert target(fresh, "a-1", PROMPT) == "e2"
+    assert target(fresh, "other-1", OTHER) == "e1"
+
+
 def test_a_cache_flush_forgets_every_prefix() -> None:
     policy = CacheAware(Thresholds())
     r = dp_router(policy)
