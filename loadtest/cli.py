@@ -15,6 +15,8 @@ commands:
             on an Engine with the radix cache on and off: programs/s and cache hit rate
   protocols gRPC against HTTP on one running server: one-token latency at concurrency 1
             and 64, decode-heavy output tok/s
+  tp        tensor parallelism on the CPU (gloo): one rank against --tp-size ranks, the same
+            tokens?, and the collectives' share of rank 0's step time
   faults    start a stack and break it (each service killed, Redis restarted, hostile input)
             under a steady load: ok / retried / failed-fast / hung per scenario
 
@@ -54,7 +56,14 @@ def _protocols(argv: list[str]) -> None:
     protocols.main(argv)
 
 
+def _tp(argv: list[str]) -> None:
+    from loadtest import tp_cpu
+
+    tp_cpu.main(argv)
+
+
 COMMANDS = {
+    "tp": _tp,
     "serving": _serving,
     "burst": _burst,
     "faults": _faults,

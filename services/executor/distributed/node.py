@@ -58,6 +58,7 @@ class ExecutorGroup:
     children: list[subprocess.Popen[bytes]] = field(default_factory=list)
     watchdog: Watchdog | None = None
     runner: ModelRunner | None = None  # once built: closing stops the others through it
+    closed: bool = False
 
     @classmethod
     def start(cls, a: argparse.Namespace, argv: list[str]) -> ExecutorGroup:
@@ -74,8 +75,9 @@ class ExecutorGroup:
 
     def close(self) -> None:
         """Stop the other ranks (they leave their loop), wait for this node's."""
-        if self.tp.size == 1:
+        if self.tp.size == 1 or self.closed:
             return
+        self.closed = True
         assert self.watchdog is not None
         self.watchdog.stop()
         if self.runner is not None:

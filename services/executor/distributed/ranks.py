@@ -107,6 +107,10 @@ def join(
     layout: Layout, rank: int, init_addr: str, requested_device: str
 ) -> tuple[TPGroup, torch.device]:
     device = layout.device(rank, requested_device)
+    if device.type == "cpu":
+        # The node's ranks share its cores: each with all of them, their spinning thread pools
+        # starve one another and every collective waits on a descheduled rank.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // layout.per_node))
     tp = init_group(rank, layout.tp_size, init_addr, device)
     return tp, device
 
