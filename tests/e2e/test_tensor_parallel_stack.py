@@ -98,3 +98,48 @@ def test_a_dead_rank_takes_the_group_down_and_it_comes_back(
     assert [a["output_ids"] for a in answers(tp_stack)] == [
         a["output_ids"] for a in answers(tiny_stack)
     ]
+
+
+def test_a_group_over_two_nodes(
+    tiny_model_dir: Path, tiny_stack: Stack, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """--nnodes 2 on one machine: node 1's process (`radixserve executor --node-rank 1`, no
+    bus) joins node 0's rank 0 at --dist-init-addr; the stack serves what one executor does,
+    and node 1's rank leaves when the stack stops."""
+    import subprocess
+    import sys
+
+    from tests.conftest import free_port
+
+    addr = f"127.0.0.1:{free_port()}"
+    group = ["--tp-size", "2", "--nnodes", "2", "--dist-init-addr", addr]
+    logs = tmp_path_factory.mktemp("two-nodes")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RADIXSERVE_")}
+    node1_log = open(logs / "node1.log", "wb")  # noqa: SIM115 - the child writes it
+    node1 = subprocess.Popen(
+        [sys.executable, "-m", "radixserve", "executor", "--model", str(tiny_model_dir),
+         "--device", "cpu", "--max-total-tokens", "8192", *group, "--node-rank", "1"],
+        stdout=node1_log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )  # fmt: skip
+    try:
+        stack = start_stack(
+            ["--model", str(tiny_model_dir), "--max-total-tokens", "8192", *group,
+             "--node-rank", "0"],
+            logs / "node0.log",
+            redis_url=None,
+        )  # fmt: skip
+        try:
+            assert [a["output_ids"] for a in answers(stack)] == [
+                a["output_ids"] for a in answers(tiny_stack)
+            ]
+            assert rank_processes(stack) == []  # node 0 has no other rank: node 1 has it
+        finally:
+            assert stack.stop() == 0, stack.log_tail()
+        assert node1.wait(60) == 0, (logs / "node1.log").read_text(errors="replace")[-3000:]
+        assert "rank 0 stopped" in (logs / "node1.log").read_text(errors="replace")
+    finally:
+        if node1.poll() is None:
+            node1.kill()
+        node1_log.close()
