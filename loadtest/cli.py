@@ -17,6 +17,8 @@ commands:
             and 64, decode-heavy output tok/s
   dp        the shared-prefix workload against one executor and --dp-size executors per
             --load-balance-method (a fresh serve each): cache hit rate and throughput
+  tp        tensor parallelism on the CPU (gloo): one rank against --tp-size ranks, the same
+            tokens?, and the collectives' share of rank 0's step time
   faults    start a stack and break it (each service killed, Redis restarted, hostile input)
             under a steady load: ok / retried / failed-fast / hung per scenario
 
@@ -62,7 +64,14 @@ def _protocols(argv: list[str]) -> None:
     protocols.main(argv)
 
 
+def _tp(argv: list[str]) -> None:
+    from loadtest import tp_cpu
+
+    tp_cpu.main(argv)
+
+
 COMMANDS = {
+    "tp": _tp,
     "serving": _serving,
     "burst": _burst,
     "faults": _faults,

@@ -80,9 +80,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="seconds to wait for every service to be ready",
     )
     a = p.parse_args(argv)
-    gpus = _gpu_count(a.device) if a.dp_size > 1 else 0
-    a.executor_devices = executor_devices(a.device, a.dp_size, gpus)
-    cuda = [d for d in a.executor_devices if d.startswith("cuda")]
+    gpus = _gpu_count(a.device) if a.dp_size > 1 or a.tp_size > 1 else 0
+    if gpus and a.tp_size > gpus and a.nnodes == 1:
+        p.error(f"--tp-size {a.tp_size} needs {a.tp_size} GPUs; this machine has {gpus}")
+    a.executor_devices = executor_devices(a.device, a.dp_size, gpus, a.tp_size // a.nnodes)
+    cuda = [
+        f"cuda:{int(d.partition(':')[2]) + r}"
+        for d in a.executor_devices
+        if d.startswith("cuda")
+        for r in range(a.tp_size // a.nnodes)
+    ]
     if len(cuda) > len(set(cuda)) and a.max_total_tokens <= 0:
         p.error(
             f"{a.dp_size} executors would share a GPU ({', '.join(a.executor_devices)}): give "
@@ -103,16 +110,17 @@ def _gpu_count(device: str) -> int:
     return torch.cuda.device_count()
 
 
-def executor_devices(device: str, dp_size: int, gpu_count: int) -> list[str]:
-    """The --device of each of `dp_size` executors: on CUDA one GPU each from --device's
-    index up (cuda:K, cuda:K+1, ...), going round again over those GPUs when there are fewer
-    than executors; otherwise (the CPU, or no GPU) `device` for all."""
+def executor_devices(device: str, dp_size: int, gpu_count: int, tp_per_node: int = 1) -> list[str]:
+    """The --device of each of `dp_size` executors: on CUDA its first GPU, from --device's
+    index up, each executor taking `tp_per_node` GPUs (its tensor-parallel ranks on this node:
+    cuda:K, cuda:K+T, ...), going round again over those GPUs when there are fewer;
+    otherwise (the CPU, or no GPU) `device` for all."""
     if device == "cpu" or gpu_count == 0 or not device.startswith(("cuda", "auto")):
         return [device] * dp_size
     index = device.partition(":")[2]
     base = int(index) if index.isdigit() else 0
-    span = max(1, gpu_count - base)  # the GPUs from the base up
-    return [f"cuda:{base + i % span}" for i in range(dp_size)]
+    span = max(1, (gpu_count - base) // tp_per_node)  # whole groups from the base up
+    return [f"cuda:{base + (i % span) * tp_per_node}" for i in range(dp_size)]
 
 
 def check_model(a: argparse.Namespace) -> str:
@@ -161,7 +169,7 @@ def child_specs(a: argparse.Namespace, suffix: str = "") -> list[ChildSpec]:
             argv = [*cmd, service]
             if service == "detokenizer":
                 argv += ["--partition", str(i)]
-            if service == "executor" and a.dp_size > 1:
+            if service == "executor" and (a.dp_size > 1 or a.tp_size > 1):
                 argv += ["--device", a.executor_devices[i]]
             specs.append(ChildSpec(f"{service}-{i}", service, argv, env, suffix))
     return specs

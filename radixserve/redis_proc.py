@@ -51,6 +51,9 @@ class RedisServer:
             [self.binary, self.config],
             stdout=subprocess.DEVNULL,
             preexec_fn=die_with_parent,
+            # Its own session: a Ctrl-C reaches the whole terminal's process group, and Redis
+            # must outlive the services' drain (the launcher stops it last).
+            start_new_session=True,
         )
         self.started_at = time.monotonic()
         deadline = time.monotonic() + 10

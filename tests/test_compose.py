@@ -115,3 +115,29 @@ def test_install_writes_the_env_the_image_runs_unprivileged_and_env_is_ignored()
         ["git", "check-ignore", "-q", ".env"], cwd=ROOT, check=False
     ).returncode
     assert ignored == 0
+
+
+def test_the_multinode_override_splits_one_executor_over_two_hosts(tmp_path: Path) -> None:
+    make_env(tmp_path / ".env")
+    env = {**read_env(tmp_path / ".env"), "NODE0_ADDR": "10.0.0.1"}
+    raw = yaml.safe_load((ROOT / "compose.multinode.yaml").read_text())["services"]
+    services = {name: interpolate(spec, env) for name, spec in raw.items()}
+
+    def flags(command: list[str]) -> dict[str, str]:
+        return dict(zip(command[1::2], command[2::2], strict=False))
+
+    node0, node1 = (
+        flags(services["executor"]["command"]),
+        flags(services["executor-node1"]["command"]),
+    )
+    for node in (node0, node1):
+        assert (node["--tp-size"], node["--nnodes"]) == ("2", "2")
+        assert node["--dist-init-addr"] == "10.0.0.1:29500"
+    assert (node0["--node-rank"], node1["--node-rank"]) == ("0", "1")
+    assert "REDIS_URL" not in services["executor-node1"]["environment"]  # it never reads the bus
+    assert services["executor-node1"]["profiles"] == ["node1"]
+    from services.executor.main import parse_args
+
+    for command in (services["executor"]["command"], services["executor-node1"]["command"]):
+        a = parse_args(command[1:])  # the executor takes these flags
+        assert a.tp_size == 2 and a.nnodes == 2

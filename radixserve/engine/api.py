@@ -22,9 +22,10 @@ from typing import Any
 
 import msgspec
 
-from radixserve.engine.flags import engine_args
+from radixserve.engine.flags import engine_args, engine_argv
 from radixserve.engine.pipeline import Pipeline, Reply, RequestError, Sink
 from services.executor.builder import build_engine, settings_from_flags
+from services.executor.distributed.node import ExecutorGroup
 from services.executor.grammar.backend import GrammarBackend
 from services.gateway import validation
 from services.gateway.errors import ApiError
@@ -56,11 +57,20 @@ class Engine:
             grammar_tok, compiled.__getitem__, jump_forward=not a.disable_jump_forward
         )
         progress = _Progress(self.source.name) if show_progress else _quiet
-        step_engine = build_engine(
-            settings_from_flags(a, self.source, "engine", "inproc", len(grammar_tok.tokenizer)),
-            progress,
-            grammars=grammars,
-        )
+        # tp_size=N: this process is rank 0; the others are started as processes of their own
+        self.group = ExecutorGroup.start(a, engine_argv(model, flags))
+        try:
+            step_engine = build_engine(
+                settings_from_flags(a, self.source, "engine", "inproc", len(grammar_tok.tokenizer)),
+                progress,
+                grammars=grammars,
+                tp=self.group.tp,
+                device=self.group.device,
+            )
+        except BaseException:
+            self.group.close()  # the other ranks, if any, go with it
+            raise
+        self.group.runner = step_engine.runner
         if isinstance(progress, _Progress):
             progress.done()
         self.pipeline = Pipeline(self.tokenization, step_engine, grammar_tok)
@@ -212,8 +222,10 @@ class Engine:
         }
 
     def shutdown(self) -> None:
-        """Stop the stepping thread; the engine refuses requests from then on."""
+        """Stop the stepping thread (and a tensor-parallel engine's other ranks); the engine
+        refuses requests from then on."""
         self.pipeline.close()
+        self.group.close()
 
     def __enter__(self) -> Engine:
         return self

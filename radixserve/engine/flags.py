@@ -14,6 +14,20 @@ from services.executor.main import parse_args
 
 def engine_args(model: str | None, overrides: dict[str, Any]) -> argparse.Namespace:
     """The flags, parsed; ValueError with the parser's message for a bad one."""
+    argv = engine_argv(model, overrides)
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return parse_args(argv)
+    except SystemExit:
+        lines = [line for line in err.getvalue().splitlines() if line.strip()]
+        message = lines[-1] if lines else f"invalid engine arguments: {overrides}"
+        raise ValueError(message.replace("radixserve executor: error: ", "")) from None
+
+
+def engine_argv(model: str | None, overrides: dict[str, Any]) -> list[str]:
+    """The command line these keyword arguments stand for (the ranks of a tensor-parallel
+    engine are started with it)."""
     argv: list[str] = []
     if model is not None:
         argv += ["--model", str(model)]
@@ -25,11 +39,4 @@ def engine_args(model: str | None, overrides: dict[str, Any]) -> argparse.Namesp
             continue
         else:
             argv += [flag, str(value)]
-    err = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(err):
-            return parse_args(argv)
-    except SystemExit:
-        lines = [line for line in err.getvalue().splitlines() if line.strip()]
-        message = lines[-1] if lines else f"invalid engine arguments: {overrides}"
-        raise ValueError(message.replace("radixserve executor: error: ", "")) from None
+    return argv

@@ -12,6 +12,7 @@ import torch
 from services.executor.batch_policy import BatchPolicy
 from services.executor.cache import NullCache, PrefixCache, RadixCache
 from services.executor.cuda_graph import CudaGraphRunner
+from services.executor.distributed.group import SINGLE, TPGroup
 from services.executor.engine.loop import Engine
 from services.executor.grammar.backend import GrammarBackend
 from services.executor.kv_pool import KVPool, ReqToTokenPool
@@ -124,10 +125,11 @@ def pick_kv_dtype(
     return kv_dtype
 
 
-def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
-    """K and V of every layer for one token, in the pool's dtype."""
+def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype, kv_heads: int = 0) -> int:
+    """K and V of every layer for one token, in the pool's dtype; `kv_heads`: the heads this
+    rank holds (0: all of them)."""
     elem = torch.tensor([], dtype=dtype).element_size()
-    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * elem
+    return 2 * config.num_layers * (kv_heads or config.num_kv_heads) * config.head_dim * elem
 
 
 def kv_pool_tokens(
@@ -136,13 +138,14 @@ def kv_pool_tokens(
     dtype: torch.dtype,
     kv_dtype: torch.dtype,
     device: torch.device,
+    kv_heads: int = 0,
 ) -> int:
     """--max-total-tokens, else the tokens the memory budget holds in the pool's dtype: on
     CUDA what --mem-fraction-static leaves, on the CPU what CPU_DEFAULT_KV_TOKENS take in
     the model's dtype (so an fp8 cache holds twice or four times as many)."""
     if s.max_total_tokens > 0:
         return s.max_total_tokens
-    per_token = kv_bytes_per_token(config, kv_dtype)
+    per_token = kv_bytes_per_token(config, kv_dtype, kv_heads)
     if device.type != "cuda":
         return CPU_DEFAULT_KV_TOKENS * kv_bytes_per_token(config, dtype) // per_token
     free, total = torch.cuda.mem_get_info(device)
@@ -161,14 +164,26 @@ def _no_progress(phase: str, done: float) -> None:
     pass
 
 
-def build_engine(
+@dataclass
+class Built:
+    """What every rank of an executor builds: the model and its pools, ready to run steps."""
+
+    runner: ModelRunner
+    config: ModelConfig
+    policy: BatchPolicy
+    device: torch.device
+    backend: str
+
+
+def build_runner(
     s: EngineSettings,
     progress: Callable[[str, float], None] = _no_progress,
-    grammars: GrammarBackend | None = None,
-) -> Engine:
-    """The engine for `s`; `progress(phase, share of it done)` hears how far loading is.
-    `grammars`: how constrained requests get their matchers (None: they are refused)."""
-    device = pick_device(s.device)
+    tp: TPGroup = SINGLE,
+    device: torch.device | None = None,
+) -> Built:
+    """The model (this rank's shard of it), the KV pool sized to the memory left (the same
+    number of slots on every rank) and the request table, CUDA graphs captured."""
+    device = device or pick_device(s.device)
     dtype = pick_dtype(s.dtype, device)
     backend = s.attention_backend
     if backend == "auto":
@@ -181,11 +196,14 @@ def build_engine(
         load_format=s.load_format,
         attention_backend=backend,
         progress=lambda done: progress("weights", done),
+        tp=tp,
     )
     model.eval()
     progress("kv pool", 0.0)
-    slots = kv_pool_tokens(s, config, dtype, kv_dtype, device)
-    kv = KVPool(slots, config.num_layers, config.num_kv_heads, config.head_dim, kv_dtype, device)
+    slots = tp.min_int(
+        kv_pool_tokens(s, config, dtype, kv_dtype, device, model.num_kv_heads), device
+    )
+    kv = KVPool(slots, config.num_layers, model.num_kv_heads, config.head_dim, kv_dtype, device)
     context = config.max_position_embeddings
     rows = ReqToTokenPool(s.max_running_requests, context, device, pad_slot=kv.pad_slot)
     cache: PrefixCache = (
@@ -215,30 +233,45 @@ def build_engine(
         )
         progress("cuda graphs", 0.0)
         graphs.capture()
-    runner = ModelRunner(model, kv, rows, config.vocab_size, device, graphs=graphs)
-    sampler = Sampler(device, config.vocab_size, sample_vocab=s.sample_vocab, seed=s.seed)
+    runner = ModelRunner(model, kv, rows, config.vocab_size, device, graphs=graphs, tp=tp)
     log.info(
-        "model %s (%s) on %s in %s; KV pool %d tokens in %s (%.1f MiB)",
+        "model %s (%s) on %s in %s%s; KV pool %d tokens in %s (%.1f MiB)",
         s.model.name,
         config.architecture,
         device,
         dtype,
+        f", rank {tp.rank} of {tp.size}" if tp.size > 1 else "",
         slots,
         kv_dtype,
         kv.nbytes() / 2**20,
     )
+    return Built(runner, config, policy, device, backend)
+
+
+def build_engine(
+    s: EngineSettings,
+    progress: Callable[[str, float], None] = _no_progress,
+    grammars: GrammarBackend | None = None,
+    tp: TPGroup = SINGLE,
+    device: torch.device | None = None,
+) -> Engine:
+    """The engine for `s` (rank 0's, under tensor parallelism: the other ranks run
+    distributed/follower.py); `progress(phase, share of it done)` hears how far loading is.
+    `grammars`: how constrained requests get their matchers (None: they are refused)."""
+    b = build_runner(s, progress, tp, device)
+    sampler = Sampler(b.device, b.config.vocab_size, sample_vocab=s.sample_vocab, seed=s.seed)
     engine = Engine(
         s.name,
         s.stream,
         s.model.name,
-        context,
-        policy,
-        runner,
+        b.config.max_position_embeddings,
+        b.policy,
+        b.runner,
         sampler,
         grammars=grammars,
         check_integrity=s.check_integrity,
     )
-    if device.type == "cuda":
+    if b.device.type == "cuda":
         progress("warm-up", 0.0)
         warm_up(engine)
     return engine

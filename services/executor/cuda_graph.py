@@ -52,9 +52,9 @@ class CudaGraphRunner:
         self.pool: Any = None
         backend = getattr(model, "backend", None)
         reserve = getattr(backend, "reserve_decode", None)
-        if reserve is not None:
-            cfg = model.config
-            reserve(max_batch_size=n, num_heads=cfg.num_heads, head_dim=cfg.head_dim, device=device)
+        if reserve is not None:  # this rank's heads (all of them without tensor parallelism)
+            heads, head_dim = model.num_heads, model.config.head_dim
+            reserve(max_batch_size=n, num_heads=heads, head_dim=head_dim, device=device)
 
     def _static_batch(self, bs: int) -> ForwardBatch:
         return ForwardBatch(

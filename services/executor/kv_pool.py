@@ -101,6 +101,9 @@ class ReqToTokenPool:
         self._cols: list[int] = []
         self._vals: list[int] = []
         self._written: set[int] = set()  # rows with a write since the last flush
+        # Under tensor parallelism every rank keeps the same table: rank 0 records each
+        # flush's writes (in order) for the others (distributed/steps.py); None: no record.
+        self.flush_log: list[tuple[list[int], list[int], list[int]]] | None = None
 
     def num_free(self) -> int:
         return len(self._free_rows)
@@ -133,10 +136,14 @@ class ReqToTokenPool:
         """Apply the pending writes to the device table."""
         if not self._rows:
             return
-        table = self.req_to_token
-        rows, cols, vals = pack_aligned(
-            [self._rows, self._cols, self._vals], torch.int64, table.device
-        )
-        table[rows, cols] = vals
+        if self.flush_log is not None:
+            self.flush_log.append((self._rows, self._cols, self._vals))
+        self.apply(self._rows, self._cols, self._vals)
         self._rows, self._cols, self._vals = [], [], []
         self._written.clear()
+
+    def apply(self, rows: list[int], cols: list[int], vals: list[int]) -> None:
+        """req_to_token[rows[i], cols[i]] = vals[i] on the device, in one copy and scatter."""
+        table = self.req_to_token
+        r, c, v = pack_aligned([rows, cols, vals], torch.int64, table.device)
+        table[r, c] = v

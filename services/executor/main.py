@@ -12,12 +12,14 @@ import asyncio
 import contextlib
 import gc
 import logging
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
 
 from services.executor.builder import KV_CACHE_DTYPES, build_engine, settings_from_flags
+from services.executor.distributed.node import ExecutorGroup, run_follower_node
 from services.executor.engine.loop import AbortEverything, Engine
 from services.executor.engine.outputs import stamp_published
 from services.executor.grammar.backend import GrammarBackend
@@ -126,6 +128,39 @@ def add_flags(p: EnvArgumentParser) -> None:
         help="verify the KV pool accounting after every step and stop loudly if it breaks "
         "(tests and debugging)",
     )
+    add_parallel_flags(p)
+
+
+def add_parallel_flags(p: EnvArgumentParser) -> None:
+    """Tensor parallelism: one executor over several GPUs (SGLang's flag names)."""
+    p.add_flag(
+        "--tp-size",
+        type=int,
+        default=1,
+        check=positive,
+        help="ranks (GPUs) one executor's model is split over; the others are started by it",
+    )
+    p.add_flag(
+        "--nnodes", type=int, default=1, check=positive, help="hosts the --tp-size ranks span"
+    )
+    p.add_flag(
+        "--node-rank",
+        type=int,
+        default=0,
+        help="this host's place among --nnodes (0 serves the bus; the others only compute)",
+    )
+    p.add_flag(
+        "--dist-init-addr",
+        default="",
+        help="host:port where node 0's rank 0 gathers the group (default on one node: a free "
+        "local port)",
+    )
+    p.add_flag(
+        "--base-gpu-id",
+        type=int,
+        default=0,
+        help="the GPU of this node's first rank; its others take the GPUs after it",
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -220,7 +255,15 @@ def executor_load(engine: Engine, grammar_cache: GrammarCache) -> ExecutorLoad:
     )
 
 
-async def serve(a: argparse.Namespace) -> None:
+async def serve(a: argparse.Namespace, argv: list[str]) -> None:
+    group = ExecutorGroup.start(a, argv)
+    try:
+        await serve_leader(a, group)
+    finally:
+        group.close()
+
+
+async def serve_leader(a: argparse.Namespace, group: ExecutorGroup) -> None:
     source = resolve_model(a.model, a.served_model_name)
     instance = a.instance_id or default_instance_id()
     stream = constants.executor_stream(instance)
@@ -245,7 +288,10 @@ async def serve(a: argparse.Namespace) -> None:
         settings_from_flags(a, source, instance, stream, len(grammar_tok.tokenizer)),
         progress,
         grammars=grammars,
+        tp=group.tp,
+        device=group.device,
     )
+    group.runner = engine.runner
     progress.finish()
     # Everything loaded so far lives as long as the process: keep the collector from walking
     # it on every collection (a full pass over the radix tree's nodes stalls a step).
@@ -268,9 +314,12 @@ async def serve(a: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     a = parse_args(argv)
     setup_logging("executor", a.instance_id or default_instance_id(), a.log_level)
-    run_async(lambda: serve(a))
+    if a.node_rank > 0:  # another host's ranks of the group: no bus, only the model
+        raise SystemExit(run_follower_node(a, argv))
+    run_async(lambda: serve(a, argv))
 
 
 if __name__ == "__main__":

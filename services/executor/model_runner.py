@@ -16,7 +16,9 @@ import torch
 
 from services.executor.batch_policy import StepPlan
 from services.executor.cuda_graph import CudaGraphRunner
-from services.executor.engine.records import Forward, InFlight
+from services.executor.distributed.group import SINGLE, TPGroup
+from services.executor.distributed.steps import HostChannel, StepTables
+from services.executor.engine.records import Forward, InFlight, Sampled
 from services.executor.forward_batch import ForwardBatch, ForwardMode
 from services.executor.kv_pool import KVPool, ReqToTokenPool
 from services.executor.packing import pack_aligned, to_device
@@ -32,6 +34,7 @@ class ModelRunner:
         vocab_size: int,
         device: torch.device,
         graphs: CudaGraphRunner | None = None,
+        tp: TPGroup = SINGLE,
     ) -> None:
         self.model = model
         self.kv = kv_pool
@@ -40,14 +43,15 @@ class ModelRunner:
         self.device = device
         self.graphs = graphs
         self.cuda = device.type == "cuda"
+        self.tp = tp
+        # rank 0 of a tensor-parallel group sends every step's tables to the other ranks
+        self.channel = HostChannel(tp.host_group, tp.rank) if tp.size > 1 else None
+        if self.channel is not None:
+            req_pool.flush_log = []
 
-    def build_batch(self, plan: StepPlan, prev: InFlight | None = None) -> ForwardBatch:
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        prefix_lens: list[int] = []
-        pending: list[int] = []  # token index -> row in prev's sampled tokens
-        pending_at: list[int] = []
+    def step_tables(self, plan: StepPlan, prev: InFlight | None = None) -> StepTables:
+        """The step's integers: what every rank builds its ForwardBatch from."""
+        t = StepTables(is_decode=plan.is_decode, sampling_rows=0)
         prev_row = {id(prev.plan.reqs[i]): k for k, i in enumerate(prev.rows)} if prev else {}
         for req, n in zip(plan.reqs, plan.extend_lens, strict=True):
             start = req.kv_len - n  # the slots for these n tokens are already allocated
@@ -56,65 +60,90 @@ class ModelRunner:
             chunk = req.token_range(start, known)
             if end > known:  # its last token is still on the device (only the last can be)
                 assert end == known + 1, f"{req.rid}: {end - known} input tokens unknown"
-                pending_at.append(len(ids) + n - 1)
-                pending.append(prev_row[id(req)])
-                chunk.append(0)  # replaced on the device below
-            ids += chunk
-            positions += range(start, start + n)
-            slots += req.slots[start:]
-            prefix_lens.append(start)
+                t.pending_at.append(len(t.ids) + n - 1)
+                t.pending_src.append(prev_row[id(req)])
+                chunk.append(0)  # replaced on the device (batch_from)
+            t.ids += chunk
+            t.positions += range(start, start + n)
+            t.slots += req.slots[start:]
+            t.prefix_lens.append(start)
+        t.rows = [r.row for r in plan.reqs]
+        t.seq_lens = [r.kv_len for r in plan.reqs]
+        t.extend_lens = list(plan.extend_lens)
+        t.last = list(itertools.accumulate(plan.extend_lens, initial=-1))[1:]
+        return t
+
+    def batch_from(self, t: StepTables, prev_tokens: torch.Tensor | None) -> ForwardBatch:
+        """The ForwardBatch of `t`; `prev_tokens`: the previous step's sampled tokens on the
+        device, where the pending inputs are read."""
         # One host-to-device copy for every integer input of the step, each table aligned so
         # that the kernels reading them compile once (see packing.py).
-        last = list(itertools.accumulate(plan.extend_lens, initial=-1))[1:]
         input_ids, positions_t, out_cache_loc, req_rows, seq_lens, last_t = pack_aligned(
-            [
-                ids,
-                positions,
-                slots,
-                [r.row for r in plan.reqs],
-                [r.kv_len for r in plan.reqs],
-                last,
-            ],
-            torch.int64,
-            self.device,
+            [t.ids, t.positions, t.slots, t.rows, t.seq_lens, t.last], torch.int64, self.device
         )
-        if pending:
-            assert prev is not None and prev.sampled is not None, "the previous step unsampled"
-            at, src = pack_aligned([pending_at, pending], torch.int64, self.device)
+        if t.pending_at:
+            assert prev_tokens is not None, "the previous step unsampled"
+            at, src = pack_aligned([t.pending_at, t.pending_src], torch.int64, self.device)
             input_ids = input_ids.clone()
-            input_ids[at] = prev.sampled.tokens[src]
+            input_ids[at] = prev_tokens[src]
         return ForwardBatch(
-            mode=ForwardMode.DECODE if plan.is_decode else ForwardMode.EXTEND,
+            mode=ForwardMode.DECODE if t.is_decode else ForwardMode.EXTEND,
             input_ids=input_ids,
             positions=positions_t,
             out_cache_loc=out_cache_loc,
             req_rows=req_rows,
             seq_lens=seq_lens,
-            prefix_lens_cpu=prefix_lens,
-            extend_lens_cpu=list(plan.extend_lens),
+            prefix_lens_cpu=t.prefix_lens,
+            extend_lens_cpu=t.extend_lens,
             kv_pool=self.kv,
             req_to_token=self.req_to_token,
             last_indices=last_t,
         )
 
+    def run(self, batch: ForwardBatch, extra: list[int]) -> torch.Tensor:
+        """The forward pass of `batch` (replayed from a CUDA graph when one fits): its logits;
+        `extra` token indices' final hidden states are left in `batch.extra_hidden`."""
+        if extra:
+            batch.extra_indices = to_device(extra, torch.int64, self.device)
+        if self.graphs is not None and self.graphs.can_run(batch):
+            return self.graphs.replay(batch)
+        return self.model(batch)
+
     @torch.inference_mode()
     def forward(self, plan: StepPlan, prev: InFlight | None = None) -> Forward:
         """Queue the step's forward pass (and the prompt logprobs it carries); nothing waits
         for the device. `prev`: the step in flight, whose sampled tokens are this one's
-        pending inputs."""
+        pending inputs. Under tensor parallelism the step's tables go to the other ranks
+        first, which run the same kernels (distributed/follower.py)."""
         self.req_to_token.flush()  # the slots planning allocated, for the kernels to read
-        batch = self.build_batch(plan, prev)
+        tables = self.step_tables(plan, prev)
         prompt_lp = (
             None if plan.is_decode else PromptLogprobTargets.build(plan.reqs, plan.extend_lens)
         )
         if prompt_lp is not None:
-            batch.extra_indices = to_device(prompt_lp.positions, torch.int64, self.device)
-        if self.graphs is not None and self.graphs.can_run(batch):
-            logits = self.graphs.replay(batch)
-        else:
-            logits = self.model(batch)  # [bs, vocab]
+            tables.extra = prompt_lp.positions
+        rows = [i for i in range(len(plan.reqs)) if plan.samples(i)]
+        if self.channel is not None:
+            tables.sampling_rows = len(rows)
+            log = self.req_to_token.flush_log
+            assert log is not None
+            tables.add_writes(log)
+            log.clear()
+            self.channel.send(tables)
+        prev_tokens = prev.sampled.tokens if prev is not None and prev.sampled else None
+        batch = self.batch_from(tables, prev_tokens)
+        logits = self.run(batch, tables.extra)  # [bs, vocab]
         if prompt_lp is not None:
             assert batch.extra_hidden is not None
             prompt_lp.compute(batch.extra_hidden, self.model.lm_head)
-        rows = [i for i in range(len(plan.reqs)) if plan.samples(i)]
         return Forward(plan, rows, logits)
+
+    def share(self, sampled: Sampled) -> None:
+        """A step's sampled tokens to the other ranks (their next step may read them on the
+        device), when the step sampled any."""
+        if self.channel is not None and sampled.tokens.numel():
+            self.tp.broadcast(sampled.tokens)
+
+    def stop_followers(self) -> None:
+        if self.channel is not None:
+            self.channel.send_stop()

@@ -205,3 +205,19 @@ def test_a_rid_can_be_used_again_once_its_request_ended(engine: Engine) -> None:
     again = engine.generate("the sea", GREEDY, rid="mine")
     assert isinstance(first, dict) and isinstance(again, dict)
     assert again["meta_info"]["id"] == "mine" and again["output_ids"] == first["output_ids"]
+
+
+def test_a_tensor_parallel_engine_answers_what_one_rank_answers(
+    model_dir: Path, engine: Engine
+) -> None:
+    """tp_size=2 on the CPU: this process is rank 0, the other rank a process of its own
+    (gloo); both stop with the engine."""
+    with Engine(
+        str(model_dir), device="cpu", max_total_tokens=4096, tp_size=2, show_progress=False
+    ) as split:
+        (rank1,) = split.group.children
+        for text in ("the thin cat", "a b c"):
+            mine, theirs = engine.generate(text, GREEDY), split.generate(text, GREEDY)
+            assert isinstance(mine, dict) and isinstance(theirs, dict)
+            assert theirs["output_ids"] == mine["output_ids"]
+    assert rank1.returncode == 0  # it left its loop on the engine's stop

@@ -54,14 +54,14 @@ def test_step_inputs_are_aligned_for_odd_token_and_request_counts(model_dir: Pat
     sat at an 8-byte offset whenever the step's token count was odd."""
     engine = make_engine(model_dir)
     built: list[ForwardBatch] = []
-    build = engine.runner.build_batch
+    build = engine.runner.batch_from
 
     def spy(*args: Any, **kw: Any) -> ForwardBatch:
         batch = build(*args, **kw)
         built.append(batch)
         return batch
 
-    engine.runner.build_batch = spy  # type: ignore[method-assign]
+    engine.runner.batch_from = spy  # type: ignore[method-assign]
     lengths = [[7], [5, 4], [3, 8, 6], [9, 2, 5, 7, 3, 1]]
     for g, group in enumerate(lengths):
         for i, n in enumerate(group):

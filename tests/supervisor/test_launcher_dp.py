@@ -52,3 +52,32 @@ def test_executors_sharing_a_gpu_need_their_pool_sizes(
     assert a.executor_devices == ["cuda:0", "cuda:0"]
     monkeypatch.setattr(launcher, "_gpu_count", lambda device: 2)
     assert launcher.parse_args(["--dp-size", "2"]).executor_devices == ["cuda:0", "cuda:1"]
+
+
+@pytest.mark.parametrize(
+    ("device", "dp", "gpus", "tp", "want"),
+    [
+        ("auto", 2, 4, 2, ["cuda:0", "cuda:2"]),  # each executor's group: two GPUs
+        ("cuda:4", 2, 8, 2, ["cuda:4", "cuda:6"]),
+        ("auto", 1, 2, 2, ["cuda:0"]),
+    ],
+)
+def test_tensor_parallel_executors_take_whole_groups_of_gpus(
+    device: str, dp: int, gpus: int, tp: int, want: list[str]
+) -> None:
+    assert launcher.executor_devices(device, dp, gpus, tp) == want
+
+
+def test_tp_size_needs_its_gpus_and_passes_each_group_its_first(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(launcher, "_gpu_count", lambda device: 2)
+    with pytest.raises(SystemExit):
+        launcher.parse_args(["--tp-size", "4"])
+    assert "--tp-size 4 needs 4 GPUs; this machine has 2" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # two groups of two on two GPUs: they would share them
+        launcher.parse_args(["--tp-size", "2", "--dp-size", "2"])
+    assert "would share a GPU" in capsys.readouterr().err
+    a = launcher.parse_args(["--tp-size", "2"])
+    (executor,) = [s for s in launcher.child_specs(a) if s.service == "executor"]
+    assert executor.argv[-3:] == ["executor", "--device", "cuda:0"]

@@ -28,7 +28,7 @@ from services.executor.engine.outputs import (
     stamp_first_launched,
     stamp_first_on_host,
 )
-from services.executor.engine.records import InFlight
+from services.executor.engine.records import Forward, InFlight, Sampled
 from services.executor.grammar import lifecycle
 from services.executor.grammar.backend import GrammarBackend
 from services.executor.model_runner import ModelRunner
@@ -135,7 +135,7 @@ class Engine:
         if prev is not None:
             self._land(prev, out)
         if nxt is not None and nxt.deferred:  # its grammar masks needed prev's tokens
-            nxt = nxt.with_sampled(self.sampler.sample(nxt.forward, nxt.indices))
+            nxt = nxt.with_sampled(self._sample(nxt.forward, nxt.indices))
         self.inflight = nxt if self.overlap else None
         if nxt is not None and not self.overlap:
             self._land(nxt, out)
@@ -151,12 +151,18 @@ class Engine:
         forward = self.runner.forward(plan, prev)
         indices = [plan.reqs[i].begin_token() for i in forward.rows]
         defer = prev is not None and any(r.grammar is not None for r in plan.reqs)
-        sampled = None if defer else self.sampler.sample(forward, indices)
+        sampled = None if defer else self._sample(forward, indices)
         if not plan.is_decode:  # decode steps carry no request's first token
             stamp_first_launched((plan.reqs[i] for i in forward.rows), started)
         self.overlapped_steps += prev is not None
         self.step_no += 1
         return InFlight(forward, indices, sampled)
+
+    def _sample(self, forward: Forward, indices: list[int]) -> Sampled:
+        """Sample the step; under tensor parallelism its tokens go to the other ranks too."""
+        sampled = self.sampler.sample(forward, indices)
+        self.runner.share(sampled)
+        return sampled
 
     def _land(self, step: InFlight, out: Outputs) -> None:
         """The step's tokens reached the host: record them, retire finished requests."""

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.rope_freq import rope_inv_freq
-from services.executor.models.linear import Linear
+from services.executor.distributed.group import SINGLE, TPGroup
+from services.executor.distributed.layers import ColumnParallelLinear, RowParallelLinear
 
 
 def on_gpu(x: torch.Tensor) -> bool:
@@ -57,13 +58,18 @@ class RMSNorm(nn.Module):
 
 class SiluAndMulMLP(nn.Module):
     """gate and up projections fused in one matmul (`gate_up_proj`: rows [0, I) gate, [I, 2I)
-    up; the loader fills it from the checkpoint's gate_proj and up_proj)."""
+    up; the loader fills it from the checkpoint's gate_proj and up_proj). Under tensor
+    parallelism I is this rank's share of the intermediate size."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False) -> None:
+    def __init__(
+        self, hidden_size: int, intermediate_size: int, bias: bool = False, tp: TPGroup = SINGLE
+    ) -> None:
         super().__init__()
-        self.intermediate_size = intermediate_size
-        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=bias)
-        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
+        local = tp.shard(intermediate_size, "intermediate size")
+        self.intermediate_size = local
+        part = (intermediate_size, tp.rank * local, local)
+        self.gate_up_proj = ColumnParallelLinear(hidden_size, [part, part], bias, tp)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)

@@ -3,6 +3,11 @@
 Tokens of all requests are flattened: activations are [num_tokens, hidden], never padded.
 q/k/v and gate/up are each one matmul (`qkv_proj`, `gate_up_proj`); `STACKED` tells the
 loader which checkpoint tensors fill which rows of them.
+
+Under tensor parallelism (a `tp` group of several ranks) each rank holds its share of the
+attention heads and of the MLP's intermediate size, and a slice of the vocabulary
+(distributed/layers.py); with fewer KV heads than ranks each KV head is held by the
+`tp.size // num_kv_heads` ranks whose query heads read it.
 """
 
 from __future__ import annotations
@@ -13,10 +18,16 @@ import torch
 from torch import nn
 
 from services.executor.attention import AttentionBackend
+from services.executor.distributed.group import SINGLE, TPGroup
+from services.executor.distributed.layers import (
+    ColumnParallelLinear,
+    ParallelLMHead,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+)
 from services.executor.forward_batch import ForwardBatch
 from services.executor.model_config import ModelConfig
 from services.executor.models.layers import RMSNorm, Rope, RotaryEmbedding, SiluAndMulMLP
-from services.executor.models.linear import Linear
 
 # checkpoint module name -> (our fused module, shard index in it)
 STACKED = {
@@ -28,26 +39,46 @@ STACKED = {
 }
 
 
-def shard_rows(config: ModelConfig, fused: str) -> list[int]:
-    """Row counts of each shard of a fused projection, in order."""
-    if fused == "qkv_proj":
-        q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
-        return [q, kv, kv]
-    return [config.intermediate_size, config.intermediate_size]
+class HeadShards:
+    """The attention heads of one rank: query heads [q_start, q_start + q), KV heads
+    [kv_start, kv_start + kv)."""
+
+    def __init__(self, config: ModelConfig, tp: TPGroup) -> None:
+        self.q = tp.shard(config.num_heads, "attention heads")
+        self.q_start = tp.rank * self.q
+        kv = config.num_kv_heads
+        if kv >= tp.size:
+            self.kv = tp.shard(kv, "KV heads")
+            self.kv_start = tp.rank * self.kv
+        else:  # fewer KV heads than ranks: each is replicated on the ranks that read it
+            if tp.size % kv:
+                raise ValueError(
+                    f"--tp-size {tp.size} must be a multiple of the model's {kv} KV heads "
+                    "when it exceeds them"
+                )
+            self.kv, self.kv_start = 1, tp.rank * kv // tp.size
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: ModelConfig, layer_id: int, backend: AttentionBackend) -> None:
+    def __init__(
+        self, config: ModelConfig, layer_id: int, backend: AttentionBackend, tp: TPGroup = SINGLE
+    ) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.backend = backend
-        self.num_heads = config.num_heads
-        self.num_kv_heads = config.num_kv_heads
-        self.head_dim = config.head_dim
-        self.sizes = shard_rows(config, "qkv_proj")
+        heads = HeadShards(config, tp)
+        self.num_heads, self.num_kv_heads = heads.q, heads.kv  # this rank's
+        self.head_dim = hd = config.head_dim
+        self.sizes = [heads.q * hd, heads.kv * hd, heads.kv * hd]
         hidden = config.hidden_size
-        self.qkv_proj = Linear(hidden, sum(self.sizes), bias=config.attention_bias)
-        self.o_proj = Linear(self.num_heads * self.head_dim, hidden, bias=config.o_proj_bias)
+        q_full, kv_full = config.num_heads * hd, config.num_kv_heads * hd
+        parts = [
+            (q_full, heads.q_start * hd, heads.q * hd),
+            (kv_full, heads.kv_start * hd, heads.kv * hd),
+            (kv_full, heads.kv_start * hd, heads.kv * hd),
+        ]
+        self.qkv_proj = ColumnParallelLinear(hidden, parts, config.attention_bias, tp)
+        self.o_proj = RowParallelLinear(q_full, hidden, config.o_proj_bias, tp)
 
     def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Hook before RoPE; Llama has no q/k norm."""
@@ -71,12 +102,13 @@ class LlamaDecoderLayer(nn.Module):
         layer_id: int,
         backend: AttentionBackend,
         attention_cls: type[LlamaAttention],
+        tp: TPGroup = SINGLE,
     ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = attention_cls(config, layer_id, backend)
+        self.self_attn = attention_cls(config, layer_id, backend, tp)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = SiluAndMulMLP(config.hidden_size, config.intermediate_size, config.mlp_bias)
+        self.mlp = SiluAndMulMLP(config.hidden_size, config.intermediate_size, config.mlp_bias, tp)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None, rope: Rope, batch: ForwardBatch
@@ -94,12 +126,17 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     def __init__(
-        self, config: ModelConfig, backend: AttentionBackend, attention_cls: type[LlamaAttention]
+        self,
+        config: ModelConfig,
+        backend: AttentionBackend,
+        attention_cls: type[LlamaAttention],
+        tp: TPGroup = SINGLE,
     ) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, backend, attention_cls) for i in range(config.num_layers)
+            LlamaDecoderLayer(config, i, backend, attention_cls, tp)
+            for i in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(
@@ -126,16 +163,22 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Takes `(config, backend)`; `forward(batch)` -> last-token logits [bs, vocab] fp32."""
+    """Takes `(config, backend, tp)`; `forward(batch)` -> last-token logits [bs, vocab] fp32
+    (the whole vocabulary on every rank)."""
 
     attention_cls: ClassVar[type[LlamaAttention]] = LlamaAttention
 
-    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
+    def __init__(
+        self, config: ModelConfig, backend: AttentionBackend, tp: TPGroup = SINGLE
+    ) -> None:
         super().__init__()
         self.config = config
         self.backend = backend
-        self.model = LlamaModel(config, backend, self.attention_cls)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tp = tp
+        heads = HeadShards(config, tp)
+        self.num_heads, self.num_kv_heads = heads.q, heads.kv  # this rank's
+        self.model = LlamaModel(config, backend, self.attention_cls, tp)
+        self.lm_head = ParallelLMHead(config.hidden_size, config.vocab_size, tp)
         self.tie_weights()
 
     def tie_weights(self) -> None:

@@ -5,14 +5,17 @@ from __future__ import annotations
 import torch
 
 from services.executor.attention import AttentionBackend
+from services.executor.distributed.group import SINGLE, TPGroup
 from services.executor.model_config import ModelConfig
 from services.executor.models.layers import RMSNorm
 from services.executor.models.llama import LlamaAttention, LlamaForCausalLM
 
 
 class Qwen3Attention(LlamaAttention):
-    def __init__(self, config: ModelConfig, layer_id: int, backend: AttentionBackend) -> None:
-        super().__init__(config, layer_id, backend)
+    def __init__(
+        self, config: ModelConfig, layer_id: int, backend: AttentionBackend, tp: TPGroup = SINGLE
+    ) -> None:
+        super().__init__(config, layer_id, backend, tp)
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
 

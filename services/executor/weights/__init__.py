@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 
 from services.executor.attention import get_backend
+from services.executor.distributed.group import SINGLE, TPGroup
 from services.executor.errors import ModelLoadError
 from services.executor.model_config import ModelConfig
 from services.executor.models.llama import LlamaForCausalLM
@@ -31,8 +32,10 @@ def load_model(
     load_format: str = "auto",
     attention_backend: str = "torch",
     progress: Callable[[float], None] | None = None,
+    tp: TPGroup = SINGLE,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
-    """Build the model for `path` on `device` in `dtype` (None: the checkpoint's own dtype).
+    """Build the model for `path` on `device` in `dtype` (None: the checkpoint's own dtype);
+    under tensor parallelism (`tp`), this rank's shard of it.
 
     load_format: "auto" reads the weights; "dummy" fills them with N(0, 0.02) (norms = 1) and
     needs only the config. Raises ModelLoadError (missing/corrupt files, weights that don't
@@ -55,6 +58,7 @@ def load_model(
         torch.device(device),
         dtype or _dtype_named(config.torch_dtype),
         get_backend(attention_backend),
+        tp,
     )
     if load_format == "dummy":
         init_dummy_weights(model)

@@ -7,6 +7,7 @@ import json
 import os
 import pickle
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -34,8 +35,23 @@ def hf_weight_files(model_dir: str) -> list[str]:
     raise ModelLoadError(f"no weights (*.safetensors or pytorch_model*.bin) in {model_dir}")
 
 
-def iter_hf_weights(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, CPU tensor) for every tensor of every file, one file open at a time."""
+class SafetensorsSlice:
+    """A tensor of an open safetensors file, read (in part) only when asked."""
+
+    def __init__(self, part: Any) -> None:
+        self.part = part
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.part.get_shape())
+
+    def read(self, index: tuple[slice, ...]) -> torch.Tensor:
+        return self.part[index] if index else self.part[:]
+
+
+def iter_hf_weights(files: list[str]) -> Iterator[tuple[str, SafetensorsSlice | torch.Tensor]]:
+    """(HF name, tensor) for every tensor of every file, one file open at a time: a
+    safetensors tensor is read when its part is asked for (loader.py), a .bin's is mmap'd."""
     for path in files:
         if path.endswith(".safetensors"):
             yield from _iter_safetensors(path)
@@ -43,11 +59,11 @@ def iter_hf_weights(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
             yield from _iter_bin(path)
 
 
-def _iter_safetensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
+def _iter_safetensors(path: str) -> Iterator[tuple[str, SafetensorsSlice]]:
     try:
         with safe_open(path, framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                yield name, f.get_tensor(name)
+                yield name, SafetensorsSlice(f.get_slice(name))
     except (OSError, SafetensorError) as e:
         raise ModelLoadError(f"cannot read weights file {path}: {e}") from e
 
