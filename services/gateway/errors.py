@@ -37,11 +37,15 @@ class ApiError(Exception):
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.type, self.param, self.status)
 
+    @property
+    def retry_seconds(self) -> int | None:
+        """When to retry, in whole seconds (at least 1), as every protocol says it."""
+        return None if self.retry_after is None else max(1, math.ceil(self.retry_after))
+
     def headers(self) -> dict[str, str]:
-        """`Retry-After` (whole seconds, at least 1) when the error says when to retry."""
-        if self.retry_after is None:
-            return {}
-        return {"Retry-After": str(max(1, math.ceil(self.retry_after)))}
+        """`Retry-After` when the error says when to retry."""
+        seconds = self.retry_seconds
+        return {} if seconds is None else {"Retry-After": str(seconds)}
 
 
 def default_type(status: int) -> str:

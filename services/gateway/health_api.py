@@ -61,6 +61,20 @@ async def health(request: web.Request) -> web.StreamResponse:
     )
 
 
+async def unready(state: GatewayState) -> str | None:
+    """Why a request cannot be served end to end now, as GET /health judges it (None: it
+    can): for the gRPC health services, which answer a status and a reason, not a body."""
+    if state.draining:
+        return "the gateway is shutting down"
+    try:
+        readiness = await asyncio.wait_for(
+            read_readiness(state.r, state.settings.detokenizer_partitions), REDIS_TIMEOUT_S
+        )
+    except (*TRANSIENT, asyncio.TimeoutError) as e:
+        return f"redis is unreachable: {e or f'no answer within {REDIS_TIMEOUT_S:g}s'}"
+    return None if readiness.ready else f"not ready: {readiness.message()}"
+
+
 class ProbeFailed(Exception):
     """The one-token probe did not come back: `status` says how ("unavailable", "timeout")."""
 

@@ -26,7 +26,7 @@ class Follower:
     def __init__(self, runner: ModelRunner, tp: TPGroup) -> None:
         assert not tp.is_leader, "rank 0 runs the engine"
         self.runner, self.tp = runner, tp
-        self.channel = HostChannel(tp.host_group, tp.rank)
+        self.channel = HostChannel(tp.host_group)
         self.steps = 0
 
     @torch.inference_mode()

@@ -107,8 +107,8 @@ class StepTables:
 class HostChannel:
     """Rank 0's step tables to every rank, over a gloo group (host memory)."""
 
-    def __init__(self, group: Any, rank: int) -> None:
-        self.group, self.rank = group, rank
+    def __init__(self, group: Any) -> None:
+        self.group = group
 
     def send(self, tables: StepTables) -> None:
         header, payload = tables.encode()

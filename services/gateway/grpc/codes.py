@@ -7,8 +7,6 @@ The message is the HTTP error's own (it names the field: `param`); a retry hint 
 
 from __future__ import annotations
 
-import math
-
 import grpc
 
 from services.gateway.errors import ApiError
@@ -38,8 +36,8 @@ def status_code(http_status: int) -> grpc.StatusCode:
 
 def trailers(e: ApiError) -> tuple[tuple[str, str], ...]:
     out: list[tuple[str, str]] = []
-    if e.retry_after is not None:
-        out.append(("retry-after", str(max(1, math.ceil(e.retry_after)))))
+    if e.retry_seconds is not None:
+        out.append(("retry-after", str(e.retry_seconds)))
     if e.param:
         out.append(("error-param", e.param))
     return tuple(out)

@@ -16,9 +16,8 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2, sglang_scheduler_pb2_
 from services.gateway.app import ListenError
 from services.gateway.grpc.smg_api import SmgService
 from services.gateway.grpc.text_api import TextService
-from services.gateway.ready_gate import read_readiness
+from services.gateway.health_api import unready
 from services.gateway.state import GatewayState
-from shared.bus import TRANSIENT
 from shared.grpc_api import radixserve_pb2, radixserve_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -82,15 +81,10 @@ class GrpcServer:
     async def _follow_readiness(self) -> None:
         last: bool | None = None
         while True:
-            try:
-                readiness = await read_readiness(
-                    self.state.r, self.state.settings.detokenizer_partitions
-                )
-                serving = readiness.ready and not self.state.draining
-            except TRANSIENT as e:
-                log.debug("gRPC health: cannot read readiness: %s", e)
-                serving = False
+            why = await unready(self.state)
+            serving = why is None
             if serving != last:
+                log.debug("gRPC health: %s", "serving" if serving else f"not serving ({why})")
                 await self._set_health(serving)
                 last = serving
             await asyncio.sleep(HEALTH_POLL_S)

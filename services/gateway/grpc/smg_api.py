@@ -21,20 +21,17 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 import radixserve
 from services.gateway.abort_api import abort_calls
 from services.gateway.admin_api import flush_all
-from services.gateway.dispatch import ClientGone
 from services.gateway.errors import ApiError
 from services.gateway.grpc import smg_convert as convert
 from services.gateway.grpc.calls import rpc
 from services.gateway.grpc.generation import dispatch, replies
 from services.gateway.grpc.smg_loads import loads_response
 from services.gateway.grpc.tokenizer_zip import TokenizerZips
-from services.gateway.health_api import ProbeFailed, probe_generate
+from services.gateway.health_api import ProbeFailed, probe_generate, unready
 from services.gateway.info_api import executor_loads, model_info, public_model_info
 from services.gateway.protocol import AbortBody
-from services.gateway.ready_gate import read_readiness
 from services.gateway.responses import traceparent_of
 from services.gateway.state import GatewayState
-from shared.bus import TRANSIENT
 
 Context: TypeAlias = grpc.aio.ServicerContext
 
@@ -63,23 +60,13 @@ class SmgService(sgl_grpc.SglangSchedulerServicer):
     ) -> sgl.HealthCheckResponse:
         """Healthy when a request can be served end to end now (GET /health) and one greedy
         token comes back through every service (GET /health_generate)."""
-        state = self.state
-        if state.draining:
-            return sgl.HealthCheckResponse(healthy=False, message="the gateway is shutting down")
+        why = await unready(self.state)
+        if why is not None:
+            return sgl.HealthCheckResponse(healthy=False, message=why)
         try:
-            readiness = await read_readiness(state.r, state.settings.detokenizer_partitions)
-        except TRANSIENT as e:
-            return sgl.HealthCheckResponse(healthy=False, message=f"redis is unreachable: {e}")
-        if not readiness.ready:
-            return sgl.HealthCheckResponse(
-                healthy=False, message=f"not ready: {readiness.message()}"
-            )
-        try:
-            probe = await probe_generate(state, traceparent_of(None))
+            probe = await probe_generate(self.state, traceparent_of(None))
         except ProbeFailed as e:
             return sgl.HealthCheckResponse(healthy=False, message=e.message)
-        except ClientGone:  # only with an HTTP request to watch; kept for completeness
-            return sgl.HealthCheckResponse(healthy=False, message="cancelled")
         return sgl.HealthCheckResponse(
             healthy=True, message=f"one token in {probe['latency_s']:g}s"
         )

@@ -121,16 +121,18 @@ def _renamed(e: ApiError) -> ApiError:
 
 
 # -- replies ----------------------------------------------------------------------------------
+def _tops(entries: list[TokenLogprob]) -> list[sgl.TopLogProbs]:
+    return [
+        sgl.TopLogProbs(values=[t.logprob for t in e.top], token_ids=[t.token_id for t in e.top])
+        for e in entries
+    ]
+
+
 def output_logprobs(entries: list[TokenLogprob]) -> sgl.OutputLogProbs:
     return sgl.OutputLogProbs(
         token_logprobs=[e.logprob or 0.0 for e in entries],
         token_ids=[e.token_id for e in entries],
-        top_logprobs=[
-            sgl.TopLogProbs(
-                values=[t.logprob for t in e.top], token_ids=[t.token_id for t in e.top]
-            )
-            for e in entries
-        ],
+        top_logprobs=_tops(entries),
     )
 
 
@@ -138,12 +140,7 @@ def input_logprobs(entries: list[TokenLogprob]) -> sgl.InputLogProbs:
     return sgl.InputLogProbs(
         token_logprobs=[sgl.InputTokenLogProb(value=e.logprob) for e in entries],
         token_ids=[e.token_id for e in entries],
-        top_logprobs=[
-            sgl.TopLogProbs(
-                values=[t.logprob for t in e.top], token_ids=[t.token_id for t in e.top]
-            )
-            for e in entries
-        ],
+        top_logprobs=_tops(entries),
     )
 
 

@@ -35,27 +35,27 @@ class TextService(pb_grpc.RadixServeServicer):
 
     async def Generate(self, request: pb.GenerateRequest, context: Context) -> pb.GenerateResponse:
         async with rpc(self.state, context, "/generate", budgeted=True) as who:
-            _, jobs = convert.generate_jobs(request, stream=False)
+            jobs = convert.generate_jobs(request, stream=False)
             return await self._whole(context, who, jobs, "text")
 
     async def StreamGenerate(
         self, request: pb.GenerateRequest, context: Context
     ) -> AsyncIterator[pb.GenerateChunk]:
         async with rpc(self.state, context, "/generate", budgeted=True) as who:
-            _, jobs = convert.generate_jobs(request, stream=True)
+            jobs = convert.generate_jobs(request, stream=True)
             async for c in self._chunks(context, who, jobs, "text"):
                 yield c
 
     async def Chat(self, request: pb.ChatRequest, context: Context) -> pb.GenerateResponse:
         async with rpc(self.state, context, "/generate", budgeted=True) as who:
-            _, jobs = convert.chat_jobs(request, stream=False)
+            jobs = convert.chat_jobs(request, stream=False)
             return await self._whole(context, who, jobs, "messages")
 
     async def StreamChat(
         self, request: pb.ChatRequest, context: Context
     ) -> AsyncIterator[pb.GenerateChunk]:
         async with rpc(self.state, context, "/generate", budgeted=True) as who:
-            _, jobs = convert.chat_jobs(request, stream=True)
+            jobs = convert.chat_jobs(request, stream=True)
             async for c in self._chunks(context, who, jobs, "messages"):
                 yield c
 

@@ -36,24 +36,24 @@ def generate_body(req: pb.GenerateRequest) -> GenerateBody:
     return validation.convert(fields, GenerateBody)
 
 
-def generate_jobs(req: pb.GenerateRequest, stream: bool) -> tuple[GenerateBody, list[Job]]:
+def generate_jobs(req: pb.GenerateRequest, stream: bool) -> list[Job]:
     body = generate_body(req)
     body.stream = stream
     jobs, _ = validation.native_jobs(body)
-    return body, jobs
+    return jobs
 
 
 class _Chat(GenerateBody, kw_only=True):
     messages: list[ChatMessageBody]
 
 
-def chat_jobs(req: pb.ChatRequest, stream: bool) -> tuple[GenerateBody, list[Job]]:
+def chat_jobs(req: pb.ChatRequest, stream: bool) -> list[Job]:
     fields = set_fields(req)
     fields["sampling_params"] = _sampling(fields)
     fields.setdefault("messages", [])
     body = validation.convert(fields, _Chat)
     body.stream = stream
-    return body, validation.native_chat_jobs(body.messages, body)
+    return validation.native_chat_jobs(body.messages, body)
 
 
 def tokenize_body(req: pb.TokenizeRequest) -> TokenizeBody:

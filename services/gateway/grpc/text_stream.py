@@ -12,7 +12,6 @@ or its deadline passes, every open request is aborted.
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import AsyncIterator
 
 import grpc
@@ -29,12 +28,11 @@ CANCELLED = ApiError(499, "cancelled by the client")
 
 
 def error_reply(tag: str, e: ApiError) -> pb.StreamResponse:
-    retry = 0 if e.retry_after is None else max(1, math.ceil(e.retry_after))
     err = pb.Error(
         code=status_code(e.status).value[0],
         message=message(e),
         param=e.param or "",
-        retry_after_s=retry,
+        retry_after_s=e.retry_seconds or 0,
     )
     return pb.StreamResponse(tag=tag, error=err)
 
@@ -53,10 +51,10 @@ async def multiplex(
             state.key_budget.acquire(who.owner)
             try:
                 if req.WhichOneof("request") == "generate":
-                    _, jobs = convert.generate_jobs(req.generate, stream=True)
+                    jobs = convert.generate_jobs(req.generate, stream=True)
                     param = "generate.text"
                 else:
-                    _, jobs = convert.chat_jobs(req.chat, stream=True)
+                    jobs = convert.chat_jobs(req.chat, stream=True)
                     param = "chat.messages"
                 pendings = await dispatch(state, context, who, jobs, param)
                 async for i, d, acc in replies(pendings):
