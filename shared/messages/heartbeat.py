@@ -26,6 +26,7 @@ class ExecutorLoad(msgspec.Struct, kw_only=True, frozen=True):
     jump_extended_tokens: int = 0  # of those, computed beside another token: passes saved
     waiting_tokens: int = 0  # prompt tokens of the requests waiting to start (gateway admission)
     aborted_requests: int = 0  # requests ended early since start (aborts, deadlines, restarts)
+    tp_size: int = 1  # the ranks (GPUs) its model is split over (tensor parallelism)
 
 
 class ModelInfo(msgspec.Struct, kw_only=True, frozen=True):

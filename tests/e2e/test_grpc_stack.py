@@ -365,3 +365,17 @@ def test_health_service_and_reflection(channel: grpc.Channel) -> None:
         "sglang.grpc.scheduler.SglangScheduler",
         "grpc.health.v1.Health",
     } <= names
+
+
+def test_smg_worker_info_reports_the_stack(channel: grpc.Channel) -> None:
+    from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
+    from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
+
+    smg = sgl_grpc.SglangSchedulerStub(channel)
+    health = smg.HealthCheck(sgl.HealthCheckRequest(), timeout=30)
+    assert health.healthy, health.message
+    model = smg.GetModelInfo(sgl.GetModelInfoRequest(), timeout=30)
+    assert model.served_model_name == "tiny-llama-11" and model.is_generation
+    assert model.max_context_length == 4096 and list(model.architectures) == ["LlamaForCausalLM"]
+    args = smg.GetServerInfo(sgl.GetServerInfoRequest(), timeout=30).server_args
+    assert (args["tp_size"], args["dp_size"], args["max_total_tokens"]) == (1, 1, 8192)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.stack import Stack, start_stack
-from tests.e2e.test_control_endpoints import post
+from tests.e2e.test_control_endpoints import get, post
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -75,6 +75,8 @@ def test_two_ranks_answer_what_one_answers(tp_stack: Stack, tiny_stack: Stack) -
     assert all(a["meta_info"]["cached_tokens"] > 0 for a in again)
     assert [a["output_ids"] for a in again] == [a["output_ids"] for a in want]
     assert len(rank_processes(tp_stack)) == 1
+    status, info = get(tp_stack, "/get_server_info")
+    assert status == 200 and [e["tp_size"] for e in info["executors"]] == [2]
 
 
 def test_a_dead_rank_takes_the_group_down_and_it_comes_back(

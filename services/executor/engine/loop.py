@@ -111,6 +111,7 @@ class Engine:
             jump_extended_tokens=p.jump_extended_tokens,
             waiting_tokens=self.waiting_tokens,
             aborted_requests=self.aborted,
+            tp_size=self.runner.tp.size,
         )
 
     # -- the stepping thread -----------------------------------------------------------------

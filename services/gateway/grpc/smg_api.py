@@ -114,6 +114,7 @@ class SmgService(sgl_grpc.SglangSchedulerServicer):
             info = await model_info(self.state)
             shown = info if who.admin else _without_paths(info)
             executors = await executor_loads(self.state)
+            total_tokens = sum(e.total_kv_tokens for e in executors)
             args = _struct(
                 {
                     "model_path": shown["model_path"] or "",
@@ -121,9 +122,9 @@ class SmgService(sgl_grpc.SglangSchedulerServicer):
                     "served_model_name": shown["served_model_name"],
                     "context_length": shown["context_length"] or 0,
                     "vocab_size": shown["vocab_size"] or 0,
-                    "tp_size": 1,
+                    "tp_size": max((e.tp_size for e in executors), default=1),
                     "dp_size": len(executors),
-                    "max_total_tokens": sum(e.total_kv_tokens for e in executors),
+                    "max_total_tokens": total_tokens,
                     "max_running_requests": sum(e.max_running for e in executors),
                     "is_embedding": False,
                 }
@@ -137,7 +138,7 @@ class SmgService(sgl_grpc.SglangSchedulerServicer):
                 sglang_version=f"radixserve-{radixserve.__version__}",
                 server_type="grpc",
                 start_time={"seconds": int(started), "nanos": int(started % 1 * 1e9)},
-                max_total_num_tokens=sum(e.total_kv_tokens for e in executors),
+                max_total_num_tokens=total_tokens,
             )
 
     async def GetLoads(
