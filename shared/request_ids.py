@@ -15,11 +15,11 @@ import secrets
 import uuid
 
 
-def new_rid() -> str:
-    """A rid for a request whose client chose none: unique already."""
-    return uuid.uuid4().hex
-
-
-def bus_id(chosen: str) -> str:
-    """The id a request with the client-chosen rid `chosen` travels under on this dispatch."""
-    return f"{chosen}.{secrets.token_hex(4)}"
+def request_ids(chosen: str | None) -> tuple[str, str]:
+    """(the rid the client knows, the id this dispatch travels under) of a request whose
+    client chose the rid `chosen` (None: the client chose none, and a fresh rid is unique
+    already, so it travels as it is)."""
+    if chosen is None:
+        rid = uuid.uuid4().hex
+        return rid, rid
+    return chosen, f"{chosen}.{secrets.token_hex(4)}"

@@ -45,13 +45,13 @@ from shared.messages.detok import DetokRegister
 from shared.messages.reply import Delta, Failure
 from shared.messages.schedule import TokenizedRequest
 from shared.messages.tokenize import GenerateRequest
-from shared.request_ids import bus_id, new_rid
+from shared.request_ids import request_ids
 
 log = logging.getLogger(__name__)
 
 DEADLINE_S = 24 * 3600.0  # no HTTP timeout in-process: a day, then the engine gives up
 REPLY = "inproc"  # the reply_to of every in-process request (replies are routed by rid)
-EXPIRE_EVERY_S = 10.0  # how often an idle engine lets the detokenizer forget finished rids
+EXPIRE_EVERY_S = 10.0  # how often the engine lets the detokenizer forget finished rids
 
 Reply = Delta | Failure
 
@@ -112,10 +112,8 @@ class Pipeline:
         """Tokenize and start every job (all or none: a refusal raises RequestError before any
         starts); their rids."""
         self._check_alive()
-        rids = [job.rid or new_rid() for job in jobs]
-        keys = [
-            rid if job.rid is None else bus_id(rid) for rid, job in zip(rids, jobs, strict=True)
-        ]
+        ids = [request_ids(job.rid) for job in jobs]
+        rids, keys = [rid for rid, _ in ids], [key for _, key in ids]
         with self._sinks_lock:  # reserve the rids, so a concurrent call cannot take one
             for rid in rids:
                 if rid in self.keys or rids.count(rid) > 1:

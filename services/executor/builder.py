@@ -172,7 +172,6 @@ class Built:
     config: ModelConfig
     policy: BatchPolicy
     device: torch.device
-    backend: str
 
 
 def build_runner(
@@ -245,7 +244,7 @@ def build_runner(
         kv_dtype,
         kv.nbytes() / 2**20,
     )
-    return Built(runner, config, policy, device, backend)
+    return Built(runner, config, policy, device)
 
 
 def build_engine(

@@ -45,7 +45,7 @@ class ModelRunner:
         self.cuda = device.type == "cuda"
         self.tp = tp
         # rank 0 of a tensor-parallel group sends every step's tables to the other ranks
-        self.channel = HostChannel(tp.host_group) if tp.size > 1 else None
+        self.channel = HostChannel(tp.host_group) if tp.size > 1 and tp.is_leader else None
         if self.channel is not None:
             req_pool.flush_log = []
 

@@ -25,7 +25,7 @@ from shared.bus import TRANSIENT
 from shared.messages.common import AbortRequest, ErrorInfo, HopTimes, Trace
 from shared.messages.reply import Delta, Failure, GenerationReply, ReplyMessage
 from shared.messages.tokenize import GenerateRequest
-from shared.request_ids import bus_id, new_rid
+from shared.request_ids import request_ids
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,9 @@ class Dispatcher:
         refused = self.admission.check(len(self.router.queues), len(jobs))
         if refused is not None:
             raise refused
-        rids = [job.rid or new_rid() for job in jobs]
+        # the ids they travel under (shared/request_ids.py): a client's rid gets its own each time
+        ids = [request_ids(job.rid) for job in jobs]
+        rids, keys = [rid for rid, _ in ids], [key for _, key in ids]
         for rid in rids:
             if rid in self.inflight.calls:
                 raise invalid(f"rid {rid!r} is already in flight", "rid")
@@ -73,10 +75,6 @@ class Dispatcher:
             raise invalid(
                 "the request's rids (with their samples' rid-1, rid-2, ...) repeat", "rid"
             )
-        # the ids they travel under (shared/request_ids.py): a client's rid gets its own each time
-        keys = [
-            rid if job.rid is None else bus_id(rid) for rid, job in zip(rids, jobs, strict=True)
-        ]
         call = Call(tuple(rids), owner, tuple(keys))
         timeout_s = self.request_timeout_s if timeout_s is None else timeout_s
         deadline = time.time() + timeout_s
