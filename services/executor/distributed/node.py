@@ -67,9 +67,7 @@ class ExecutorGroup:
             return cls()
         addr = init_addr(a)
         children = start_local_ranks(layout, addr, argv)
-        tp, device = join(layout, 0, addr, a.device)
-        watchdog = Watchdog(tp, addr, children)
-        watchdog.start()
+        tp, device, watchdog = join(layout, 0, addr, a.device, children)
         log.info("tensor-parallel group of %d ranks gathered at %s", tp.size, addr)
         return cls(tp, device, children, watchdog)
 
@@ -100,9 +98,7 @@ def run_rank(
     children: list[subprocess.Popen[bytes]],
 ) -> int:
     """A rank other than 0, from joining the group to rank 0's stop; the exit status."""
-    tp, device = join(layout, rank, addr, a.device)
-    watchdog = Watchdog(tp, addr, children)
-    watchdog.start()
+    tp, device, watchdog = join(layout, rank, addr, a.device, children)
     source = resolve_model(a.model, a.served_model_name)
     settings = settings_from_flags(a, source, f"rank-{rank}", "", 0)
     built = build_runner(settings, tp=tp, device=device)

@@ -104,15 +104,23 @@ def start_local_ranks(
 
 
 def join(
-    layout: Layout, rank: int, init_addr: str, requested_device: str
-) -> tuple[TPGroup, torch.device]:
+    layout: Layout,
+    rank: int,
+    init_addr: str,
+    requested_device: str,
+    children: list[subprocess.Popen[bytes]],
+) -> tuple[TPGroup, torch.device, Watchdog]:
+    """Join the group as `rank` on its device, watched from then on (with this node's
+    `children`, the ranks this process started)."""
     device = layout.device(rank, requested_device)
     if device.type == "cpu":
         # The node's ranks share its cores: each with all of them, their spinning thread pools
         # starve one another and every collective waits on a descheduled rank.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // layout.per_node))
     tp = init_group(rank, layout.tp_size, init_addr, device)
-    return tp, device
+    watchdog = Watchdog(tp, init_addr, children)
+    watchdog.start()
+    return tp, device, watchdog
 
 
 class Watchdog:
