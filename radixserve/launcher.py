@@ -143,9 +143,15 @@ def check_model(a: argparse.Namespace) -> str:
 def child_env(a: argparse.Namespace) -> dict[str, str]:
     env = dict(os.environ)
     for key, value in vars(a).items():
-        if value is None or (isinstance(value, bool) and not value) or key == "executor_devices":
+        if value is None or key == "executor_devices":
             continue
-        env[env_name("--" + key.replace("_", "-"))] = str(value)
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, list | tuple):
+            text = " ".join(map(str, value))
+        else:
+            text = str(value)
+        env[env_name("--" + key.replace("_", "-"))] = text
     env["REDIS_URL"] = a.redis_url
     env.pop("RADIXSERVE_REDIS_URL", None)
     env.pop("RADIXSERVE_INSTANCE_ID", None)
@@ -171,8 +177,32 @@ def child_specs(a: argparse.Namespace, suffix: str = "") -> list[ChildSpec]:
                 argv += ["--partition", str(i)]
             if service == "executor" and (a.dp_size > 1 or a.tp_size > 1):
                 argv += ["--device", a.executor_devices[i]]
+            if a.metrics_port > 0:  # each child its own: the next free one, in start order
+                taken = [int(s.argv[s.argv.index("--metrics-port") + 1]) for s in specs]
+                port = next_free_port(max(taken, default=a.metrics_port - 1) + 1)
+                argv += ["--metrics-port", str(port)]
             specs.append(ChildSpec(f"{service}-{i}", service, argv, env, suffix))
     return specs
+
+
+def next_free_port(port: int) -> int:
+    """`port`, or the first one after it that nothing listens on here."""
+    while True:
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+                return port
+            except OSError:
+                port += 1
+
+
+def metrics_ports(specs: list[ChildSpec]) -> list[str]:
+    """ "service-i :port" for each child given a --metrics-port."""
+    return [
+        f"{spec.name} :{spec.argv[spec.argv.index('--metrics-port') + 1]}"
+        for spec in specs
+        if "--metrics-port" in spec.argv
+    ]
 
 
 def executors_live(client: redis.Redis, suffix: str) -> int:
@@ -234,8 +264,12 @@ def main(argv: list[str] | None = None) -> None:
         """Serving end to end, with every executor --dp-size asked for."""
         return health_ok(url) and executors_live(progress_client, suffix) >= a.dp_size
 
+    specs = child_specs(a, suffix)
+    scrape = metrics_ports(specs)
+    if scrape:
+        print("metrics (/metrics, /health) on " + ", ".join(scrape), flush=True)
     supervisor = Supervisor(
-        child_specs(a, suffix),
+        specs,
         a.redis_url,
         is_ready=is_ready,
         on_ready=on_ready,

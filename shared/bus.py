@@ -194,6 +194,8 @@ class _Reader(Generic[T]):
         self._suspect = True  # check the run_id before the next read (first read, errors)
         self.on_restart: list[Callable[[], None]] = []  # called when Redis restarted empty
         self.restarts = 0
+        # Called with the ids of each batch of new entries read (metrics: how long they waited)
+        self.on_entries: list[Callable[[Sequence[bytes]], None]] = []
 
     async def check_restart(self) -> bool:
         """Whether Redis restarted since this reader last looked (the first look records)."""
@@ -223,6 +225,10 @@ class _Reader(Generic[T]):
         log.warning("redis unavailable reading %s (%s); retrying", self.stream, e)
         self._suspect = True
         await self.backoff.wait()
+
+    def _seen(self, raw: list[Any]) -> None:
+        for callback in self.on_entries:
+            callback([entry_id for entry_id, _ in raw])
 
     async def close(self) -> None:
         """Close the reader's own connection (`close(r)` also does)."""
@@ -302,6 +308,7 @@ class GroupConsumer(_Reader[T]):
                 self.backoff.reset()
                 if not res:
                     return []
+                self._seen(res[0][1])
                 good, bad = self._decode_entries(res[0][1])
                 if bad:
                     await self.ack(bad)
@@ -396,6 +403,7 @@ class StreamReader(_Reader[T]):
                     return []
                 raw = res[0][1]
                 self.last_id = raw[-1][0]
+                self._seen(raw)
                 good, _ = self._decode_entries(raw)
                 if self.trim_consumed:
                     await self._maybe_trim()

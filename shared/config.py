@@ -7,6 +7,7 @@ failures exit with argparse's usage message naming the flag, before any work sta
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -35,14 +36,16 @@ class EnvArgumentParser(argparse.ArgumentParser):
         env: str | None = None,
         choices: list[Any] | None = None,
         check: Callable[[Any], str | None] | None = None,
+        nargs: str | None = None,
     ) -> None:
-        """Add `flag`; `check(value)` returns an error message or None."""
+        """Add `flag`; `check(value)` returns an error message or None. With `nargs` ("+")
+        the flag takes several values, and its variable a comma- or space-separated list."""
         var = env or env_name(flag)
         raw = os.environ.get(var)
         value = default
         if raw is not None and raw != "":
             try:
-                value = type(raw)
+                value = [type(v) for v in raw.replace(",", " ").split()] if nargs else type(raw)
             except (TypeError, ValueError) as e:
                 self.error(f"environment variable {var}={raw!r} is invalid for {flag}: {e}")
             # argparse checks choices only for values given on the command line.
@@ -56,12 +59,15 @@ class EnvArgumentParser(argparse.ArgumentParser):
             type=type,
             default=value,
             choices=choices,
+            nargs=nargs,
             help=f"{help} [env {var}; default {default!r}]",
         )
         if check is not None:
             self._checks.append((flag, check))
 
-    def add_bool(self, flag: str, *, help: str = "", env: str | None = None) -> None:
+    def add_bool(
+        self, flag: str, *, help: str = "", env: str | None = None, default: bool = False
+    ) -> None:
         var = env or env_name(flag)
         raw = os.environ.get(var, "").strip().lower()
         if raw not in ("", "0", "1", "true", "false", "yes", "no"):
@@ -69,7 +75,7 @@ class EnvArgumentParser(argparse.ArgumentParser):
         self.add_argument(
             flag,
             action=argparse.BooleanOptionalAction,
-            default=raw in ("1", "true", "yes"),
+            default=raw in ("1", "true", "yes") if raw else default,
             help=f"{help} [env {var}]",
         )
 
@@ -91,6 +97,13 @@ def positive(value: float) -> str | None:
 
 def non_negative(value: float) -> str | None:
     return None if value >= 0 else "must be >= 0"
+
+
+def increasing(values: list[float]) -> str | None:
+    """Histogram bucket boundaries: positive, strictly increasing."""
+    if not values or values[0] <= 0 or any(b <= a for a, b in itertools.pairwise(values)):
+        return "give positive boundaries in increasing order"
+    return None
 
 
 def fraction(value: float) -> str | None:
@@ -136,10 +149,42 @@ def add_common_flags(p: EnvArgumentParser) -> None:
         help="seconds a compiled grammar stays in Redis after its last use (grammar service "
         "and executors)",
     )
+    add_observability_flags(p)
     p.add_flag(
         "--detokenizer-partitions",
         type=int,
         default=1,
         check=positive,
         help="number of detokenizer partitions (requests are hashed onto them)",
+    )
+
+
+def add_observability_flags(p: EnvArgumentParser) -> None:
+    """Metrics and tracing: every service takes them (README, "Monitoring")."""
+    p.add_bool(
+        "--enable-metrics",
+        default=True,
+        help="collect Prometheus metrics (the gateway serves them at /metrics on its API port; "
+        "every service on --metrics-port)",
+    )
+    p.add_flag(
+        "--metrics-port",
+        type=int,
+        default=0,
+        check=non_negative,
+        help="serve /metrics and /health on this port (0: none). `radixserve serve` gives its "
+        "children this port and the next ones, in start order",
+    )
+    p.add_flag("--metrics-host", default="0.0.0.0", help="address --metrics-port listens on")
+    p.add_flag(
+        "--otlp-traces-endpoint",
+        default="",
+        help="send OpenTelemetry spans here, one trace per request (e.g. "
+        "http://otel-collector:4318, or host:4317 with --otlp-traces-protocol grpc); empty: off",
+    )
+    p.add_flag(
+        "--otlp-traces-protocol",
+        default="http/protobuf",
+        choices=["http/protobuf", "grpc"],
+        help="OTLP transport of --otlp-traces-endpoint",
     )

@@ -22,10 +22,23 @@ from typing import Any
 
 import msgspec
 import redis.asyncio as aioredis
+from aiohttp import web
 
 from shared import constants
-from shared.bus import DEFAULT_MAX_CONNECTIONS, TRANSIENT, Backoff, close, connect
+from shared.bus import (
+    DEFAULT_MAX_CONNECTIONS,
+    TRANSIENT,
+    Backoff,
+    GroupConsumer,
+    StreamReader,
+    close,
+    connect,
+)
 from shared.messages.heartbeat import ExecutorLoad, Heartbeat, ModelInfo
+from shared.metrics.bus import BusMetrics
+from shared.metrics.registry import ServiceMetrics
+from shared.metrics.server import start_metrics_server
+from shared.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +62,22 @@ class Service:
         drain_timeout_s: float = 10.0,
         model: ModelInfo | None = None,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        metrics: ServiceMetrics | None = None,
+        metrics_addr: tuple[str, int] | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.name, self.instance = name, instance or default_instance_id()
         self.r: aioredis.Redis = connect(redis_url, max_connections)
         self.stopping = asyncio.Event()
         self.started = time.time()
+        # Observability: metrics (disabled ones cost nothing), their endpoint (host, port),
+        # what every service measures of the bus, and spans (off unless an endpoint is given).
+        self.metrics = metrics or ServiceMetrics(name, "", self.instance, enabled=False)
+        self.metrics_addr = metrics_addr
+        self.bus_metrics = BusMetrics(self.metrics, self.r)
+        self.tracing = tracing or Tracing(name, self.instance)
+        self.last_beat = 0.0  # monotonic time of the last heartbeat Redis took
+        self.metrics_port = 0  # the bound port of the metrics endpoint, once it serves
         self._load = load
         self._model = model  # sent with every heartbeat (tokenizers)
         self.drain_timeout_s = drain_timeout_s
@@ -81,12 +105,32 @@ class Service:
             ts=time.time(),
             executor=self._load() if self._load else None,
             model=self._model,
+            metrics_port=self.metrics_port,
         )
 
     async def beat_once(self) -> None:
         key = constants.live_key(self.name, self.instance)
         ttl_ms = int(constants.LIVE_TTL_S * 1000)
         await self.r.set(key, self._encoder.encode(self.heartbeat()), px=ttl_ms)
+        self.last_beat = time.monotonic()
+
+    def watch(self, label: str, reader: GroupConsumer[Any] | StreamReader[Any]) -> None:
+        """Measure a stream this service reads: its entries' wait, its length and backlog."""
+        group = reader.group if isinstance(reader, GroupConsumer) else None
+        self.bus_metrics.watch(label, reader.stream, group)
+        if self.metrics.enabled:
+            reader.on_entries.append(self.bus_metrics.observer(label))
+
+    def health_problem(self) -> str | None:
+        """None while the service runs and Redis took a heartbeat within the liveness TTL."""
+        if self.stopping.is_set():
+            return "stopping"
+        if not self.last_beat:
+            return "no heartbeat yet"
+        age = time.monotonic() - self.last_beat
+        if age > constants.LIVE_TTL_S:
+            return f"last heartbeat reached redis {age:.0f}s ago"
+        return None
 
     async def _beat_forever(self) -> None:
         while not self.stopping.is_set():
@@ -129,6 +173,19 @@ class Service:
     async def run(self, *workers: Worker) -> None:
         """Run `workers` until they all return, one fails, or a stop signal drains them."""
         self._install_signals()
+        endpoint: web.AppRunner | None = None
+        if self.metrics_addr is not None:
+            host, port = self.metrics_addr
+            endpoint = await start_metrics_server(self.metrics, self.health_problem, host, port)
+            self.metrics_port = port
+        try:
+            await self._run(workers)
+        finally:
+            if endpoint is not None:
+                await endpoint.cleanup()
+            self.tracing.shutdown()
+
+    async def _run(self, workers: tuple[Worker, ...]) -> None:
         await self.wait_for_redis()
         await self.beat_once()
         tasks = [
@@ -164,6 +221,37 @@ class Service:
             await close(self.r)
         if failure is not None:
             raise SystemExit(f"{self.name} stopped after a failure: {failure!r}")
+
+
+def service_from_flags(
+    name: str, a: Any, model_name: str = "", instance: str = "", **kw: Any
+) -> Service:
+    """A Service with the observability its flags ask for (shared/config.py's
+    add_observability_flags): metrics labelled with `model_name`, their endpoint, spans."""
+    instance = instance or a.instance_id or default_instance_id()
+    metrics = ServiceMetrics(name, model_name, instance, enabled=a.enable_metrics)
+    # The port serves /health for probes even with metrics off.
+    port = a.metrics_port
+    return Service(
+        name,
+        instance,
+        a.redis_url,
+        max_connections=a.redis_max_connections,
+        metrics=metrics,
+        metrics_addr=(a.metrics_host, port) if port > 0 else None,
+        tracing=Tracing.from_flags(a, name, instance),
+        **kw,
+    )
+
+
+def model_label(a: Any) -> str:
+    """The served model's name for a service that does not load it (metrics' model_name)."""
+    from shared.model_files import ModelNotFoundError, resolve_model
+
+    try:
+        return resolve_model(a.model, a.served_model_name).name
+    except ModelNotFoundError:
+        return a.served_model_name or a.model
 
 
 def run_async(main: Callable[[], Awaitable[None]]) -> None:

@@ -13,10 +13,12 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 from services.detokenizer import recovery
 from services.detokenizer.lease import LeaseKeeper, Leases
+from services.detokenizer.metrics import DetokMetrics
 from services.detokenizer.partition import Partition, resume_point
 from shared import constants
 from shared.bus import StreamReader
@@ -24,7 +26,7 @@ from shared.config import EnvArgumentParser, add_common_flags, non_negative
 from shared.logs import setup_logging
 from shared.messages.detok import DetokMessage
 from shared.model_files import load_tokenizer, resolve_model
-from shared.service import Service, default_instance_id, run_async
+from shared.service import Service, default_instance_id, run_async, service_from_flags
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +59,12 @@ READ_COUNT = 256
 
 
 async def serve_partition(
-    svc: Service, leases: Leases, tokenizer: Any, partition: int, redis_url: str
+    svc: Service,
+    leases: Leases,
+    tokenizer: Any,
+    partition: int,
+    redis_url: str,
+    metrics: DetokMetrics | None = None,
 ) -> None:
     """Own `partition` until the service stops or the lease is lost."""
     stream = constants.detok_stream(partition)
@@ -67,6 +74,9 @@ async def serve_partition(
     part = Partition(tokenizer, constants.SCHEDULE_STREAM, resume, rec)
     reader: StreamReader[DetokMessage] = StreamReader(svc.r, stream, DetokMessage)
     reader.last_id = resume.read_after
+    svc.watch("detokenize", reader)
+    metrics = metrics or DetokMetrics(svc.metrics)
+    metrics.partitions[partition] = part
     # Redis restarted empty: the gateways failed every request in flight; the lease is gone
     # too, so the next commit fails and the partition is taken again from scratch.
     reader.on_restart.append(part.detok.forget_all)
@@ -87,7 +97,10 @@ async def serve_partition(
                 raise LeaseLost
             entries = await reader.read(count=READ_COUNT, block_ms=500)
             was_replaying = part.replaying
+            started = time.perf_counter()
             c = part.feed(entries)
+            if entries:
+                metrics.fed(c.out, time.perf_counter() - started, was_replaying)
             if was_replaying and not part.replaying:
                 log.info("partition %d: replayed %d entries", partition, part.replayed)
             committed = not (c.checkpoint or c.out) or await leases.commit(
@@ -98,6 +111,7 @@ async def serve_partition(
             if c.low_water:  # a successor starts there now: what is before it can go
                 await reader.trim_before(c.low_water)
     finally:
+        metrics.partitions.pop(partition, None)
         await asyncio.to_thread(keeper.stop)
         await reader.close()
 
@@ -106,7 +120,8 @@ async def serve(a: argparse.Namespace) -> None:
     source = resolve_model(a.model, a.served_model_name)
     tokenizer = load_tokenizer(source)
     instance = a.instance_id or default_instance_id()
-    svc = Service("detokenizer", instance, a.redis_url, max_connections=a.redis_max_connections)
+    svc = service_from_flags("detokenizer", a, source.name, instance)
+    metrics = DetokMetrics(svc.metrics)
     leases = Leases(svc.r, instance, a.detokenizer_partitions)
 
     async def work() -> None:
@@ -117,7 +132,7 @@ async def serve(a: argparse.Namespace) -> None:
                     await asyncio.wait_for(svc.stopping.wait(), TAKE_EVERY_S)
                 continue
             try:
-                await serve_partition(svc, leases, tokenizer, partition, a.redis_url)
+                await serve_partition(svc, leases, tokenizer, partition, a.redis_url, metrics)
             except LeaseLost:
                 # Another instance owns it now and answers from our last commit on.
                 log.warning("partition %d: lease lost; its new owner carries on", partition)

@@ -25,6 +25,7 @@ from services.executor.engine.outputs import stamp_published
 from services.executor.grammar.backend import GrammarBackend
 from services.executor.grammar.cache import GrammarCache
 from services.executor.load_progress import ProgressReporter
+from services.executor.metrics import executor_metrics
 from services.executor.sender import Outputs, send_in_order
 from shared import constants
 from shared.bus import StreamReader, publish_many
@@ -36,7 +37,7 @@ from shared.messages.detok import RequestFailed
 from shared.messages.heartbeat import ExecutorLoad
 from shared.messages.schedule import ExecutorMessage, TokenizedRequest
 from shared.model_files import resolve_model
-from shared.service import Service, default_instance_id, run_async
+from shared.service import Service, default_instance_id, run_async, service_from_flags
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +178,8 @@ async def run_engine(
     grammar_cache: GrammarCache,
 ) -> None:
     loop = asyncio.get_running_loop()
+    steps = executor_metrics(svc.metrics, engine)
+    svc.watch("executor", reader)
     wake = asyncio.Event()
     outbox: asyncio.Queue[Outputs] = asyncio.Queue()
     stepper_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="step")
@@ -215,7 +218,13 @@ async def run_engine(
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(wake.wait(), 0.2)
                 continue
+            started = time.perf_counter()
             result = await loop.run_in_executor(stepper_pool, engine.step)
+            steps.observe(
+                time.perf_counter() - started,
+                result.is_decode,
+                result.is_decode or result.forward_tokens > 0,
+            )
             if result.outputs:
                 outbox.put_nowait(result.outputs)
         await outbox.join()
@@ -270,16 +279,13 @@ async def serve_leader(a: argparse.Namespace, group: ExecutorGroup) -> None:
     progress = ProgressReporter(a.redis_url, instance)
     progress("tokenizer", 0.0)
     grammar_tok = GrammarTokenizer.load(source)
+
     # The service (and its Redis client) first: the engine's grammars load through it. It
     # beats only once `run` starts, with the engine loaded by then.
-    svc = Service(
-        "executor",
-        instance,
-        a.redis_url,
-        load=lambda: executor_load(engine, grammar_cache),
-        drain_timeout_s=30.0,
-        max_connections=a.redis_max_connections,
-    )
+    def load() -> ExecutorLoad:
+        return executor_load(engine, grammar_cache)
+
+    svc = service_from_flags("executor", a, source.name, instance, load=load, drain_timeout_s=30.0)
     grammar_cache = GrammarCache(GrammarStore(svc.r, a.grammar_cache_ttl), grammar_tok)
     grammars = GrammarBackend(
         grammar_tok, grammar_cache.get, jump_forward=not a.disable_jump_forward

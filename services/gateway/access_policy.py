@@ -27,8 +27,9 @@ from dataclasses import dataclass
 
 from services.gateway.errors import ApiError
 
-# Liveness and readiness probes, and the static API description, need no key.
-OPEN_PATHS = frozenset({"/health", "/health_generate", "/openapi.json"})
+# Liveness and readiness probes, the static API description and Prometheus's scrapes need
+# no key (metrics hold counts and timings, no request's content).
+OPEN_PATHS = frozenset({"/health", "/health_generate", "/openapi.json", "/metrics"})
 # Routes that change the whole server's state: an admin's only. A new such route must be added.
 ADMIN_PATHS = frozenset({"/flush_cache"})
 # Routes that start generations: they count against --max-inflight-per-key.

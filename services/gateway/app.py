@@ -27,15 +27,27 @@ from services.gateway.admission import Admission, watch_load
 from services.gateway.dispatch import Dispatcher
 from services.gateway.errors import ApiError, default_type, error_body
 from services.gateway.key_budget import KeyBudget
+from services.gateway.metrics import Buckets, GatewayMetrics, endpoint_of
 from services.gateway.replies import ReplyRouter
 from services.gateway.responses import json_response
 from services.gateway.state import STATE, GatewaySettings, GatewayState
 from shared import constants
 from shared.bus import TRANSIENT, close, connect
+from shared.metrics.registry import ServiceMetrics
+from shared.metrics.server import metrics_response
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def count_responses(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every response's status in radixserve:responses_total (outside errors_as_json, so
+    errors are counted with the status they left with)."""
+    response = await handler(request)
+    request.app[STATE].dispatcher.metrics.response("http", endpoint_of(request), response.status)
+    return response
 
 
 @web.middleware
@@ -69,16 +81,32 @@ async def build_app(
     settings: GatewaySettings,
     r: aioredis.Redis | None = None,
     access_policy: AccessPolicy | None = None,
+    metrics: ServiceMetrics | None = None,
+    buckets: Buckets | None = None,
 ) -> web.Application:
     """The gateway application. `r` is borrowed if given; otherwise the app connects to
     `settings.redis_url` and closes the client at cleanup. The reply listener starts with the
     app (on startup) and stops after in-flight handlers are done (on cleanup). Without
-    `access_policy` every caller may do everything (no keys)."""
+    `access_policy` every caller may do everything (no keys). `metrics` (the service's)
+    are served at GET /metrics; without them the gateway counts nothing."""
     owns_client = r is None
     client = connect(settings.redis_url) if r is None else r
     router = ReplyRouter(client, constants.reply_stream(settings.instance_id))
     admission = Admission(settings.max_inflight, settings.max_queued_tokens)
-    dispatcher = Dispatcher(client, router, router.stream, settings.request_timeout_s, admission)
+    metrics = metrics or ServiceMetrics("gateway", settings.model_name, "", enabled=False)
+    dispatcher = Dispatcher(
+        client,
+        router,
+        router.stream,
+        settings.request_timeout_s,
+        admission,
+        GatewayMetrics(metrics, buckets),
+    )
+    metrics.gauge_function(
+        "radixserve:inflight_requests",
+        "Generations this gateway is waiting on",
+        lambda: len(router.queues),
+    )
     policy = access_policy or AccessPolicy()
     state = GatewayState(
         settings=settings,
@@ -90,6 +118,7 @@ async def build_app(
     )
     app = web.Application(
         middlewares=[
+            count_responses,
             errors_as_json,
             access.access_control,
             input_limits.body_limit,
@@ -129,6 +158,11 @@ async def build_app(
     tokenize_api.add_routes(app)
     info_api.add_routes(app)
     openapi.add_routes(app)
+
+    async def get_metrics(_: web.Request) -> web.Response:
+        return await metrics_response(metrics)
+
+    app.router.add_get("/metrics", get_metrics)
     return app
 
 

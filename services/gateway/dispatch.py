@@ -18,6 +18,7 @@ from services.gateway.batcher import Batcher
 from services.gateway.errors import ApiError, invalid
 from services.gateway.hop_stats import FirstToken, HopStats, stage_ms
 from services.gateway.inflight import Call, Inflight
+from services.gateway.metrics import GatewayMetrics, RequestClock
 from services.gateway.replies import ReplyRouter
 from services.gateway.validation import Job
 from shared import constants
@@ -25,6 +26,7 @@ from shared.bus import TRANSIENT
 from shared.messages.common import AbortRequest, ErrorInfo, HopTimes, Trace
 from shared.messages.reply import Delta, Failure, GenerationReply, ReplyMessage
 from shared.messages.tokenize import GenerateRequest
+from shared.metrics.registry import ServiceMetrics
 from shared.request_ids import request_ids
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,7 @@ class Dispatcher:
         reply_to: str,
         request_timeout_s: float,
         admission: Admission,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         self.r, self.router, self.reply_to = r, router, reply_to
         self.request_timeout_s, self.admission = request_timeout_s, admission
@@ -53,6 +56,7 @@ class Dispatcher:
         self.background = Background()  # abort publications, registry clean-up
         self.inflight = Inflight(r, self.background)
         self.hop_stats = HopStats()  # per-stage latency of recent requests' first tokens
+        self.metrics = metrics or GatewayMetrics(ServiceMetrics("gateway", "", "", False))
 
     async def submit(
         self, jobs: list[Job], traceparent: str, timeout_s: float | None = None, owner: str = ""
@@ -114,8 +118,9 @@ class Dispatcher:
             if isinstance(e, TRANSIENT):
                 raise unreachable(e) from e
             raise
+        received = trace.hops.gateway_received if trace.hops is not None else time.time()
         return [
-            Pending(self, rid, key, q, timeout_s)
+            Pending(self, rid, key, q, timeout_s, RequestClock(self.metrics, received))
             for rid, key, q in zip(rids, keys, queues, strict=True)
         ]
 
@@ -178,8 +183,10 @@ class Pending:
         key: str,
         queue: asyncio.Queue[ReplyMessage],
         timeout_s: float,
+        clock: RequestClock | None = None,
     ) -> None:
         self.dispatcher, self.rid, self.key = dispatcher, rid, key
+        self.clock = clock or RequestClock(dispatcher.metrics, time.time())
         self.queue, self.timeout_s = queue, timeout_s
         self.until = asyncio.get_running_loop().time() + timeout_s  # monotonic deadline
         self.finished = False
@@ -209,6 +216,7 @@ class Pending:
         replied = self.dispatcher.router.replied_at.pop(self.key, 0.0)
         stages = stage_ms(FirstToken(hops, replied, time.time()))
         self.dispatcher.hop_stats.add(stages)
+        self.dispatcher.metrics.first_token_stages(stages)
         log.debug("first token of %s: %s", self.rid, stages)
         return stages
 
@@ -218,9 +226,11 @@ class Pending:
             message = Failure(rid=self.rid, error=info)
         if isinstance(message, Failure) or message.finish_reason is not None:
             self.finished = True
+        self.clock.seen(message)
         return message
 
     def close(self) -> None:
+        self.clock.end()  # (nothing when its final reply was seen)
         self.dispatcher.router.unregister(self.key)
         self.dispatcher.inflight.release(self.rid)
         if not self.finished:

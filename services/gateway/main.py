@@ -8,11 +8,18 @@ import logging
 
 from services.gateway.access_policy import AccessPolicy, keys_problem
 from services.gateway.app import STATE, bound_port, build_app, start_site
+from services.gateway.metrics import Buckets
 from services.gateway.state import GatewaySettings
-from shared.config import EnvArgumentParser, add_common_flags, non_negative, positive
+from shared.config import (
+    EnvArgumentParser,
+    add_common_flags,
+    increasing,
+    non_negative,
+    positive,
+)
 from shared.logs import setup_logging
 from shared.model_files import ModelNotFoundError, resolve_model
-from shared.service import Service, default_instance_id, run_async
+from shared.service import default_instance_id, run_async, service_from_flags
 
 log = logging.getLogger(__name__)
 
@@ -110,11 +117,25 @@ def add_flags(p: EnvArgumentParser) -> None:
         check=non_negative,
         help="generation calls one API key may have in flight here; more get 429 (0: no limit)",
     )
+    for name, default in vars(Buckets()).items():
+        p.add_flag(
+            "--bucket-" + name.replace("_", "-"),
+            type=float,
+            nargs="+",
+            default=list(default),
+            check=increasing,
+            help=f"boundaries (seconds) of the {name.replace('_', ' ')} histogram, as "
+            "SGLang's flag takes them",
+        )
     p.add_bool(
         "--serve-before-ready",
         help="pass API requests on before every stage is live (default: 503 with Retry-After "
         "until GET /health first says a request can be served end to end)",
     )
+
+
+def buckets_of(a: argparse.Namespace) -> Buckets:
+    return Buckets(**{name: tuple(getattr(a, f"bucket_{name}")) for name in vars(Buckets())})
 
 
 class Gateway:
@@ -123,12 +144,8 @@ class Gateway:
     def __init__(self, args: argparse.Namespace, model_name: str, model_path: str = "") -> None:
         self.args = args
         # The Service's own drain outlasts the HTTP drain, so the site always shuts down itself.
-        self.service = Service(
-            "gateway",
-            args.instance_id,
-            args.redis_url,
-            drain_timeout_s=args.drain_timeout + 5,
-            max_connections=args.redis_max_connections,
+        self.service = service_from_flags(
+            "gateway", args, model_name, drain_timeout_s=args.drain_timeout + 5
         )
         self.settings = GatewaySettings(
             redis_url=args.redis_url,
@@ -152,7 +169,9 @@ class Gateway:
         self.serving = asyncio.Event()
 
     async def serve_http(self) -> None:
-        app = await build_app(self.settings, self.service.r, self.access)
+        app = await build_app(
+            self.settings, self.service.r, self.access, self.service.metrics, buckets_of(self.args)
+        )
         runner = await start_site(app, self.args.host, self.args.port, self.args.drain_timeout)
         state = app[STATE]
         assert state.listener is not None

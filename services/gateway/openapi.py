@@ -56,6 +56,7 @@ class Operation:
     body: type | None = None  # the request body's struct
     errors: dict[int, str] = field(default_factory=dict)
     streams: bool = False  # answers Server-Sent Events when the body asks (`stream`)
+    content_type: str = "application/json"  # of a 200
 
 
 BAD = {400: "invalid input; `error.param` names the field"}
@@ -141,6 +142,13 @@ OPERATIONS = [
         '`{"status": "ok", ...}`',
         errors={503: "a stage is missing (named in `missing`, with `reasons`), or no redis"},
     ),
+    Operation(
+        "get",
+        "/metrics",
+        "Prometheus metrics of this gateway (every service also serves its own on --metrics-port)",
+        "Prometheus text exposition format",
+        content_type="text/plain",
+    ),
     *(
         Operation(
             method,
@@ -211,7 +219,7 @@ def _errors(op: Operation) -> dict[int, str]:
 
 
 def _operation(op: Operation, body_ref: dict[str, Any] | None) -> dict[str, Any]:
-    ok: dict[str, Any] = {"application/json": {}}
+    ok: dict[str, Any] = {op.content_type: {}}
     if op.streams:
         ok["text/event-stream"] = {}
     out: dict[str, Any] = {

@@ -14,12 +14,14 @@ import argparse
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import redis.asyncio as aioredis
 
 from services.grammar.book import CompileBook, Recent, Share
 from services.grammar.core import GrammarCompiler, GrammarStats, expired, route
+from services.grammar.metrics import GrammarMetrics
 from shared import constants
 from shared.bus import Entry, GroupConsumer
 from shared.config import EnvArgumentParser, add_common_flags, positive
@@ -34,7 +36,7 @@ from shared.messages.grammar import (
     GrammarMessage,
 )
 from shared.model_files import resolve_model
-from shared.service import Service, default_instance_id, run_async
+from shared.service import default_instance_id, run_async, service_from_flags
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +82,7 @@ class GrammarWorker:
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grammar")
         self.book = CompileBook()
         self._compiling: dict[str, asyncio.Future[GrammarCacheEntry]] = {}  # key -> in flight
+        self.on_compiled: Callable[[GrammarCacheEntry], None] = lambda _: None  # (metrics)
 
     @classmethod
     def on(
@@ -185,6 +188,7 @@ class GrammarWorker:
         except TimeoutError:
             result = self._timed_out(constraint)
         await self.store.put(key, result)
+        self.on_compiled(result)
         if isinstance(result, CompiledGrammarEntry):
             log.info(
                 "compiled %s grammar %s in %.1f ms (%d KiB cached)",
@@ -226,12 +230,7 @@ async def serve(a: argparse.Namespace) -> None:
     started = time.perf_counter()
     tok = GrammarTokenizer.load(source)
     compiler = GrammarCompiler(tok, threads=a.grammar_threads)
-    svc = Service(
-        "grammar",
-        a.instance_id or default_instance_id(),
-        a.redis_url,
-        max_connections=a.redis_max_connections,
-    )
+    svc = service_from_flags("grammar", a, source.name)
     worker = GrammarWorker.on(
         svc.r,
         compiler,
@@ -240,6 +239,8 @@ async def serve(a: argparse.Namespace) -> None:
         cache_ttl_s=a.grammar_cache_ttl,
         compile_timeout_s=a.grammar_compile_timeout,
     )
+    worker.on_compiled = GrammarMetrics(svc.metrics, compiler.stats).compiled
+    svc.watch("grammar", worker.consumer)
     log.info(
         "grammar ready: model %s, vocab %d, tokenizer %s (%.1f s)",
         source.name,

@@ -15,6 +15,7 @@ import logging
 import time
 
 from services.scheduler import failover, routes
+from services.scheduler.metrics import scheduler_metrics
 from services.scheduler.policy import METHODS, Thresholds, make_policy
 from services.scheduler.router import Router
 from shared import constants
@@ -23,7 +24,13 @@ from shared.config import EnvArgumentParser, add_common_flags, non_negative, pos
 from shared.logs import setup_logging
 from shared.messages.common import AbortRequest
 from shared.messages.schedule import FlushCache, RequestDone, ScheduleMessage, TokenizedRequest
-from shared.service import Service, default_instance_id, live_instances, run_async
+from shared.service import (
+    default_instance_id,
+    live_instances,
+    model_label,
+    run_async,
+    service_from_flags,
+)
 
 log = logging.getLogger(__name__)
 
@@ -98,12 +105,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def serve(a: argparse.Namespace) -> None:
-    svc = Service(
-        "scheduler",
-        a.instance_id or default_instance_id(),
-        a.redis_url,
-        max_connections=a.redis_max_connections,
-    )
+    svc = service_from_flags("scheduler", a, model_label(a))
     thresholds = Thresholds(a.cache_threshold, a.balance_abs_threshold, a.balance_rel_threshold)
     router = Router(
         max_queued=a.max_queued_requests,
@@ -119,6 +121,8 @@ async def serve(a: argparse.Namespace) -> None:
         ScheduleMessage,
         claim_idle_ms=2000,
     )
+    svc.watch("schedule", consumer)
+    scheduler_metrics(svc.metrics, router)
 
     # A few heartbeat intervals: every live executor has beaten again by then.
     consumer.on_restart.append(

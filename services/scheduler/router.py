@@ -16,6 +16,7 @@ it stops at once, and every request it held is handed to failover (see failover.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -80,6 +81,15 @@ def _failure(status: int, message: str, retry: bool = False) -> ErrorInfo:
 
 
 @dataclass
+class RouterStats:
+    """Totals since start, for the scheduler's metrics (read when they are scraped)."""
+
+    routed: Counter[str] = field(default_factory=Counter)  # executor instance -> requests
+    resumed: int = 0  # requests routed again after their executor was lost
+    ended: Counter[str] = field(default_factory=Counter)  # refused here: status code -> count
+
+
+@dataclass
 class Router:
     max_queued: int  # requests waiting in executors' queues, all executors together
     stale_after_s: float = STALE_AFTER_S
@@ -110,6 +120,7 @@ class Router:
     staged_deletes: list[str] = field(default_factory=list)
     # rid -> (unix time it waits until, the resumed request waiting for an executor)
     parked: dict[str, tuple[float, TokenizedRequest]] = field(default_factory=dict)
+    stats: RouterStats = field(default_factory=lambda: RouterStats())
 
     def take_changes(self) -> tuple[dict[str, bytes], list[str]]:
         """The batch's changes for Redis, committed with its messages; then `committed()`,
@@ -277,6 +288,8 @@ class Router:
         # (a route undone by a failed commit stays in the policy's trees: they are a guess)
         self.policy.routed(best.instance, tokens, best.load.total_kv_tokens)
         best.sent_since_beat += 1
+        self.stats.routed[best.instance] += 1
+        self.stats.resumed += req.resumes > 0
         reply_to = req.trace.reply_to
         self.assigned.setdefault(
             rid, Assignment(best.instance, req.detok_stream, req.trace.deadline, reply_to)
@@ -319,6 +332,7 @@ class Router:
         return out
 
     def _ended(self, req: TokenizedRequest, msg: Struct) -> list[tuple[str, Struct]]:
+        self.stats.ended[str(msg.error.status) if isinstance(msg, RequestFailed) else "abort"] += 1
         if req.resumes:  # it was routed before: its stored route goes too
             self.deletes.add(req.trace.rid)
         return [(req.detok_stream, msg)]

@@ -14,14 +14,14 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 
 from services.tokenizer.core import Tokenization
-from services.tokenizer.handlers import handle
+from services.tokenizer.metrics import TokenizerMetrics
 from shared import constants
 from shared.bus import GroupConsumer
 from shared.config import EnvArgumentParser, add_common_flags, positive
 from shared.logs import setup_logging
 from shared.messages.tokenize import TokenizeMessage
 from shared.model_files import resolve_model
-from shared.service import Service, default_instance_id, run_async
+from shared.service import default_instance_id, run_async, service_from_flags
 
 log = logging.getLogger(__name__)
 
@@ -41,16 +41,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 async def serve(a: argparse.Namespace) -> None:
     source = resolve_model(a.model, a.served_model_name)
     tok = Tokenization(source)
-    svc = Service(
-        "tokenizer",
-        a.instance_id or default_instance_id(),
-        a.redis_url,
-        model=tok.model_info(),
-        max_connections=a.redis_max_connections,
-    )
+    svc = service_from_flags("tokenizer", a, source.name, model=tok.model_info())
+    metrics = TokenizerMetrics(svc.metrics)
     consumer: GroupConsumer[TokenizeMessage] = GroupConsumer(
         svc.r, constants.TOKENIZE_STREAM, constants.TOKENIZE_GROUP, svc.instance, TokenizeMessage
     )
+    svc.watch("tokenize", consumer)
     pool = ThreadPoolExecutor(max_workers=a.threads)
     partitions = a.detokenizer_partitions
 
@@ -60,7 +56,10 @@ async def serve(a: argparse.Namespace) -> None:
         while not svc.stopping.is_set():
             entries = await consumer.read(count=64, block_ms=500)
             results = await asyncio.gather(
-                *(loop.run_in_executor(pool, handle, tok, e.message, partitions) for e in entries)
+                *(
+                    loop.run_in_executor(pool, metrics.handle, tok, e.message, partitions)
+                    for e in entries
+                )
             )
             out = [item for res in results for item in res]
             ids = [e.id for e in entries]

@@ -50,3 +50,4 @@ class Heartbeat(msgspec.Struct, kw_only=True, frozen=True):
     ts: float
     executor: ExecutorLoad | None = None
     model: ModelInfo | None = None  # tokenizers only
+    metrics_port: int = 0  # where it serves /metrics and /health (0: nowhere)

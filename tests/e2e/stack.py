@@ -38,10 +38,14 @@ class Stack:
         return "\n".join(lines[-n:])
 
     def executor_loads(self) -> list[Heartbeat]:
+        return self.heartbeats("executor")
+
+    def heartbeats(self, service: str = "*") -> list[Heartbeat]:
+        """The live instances' heartbeats (of `service`, or of every service)."""
         assert self.redis_url is not None
         r = redis.Redis.from_url(self.redis_url)
         try:
-            keys = r.keys(f"{constants.LIVE_PREFIX}:executor:*")
+            keys = r.keys(f"{constants.LIVE_PREFIX}:{service}:*")
             dec = msgspec.msgpack.Decoder(Heartbeat)
             return [dec.decode(v) for v in r.mget(keys) if v is not None] if keys else []
         finally:

@@ -96,6 +96,7 @@ class InsertResult(NamedTuple):
 class PrefixCache(Protocol):
     page_size: int
     root: TreeNode  # the handle of the empty prefix: lock/unlock of it do nothing
+    evicted_tokens: int  # freed by evict() since start (metrics)
 
     def match_prefix(self, key: list[int]) -> MatchResult: ...
     def insert(self, key: list[int], slots: list[int]) -> InsertResult: ...

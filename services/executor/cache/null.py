@@ -38,6 +38,8 @@ class NullCache:
     def unlock(self, node: TreeNode) -> None:
         self._check_handle(node)
 
+    evicted_tokens = 0
+
     def evict(self, num_tokens: int) -> int:
         return 0
 

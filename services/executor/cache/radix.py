@@ -46,6 +46,7 @@ class RadixCache:
         self._seq = itertools.count()  # heap tie-break: nodes are never compared
         self._evictable = 0  # tokens in nodes with lock_ref == 0
         self._protected = 0  # tokens in nodes with lock_ref > 0
+        self.evicted_tokens = 0  # freed by evict() since start (metrics)
 
     def _child_key(self, key: list[int], pos: int) -> int | tuple[int, ...]:
         if self.page_size == 1:
@@ -180,6 +181,7 @@ class RadixCache:
             node.parent = None
             if parent.parent is not None and not parent.children and parent.lock_ref == 0:
                 self._push(parent)
+        self.evicted_tokens += freed
         return freed
 
     def reset(self) -> None:

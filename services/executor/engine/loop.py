@@ -29,6 +29,7 @@ from services.executor.engine.outputs import (
     stamp_first_on_host,
 )
 from services.executor.engine.records import Forward, InFlight, Sampled
+from services.executor.engine.stats import EngineStats
 from services.executor.grammar import lifecycle
 from services.executor.grammar.backend import GrammarBackend
 from services.executor.model_runner import ModelRunner
@@ -85,6 +86,7 @@ class Engine:
         self.inflight: InFlight | None = None
         self.overlapped_steps = 0  # steps launched before the previous one's tokens landed
         self.aborted = 0  # requests ended early (aborted, past their deadline, bus restarted)
+        self.stats = EngineStats()  # totals for the metrics, read when they are scraped
         self.waiting_tokens = 0  # prompt tokens of the waiting requests, as of the last step
 
     # -- called from any thread --------------------------------------------------------------
@@ -155,6 +157,7 @@ class Engine:
         sampled = None if defer else self._sample(forward, indices)
         if not plan.is_decode:  # decode steps carry no request's first token
             stamp_first_launched((plan.reqs[i] for i in forward.rows), started)
+        self.stats.launched(plan.is_decode, sum(plan.extend_lens))
         self.overlapped_steps += prev is not None
         self.step_no += 1
         return InFlight(forward, indices, sampled)
@@ -183,6 +186,7 @@ class Engine:
                 out.failed(req, error)
         live = set(self.policy.live)
         self.policy.after_step(plan)
+        self.stats.generated_tokens += len(tokens)
         out.touched(plan.reqs)
         for r in plan.reqs:
             if r.finish is not None and r.rid in live:
@@ -210,6 +214,7 @@ class Engine:
         )
 
     def _result(self, out: Outputs, launched: InFlight | None) -> StepResult:
+        self.stats.finished(out.finished_reqs)
         result = StepResult(out.collect(self.name, self.step_no))
         if launched is not None:
             result.forward_tokens = sum(launched.plan.extend_lens)
@@ -232,14 +237,14 @@ class Engine:
             elif isinstance(msg, AbortRequest):
                 aborted = self.policy.find(msg.rid)
                 if aborted is not None and aborted.finish is None:
-                    self._end(aborted, out)
+                    self._end(aborted, out, msg.reason)
             elif isinstance(msg, FlushCache):
                 self.flush_cache()
             elif isinstance(msg, AbortEverything):
                 ended = [r for r in self.policy.all_reqs() if r.finish is None]
                 log.warning("%s: ending %d request(s)", msg.reason, len(ended))
                 for req in ended:
-                    self._end(req, out)
+                    self._end(req, out, "bus_restart")
 
     def _add(self, msg: TokenizedRequest, submitted: float, out: Outputs) -> None:
         if self.policy.find(msg.trace.rid) is not None:
@@ -253,8 +258,9 @@ class Engine:
         else:
             self.policy.add(req)
 
-    def _end(self, req: Req, out: Outputs) -> None:
+    def _end(self, req: Req, out: Outputs, reason: str) -> None:
         self.aborted += 1
+        self.stats.aborts[reason] += 1
         req.finish = "abort"
         self.policy.remove(req)
         out.finished(req)
@@ -263,7 +269,7 @@ class Engine:
         now = time.time()
         for req in self.policy.all_reqs():
             if req.deadline < now:
-                self._end(req, out)
+                self._end(req, out, "deadline")
 
     def flush_cache(self) -> bool:
         """Drop every cached prefix; refused (False) while any request is queued or running,

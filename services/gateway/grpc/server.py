@@ -14,6 +14,7 @@ from grpc_reflection.v1alpha import reflection
 from smg_grpc_proto.generated import sglang_scheduler_pb2, sglang_scheduler_pb2_grpc
 
 from services.gateway.app import ListenError
+from services.gateway.grpc.metrics import ResponseCounter
 from services.gateway.grpc.smg_api import SmgService
 from services.gateway.grpc.text_api import TextService
 from services.gateway.health_api import unready
@@ -35,11 +36,12 @@ class GrpcServer:
         self.drain_timeout_s = drain_timeout_s
         limit = state.settings.max_body_bytes  # a message is a body: the same bound as HTTP
         self.server = grpc.aio.server(
+            interceptors=[ResponseCounter(state.dispatcher.metrics)],
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", limit),
                 ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared socket
-            ]
+            ],
         )
         self.health = health_aio.HealthServicer()
         self._watch: asyncio.Task[None] | None = None

@@ -1,0 +1,166 @@
+"""The executor's metrics. The engine keeps plain totals (engine/stats.py) and the step loop
+observes one step time per step; everything else is read when Prometheus scrapes, so the
+stepping thread pays nothing per token and nothing per request.
+
+Rates (sglang:gen_throughput, sglang:cache_hit_rate) are taken over the last RATE_WINDOW_S of
+scrapes: between two scrapes at least MIN_SPAN_S apart, the newest and the oldest still in
+the window.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from services.executor.engine.loop import Engine
+from shared.metrics.buckets import SERVICE_SECONDS
+from shared.metrics.registry import COMMON_LABELS, ServiceMetrics
+
+RATE_WINDOW_S = 30.0
+MIN_SPAN_S = 1.0
+
+
+class Window:
+    """(time, generated, prompt, cached) totals at recent scrapes, for rates over them."""
+
+    def __init__(self) -> None:
+        self.samples: deque[tuple[float, int, int, int]] = deque()
+        self.throughput = 0.0
+        self.hit_rate = 0.0
+
+    def add(self, now: float, generated: int, prompt: int, cached: int) -> None:
+        self.samples.append((now, generated, prompt, cached))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= RATE_WINDOW_S:
+            self.samples.popleft()
+        t0, g0, p0, c0 = self.samples[0]
+        if now - t0 >= MIN_SPAN_S:
+            self.throughput = (generated - g0) / (now - t0)
+            if prompt > p0:  # no request finished in the window: keep the last rate
+                self.hit_rate = (cached - c0) / (prompt - p0)
+
+
+class ExecutorCollector(Collector):
+    def __init__(self, engine: Engine, common: tuple[str, ...]) -> None:
+        self.engine, self.common = engine, common
+        self.window = Window()
+
+    def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
+        g = GaugeMetricFamily(name, doc, labels=list(COMMON_LABELS))
+        g.add_metric(list(self.common), value)
+        return g
+
+    def _counter(
+        self, name: str, doc: str, values: dict[tuple[str, ...], float], label: str = ""
+    ) -> CounterMetricFamily:
+        c = CounterMetricFamily(name, doc, labels=[*COMMON_LABELS, *([label] if label else [])])
+        for extra, value in values.items():
+            c.add_metric([*self.common, *extra], value)
+        return c
+
+    def describe(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        return iter(())  # names are only known by collecting; the registry need not check
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        e = self.engine
+        load, stats = e.load(), e.stats
+        used = load.total_kv_tokens - load.free_kv_tokens - load.evictable_tokens
+        self.window.add(
+            time.monotonic(), stats.generated_tokens, stats.prompt_tokens, stats.cached_tokens
+        )
+        yield self._gauge(
+            "sglang:num_running_reqs", "Requests prefilling or decoding", load.running
+        )
+        yield self._gauge(
+            "sglang:num_queue_reqs", "Requests waiting for a step to admit them", load.waiting
+        )
+        yield self._gauge(
+            "sglang:num_used_tokens", "KV slots held by requests (not only by the cache)", used
+        )
+        yield self._gauge(
+            "sglang:max_total_num_tokens", "KV slots in the pool", load.total_kv_tokens
+        )
+        yield self._gauge(
+            "sglang:token_usage",
+            "Fraction of the KV pool held by requests",
+            used / load.total_kv_tokens if load.total_kv_tokens else 0.0,
+        )
+        yield self._gauge(
+            "sglang:cache_hit_rate",
+            f"Fraction of prompt tokens found in the radix cache (last {RATE_WINDOW_S:g} s)",
+            self.window.hit_rate,
+        )
+        yield self._gauge(
+            "sglang:gen_throughput",
+            f"Tokens generated per second (last {RATE_WINDOW_S:g} s)",
+            self.window.throughput,
+        )
+        yield self._gauge(
+            "radixserve:executor_cached_kv_tokens",
+            "KV slots the radix cache holds",
+            load.cached_tokens,
+        )
+        yield self._counter(
+            "radixserve:executor_forward_tokens",
+            "Tokens run through the model, by step phase",
+            {("decode",): stats.decode_tokens, ("extend",): stats.extend_tokens},
+            "phase",
+        )
+        yield self._counter(
+            "radixserve:executor_generated_tokens",
+            "Sampled tokens that reached the host",
+            {(): stats.generated_tokens},
+        )
+        yield self._counter(
+            "radixserve:executor_prompt_tokens",
+            "Prompt tokens of finished requests",
+            {(): stats.prompt_tokens},
+        )
+        yield self._counter(
+            "radixserve:executor_cached_tokens",
+            "Prompt tokens of finished requests whose KV came from the radix cache",
+            {(): stats.cached_tokens},
+        )
+        yield self._counter(
+            "radixserve:executor_retractions",
+            "Running requests sent back to the queue because the KV pool ran out",
+            {(): e.policy.num_retracted},
+        )
+        yield self._counter(
+            "radixserve:executor_evicted_tokens",
+            "Cached KV tokens evicted to make room",
+            {(): e.policy.mem.cache.evicted_tokens},
+        )
+        yield self._counter(
+            "radixserve:executor_aborts",
+            "Requests ended early, by reason (abort: the client went; stop: a stop string "
+            "matched; deadline; bus_restart: Redis restarted empty)",
+            {(reason,): n for reason, n in list(stats.aborts.items())},
+            "reason",
+        )
+
+
+class StepTimer:
+    """Host time of each engine step, by the phase of the step it launched."""
+
+    def __init__(self, m: ServiceMetrics) -> None:
+        h = m.histogram(
+            "radixserve:executor_step_seconds",
+            "Host time of one engine step (plan, launch, and landing the step before), by "
+            "the phase of the step launched",
+            SERVICE_SECONDS,
+            ["phase"],
+        )
+        self.decode, self.extend = h.labels("decode"), h.labels("extend")
+
+    def observe(self, seconds: float, is_decode: bool, launched: bool) -> None:
+        if launched:
+            (self.decode if is_decode else self.extend).observe(seconds)
+
+
+def executor_metrics(m: ServiceMetrics, engine: Engine) -> StepTimer:
+    m.register(ExecutorCollector(engine, m.common))
+    return StepTimer(m)
