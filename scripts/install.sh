@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
-# Installs radixserve and everything its tests need: Redis from Debian, the rest from PyPI.
+# Installs radixserve and everything its tests need: Redis and docker-compose from Debian, the
+# rest from PyPI.
 # CPU torch is pinned because an unpinned `torch` pulls several GB of CUDA packages; on a GPU
 # machine install the torch build for your CUDA first and drop the pin.
 set -euo pipefail
-if ! command -v redis-server >/dev/null 2>&1; then
+# docker-compose (Debian's 1.29) validates compose.yaml in the tests (tests/deploy); its `config`
+# needs no Docker daemon, so the engine it recommends is not installed.
+PACKAGES=""
+command -v redis-server >/dev/null 2>&1 || PACKAGES="$PACKAGES redis-server"
+command -v docker-compose >/dev/null 2>&1 || PACKAGES="$PACKAGES docker-compose"
+if [ -n "$PACKAGES" ]; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
   $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq redis-server
+  # shellcheck disable=SC2086  # one word per package
+  $SUDO apt-get install -y -qq --no-install-recommends $PACKAGES
 fi
 python3 -m pip install -q "torch==2.13.0"
 python3 -m pip install -q -e ".[dev]"

@@ -1,5 +1,6 @@
 """compose.yaml with the .env that scripts/make_env.sh writes: Redis needs the generated password,
-every service connects with it, and only the gateway is published (on 127.0.0.1)."""
+every service connects with it, and only the gateway is published (on 127.0.0.1), besides the
+opt-in monitoring and tracing tools (on 127.0.0.1 only; tests/deploy checks their profiles)."""
 
 from __future__ import annotations
 
@@ -88,12 +89,17 @@ def test_compose_needs_the_password_and_publishes_only_the_gateway(tmp_path: Pat
     command = redis["command"]
     assert command[command.index("--requirepass") + 1] == password
     assert redis["environment"]["REDISCLI_AUTH"] == password  # its healthcheck authenticates
-    clients = {name: spec for name, spec in services.items() if name != "redis"}
+    clients = {n: spec for n, spec in services.items() if spec.get("image") == "radixserve:latest"}
     assert set(clients) >= {"gateway", "tokenizer", "scheduler", "executor", "detokenizer"}
     for name, spec in clients.items():
         url = parse_url(spec["environment"]["REDIS_URL"])
         assert (url["host"], url["password"]) == ("redis", password), name
         assert ("ports" in spec) == (name == "gateway"), name
+    tools = set(services) - set(clients) - {"redis"}
+    assert tools == {"prometheus", "grafana", "jaeger"}
+    for name in tools:
+        assert services[name]["profiles"], f"{name} would start with a plain `up`"
+        assert all(p.startswith("127.0.0.1:") for p in services[name]["ports"]), name
     assert services["gateway"]["ports"] == ["127.0.0.1:8000:8000", "127.0.0.1:50051:50051"]
     command = services["gateway"]["command"]
     assert command[command.index("--grpc-port") + 1] == "50051"
