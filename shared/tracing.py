@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -34,6 +35,12 @@ def traceparent_of(span: Any) -> str:
     """The W3C traceparent naming `span` as the parent."""
     ctx = span.get_span_context()
     return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+
+
+def fresh_traceparent() -> str:
+    """A new trace's context, for a request that came without one (tracing off: carried for
+    the logs' sake; on, the gateway's span starts the trace instead)."""
+    return f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
 
 
 class Tracing:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -86,6 +87,7 @@ class RequestState:
         # Every output token so far: what a request resumed on another executor continues.
         self.output_ids: list[int] = []
         self.fenced: set[str] = set()  # executors it was lost from: their tokens are dropped
+        self.registered = time.time()  # its registration was read (the start of its span)
 
     def on_tokens(self, d: TokenDelta) -> tuple[Delta, bool]:
         """The reply for one step's tokens, and whether a stop string ended the request here."""
@@ -147,6 +149,8 @@ class Detokenizer:
         self.orphans: dict[str, str] = {}
         self.unknown = 0  # deltas of requests never registered here (logged, counted)
         self.replaying = False  # replayed entries end requests but never count as unknown
+        # Called as a request ends here, with its finish reason ("error": failed): its span
+        self.on_finished: Callable[[RequestState, str], None] | None = None
 
     def handle(
         self, msg: DetokMessage, schedule_stream: str, entry_id: bytes | str = "0-0"
@@ -164,6 +168,7 @@ class Detokenizer:
             if state is None:
                 return []
             self.finished[msg.rid] = time.monotonic()
+            self._ended(state, "error")
             return [
                 (state.trace.reply_to, Failure(rid=msg.rid, error=msg.error)),
                 (schedule_stream, RequestDone(rid=msg.rid)),
@@ -236,10 +241,15 @@ class Detokenizer:
             if reply.finish_reason is not None:
                 del self.states[d.rid]
                 self.finished[d.rid] = time.monotonic()
+                self._ended(state, reply.finish_reason)
                 out.append((schedule_stream, RequestDone(rid=d.rid)))
             if stopped_here:  # the executor is still generating: stop it and free its KV
                 out.append((schedule_stream, AbortRequest(rid=d.rid, reason="stop")))
         return out
+
+    def _ended(self, state: RequestState, finish: str) -> None:
+        if self.on_finished is not None and not self.replaying:
+            self.on_finished(state, finish)
 
     @staticmethod
     def stamp_published(out: list[tuple[str, Struct]], now: float) -> list[tuple[str, Struct]]:

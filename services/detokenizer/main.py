@@ -77,6 +77,8 @@ async def serve_partition(
     svc.watch("detokenize", reader)
     metrics = metrics or DetokMetrics(svc.metrics)
     metrics.partitions[partition] = part
+    if metrics.tracing.on:
+        part.detok.on_finished = metrics.ended
     # Redis restarted empty: the gateways failed every request in flight; the lease is gone
     # too, so the next commit fails and the partition is taken again from scratch.
     reader.on_restart.append(part.detok.forget_all)
@@ -121,7 +123,7 @@ async def serve(a: argparse.Namespace) -> None:
     tokenizer = load_tokenizer(source)
     instance = a.instance_id or default_instance_id()
     svc = service_from_flags("detokenizer", a, source.name, instance)
-    metrics = DetokMetrics(svc.metrics)
+    metrics = DetokMetrics(svc.metrics, svc.tracing)
     leases = Leases(svc.r, instance, a.detokenizer_partitions)
 
     async def work() -> None:

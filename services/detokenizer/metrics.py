@@ -1,21 +1,26 @@
-"""The detokenizer's metrics: time per batch of entries, requests open in the partitions this
-instance owns, and requests answered by how they finished."""
+"""The detokenizer's metrics (time per batch of entries, requests open in the partitions this
+instance owns, requests answered by how they finished) and its span of each request
+(detokenize: from its registration to its last reply, under the gateway's span)."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from typing import Any
 
 from msgspec import Struct
 
+from services.detokenizer.core import RequestState
 from services.detokenizer.partition import Partition
 from shared.messages.reply import Delta, Failure
 from shared.metrics.buckets import SERVICE_SECONDS
 from shared.metrics.registry import ServiceMetrics
+from shared.tracing import Tracing
 
 
 class DetokMetrics:
-    def __init__(self, m: ServiceMetrics) -> None:
+    def __init__(self, m: ServiceMetrics, tracing: Tracing | None = None) -> None:
+        self.tracing = tracing or Tracing("detokenizer", "")
         self.partitions: dict[int, Partition] = {}  # the partitions owned now
         self.finished: Counter[str] = Counter()  # finish reason ("error": failed) -> requests
         self.enabled = m.enabled
@@ -50,3 +55,17 @@ class DetokMetrics:
                 reason = "error"
             if reason is not None:
                 self.finished[reason] += 1
+
+    def ended(self, state: RequestState, finish: str) -> None:
+        """A request's last reply is out (Detokenizer.on_finished): its span."""
+        self.tracing.record(
+            "detokenize",
+            state.trace.traceparent,
+            state.registered,
+            time.time(),
+            {
+                "rid": state.trace.rid,
+                "completion_tokens": state.completion_tokens,
+                "finish_reason": finish,
+            },
+        )

@@ -27,6 +27,7 @@ from services.executor.grammar.cache import GrammarCache
 from services.executor.load_progress import ProgressReporter
 from services.executor.metrics import executor_metrics
 from services.executor.sender import Outputs, send_in_order
+from services.executor.tracing import record_request
 from shared import constants
 from shared.bus import StreamReader, publish_many
 from shared.config import EnvArgumentParser, add_common_flags, positive
@@ -180,6 +181,7 @@ async def run_engine(
     loop = asyncio.get_running_loop()
     steps = executor_metrics(svc.metrics, engine)
     svc.watch("executor", reader)
+    engine.trace_requests = svc.tracing.on
     wake = asyncio.Event()
     outbox: asyncio.Queue[Outputs] = asyncio.Queue()
     stepper_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="step")
@@ -227,6 +229,8 @@ async def run_engine(
             )
             if result.outputs:
                 outbox.put_nowait(result.outputs)
+            for finished in result.traced:
+                record_request(svc.tracing, finished)
         await outbox.join()
 
     async def publish(outputs: Outputs) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from services.executor.cache import TreeNode
+from services.executor.engine.timeline import Timeline
 from services.executor.grammar.matcher import RequestGrammar
 from shared.messages.common import HopTimes, SamplingParams
 from shared.messages.schedule import TokenizedRequest
@@ -57,6 +58,7 @@ class Req:
     # max_new_tokens 0 (SGLang's): the prompt is computed (cached, its logprobs taken) and the
     # request ends there, "length", without sampling anything
     prefill_only: bool = False
+    timeline: Timeline | None = None  # while tracing: when it passed each point (spans)
 
     def generator(self, device: torch.device) -> torch.Generator | None:
         """The request's own generator when it has a seed (made on first use)."""

@@ -35,6 +35,7 @@ from shared import constants
 from shared.bus import TRANSIENT, close, connect
 from shared.metrics.registry import ServiceMetrics
 from shared.metrics.server import metrics_response
+from shared.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,7 @@ async def build_app(
     access_policy: AccessPolicy | None = None,
     metrics: ServiceMetrics | None = None,
     buckets: Buckets | None = None,
+    tracing: Tracing | None = None,
 ) -> web.Application:
     """The gateway application. `r` is borrowed if given; otherwise the app connects to
     `settings.redis_url` and closes the client at cleanup. The reply listener starts with the
@@ -101,6 +103,7 @@ async def build_app(
         settings.request_timeout_s,
         admission,
         GatewayMetrics(metrics, buckets),
+        tracing,
     )
     metrics.gauge_function(
         "radixserve:inflight_requests",

@@ -20,6 +20,7 @@ from services.gateway.hop_stats import FirstToken, HopStats, stage_ms
 from services.gateway.inflight import Call, Inflight
 from services.gateway.metrics import GatewayMetrics, RequestClock
 from services.gateway.replies import ReplyRouter
+from services.gateway.tracing import RequestSpan
 from services.gateway.validation import Job
 from shared import constants
 from shared.bus import TRANSIENT
@@ -28,6 +29,7 @@ from shared.messages.reply import Delta, Failure, GenerationReply, ReplyMessage
 from shared.messages.tokenize import GenerateRequest
 from shared.metrics.registry import ServiceMetrics
 from shared.request_ids import request_ids
+from shared.tracing import Tracing, fresh_traceparent
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,7 @@ class Dispatcher:
         request_timeout_s: float,
         admission: Admission,
         metrics: GatewayMetrics | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.r, self.router, self.reply_to = r, router, reply_to
         self.request_timeout_s, self.admission = request_timeout_s, admission
@@ -57,13 +60,15 @@ class Dispatcher:
         self.inflight = Inflight(r, self.background)
         self.hop_stats = HopStats()  # per-stage latency of recent requests' first tokens
         self.metrics = metrics or GatewayMetrics(ServiceMetrics("gateway", "", "", False))
+        self.tracing = tracing or Tracing("gateway", "")
 
     async def submit(
         self, jobs: list[Job], traceparent: str, timeout_s: float | None = None, owner: str = ""
     ) -> list[Pending]:
         """Register a reply queue for each job, then publish them all to the tokenizer (and
         record them in the in-flight registry, under `owner`) in one round trip. The jobs are
-        one HTTP call: an abort of any of them aborts them all."""
+        one HTTP call: an abort of any of them aborts them all. `traceparent`: the client's
+        ("" when it sent none)."""
         if self.router.failed is not None:
             raise ApiError(503, "the gateway lost its reply stream", type="server_error")
         refused = self.admission.check(len(self.router.queues), len(jobs))
@@ -82,16 +87,25 @@ class Dispatcher:
         call = Call(tuple(rids), owner, tuple(keys))
         timeout_s = self.request_timeout_s if timeout_s is None else timeout_s
         deadline = time.time() + timeout_s
+        received = time.time()
         trace = Trace(
             rid="",
             reply_to=self.reply_to,
             deadline=deadline,
-            traceparent=traceparent,
-            hops=HopTimes(gateway_received=time.time()),
+            traceparent=traceparent or ("" if self.tracing.on else fresh_traceparent()),
+            hops=HopTimes(gateway_received=received),
         )
+        spans = [
+            RequestSpan(self.tracing, traceparent, received, {"rid": rid, "api": job.api})
+            if self.tracing.on
+            else None
+            for rid, job in zip(rids, jobs, strict=True)
+        ]
         requests = [
             GenerateRequest(
-                trace=msgspec.structs.replace(trace, rid=key),
+                trace=msgspec.structs.replace(
+                    trace, rid=key, traceparent=span.traceparent if span else trace.traceparent
+                ),
                 prompt=job.prompt,
                 sampling=job.sampling,
                 stream=job.stream,
@@ -99,7 +113,7 @@ class Dispatcher:
                 echo=job.echo,
                 api=job.api,
             )
-            for key, job in zip(keys, jobs, strict=True)
+            for key, job, span in zip(keys, jobs, spans, strict=True)
         ]
         queues = [self.router.register(key) for key in keys]
         self.inflight.add(call)
@@ -110,6 +124,9 @@ class Dispatcher:
                 expiring=self.inflight.registry_keys(call, timeout_s),
             )
         except BaseException as e:
+            for span in spans:
+                if span is not None:
+                    span.end("not published")
             for rid, key in zip(rids, keys, strict=True):
                 self.router.unregister(key)
                 self.inflight.release(rid)
@@ -118,10 +135,9 @@ class Dispatcher:
             if isinstance(e, TRANSIENT):
                 raise unreachable(e) from e
             raise
-        received = trace.hops.gateway_received if trace.hops is not None else time.time()
         return [
-            Pending(self, rid, key, q, timeout_s, RequestClock(self.metrics, received))
-            for rid, key, q in zip(rids, keys, queues, strict=True)
+            Pending(self, rid, key, q, timeout_s, RequestClock(self.metrics, received), span)
+            for rid, key, q, span in zip(rids, keys, queues, spans, strict=True)
         ]
 
     async def call(
@@ -184,9 +200,11 @@ class Pending:
         queue: asyncio.Queue[ReplyMessage],
         timeout_s: float,
         clock: RequestClock | None = None,
+        span: RequestSpan | None = None,
     ) -> None:
         self.dispatcher, self.rid, self.key = dispatcher, rid, key
         self.clock = clock or RequestClock(dispatcher.metrics, time.time())
+        self.span = span  # with tracing on
         self.queue, self.timeout_s = queue, timeout_s
         self.until = asyncio.get_running_loop().time() + timeout_s  # monotonic deadline
         self.finished = False
@@ -227,10 +245,14 @@ class Pending:
         if isinstance(message, Failure) or message.finish_reason is not None:
             self.finished = True
         self.clock.seen(message)
+        if self.span is not None:
+            self.span.seen(message)
         return message
 
     def close(self) -> None:
         self.clock.end()  # (nothing when its final reply was seen)
+        if self.span is not None:
+            self.span.end("" if self.finished else self.abort_reason)
         self.dispatcher.router.unregister(self.key)
         self.dispatcher.inflight.release(self.rid)
         if not self.finished:

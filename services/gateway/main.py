@@ -170,7 +170,12 @@ class Gateway:
 
     async def serve_http(self) -> None:
         app = await build_app(
-            self.settings, self.service.r, self.access, self.service.metrics, buckets_of(self.args)
+            self.settings,
+            self.service.r,
+            self.access,
+            self.service.metrics,
+            buckets_of(self.args),
+            self.service.tracing,
         )
         runner = await start_site(app, self.args.host, self.args.port, self.args.drain_timeout)
         state = app[STATE]

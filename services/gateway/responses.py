@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import re
-import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,16 +59,14 @@ def json_response(
 
 
 def traceparent(request: web.BaseRequest) -> str:
-    """The client's W3C traceparent if well formed, else a fresh one."""
+    """The client's W3C traceparent if well formed, else "" (the dispatcher starts a trace)."""
     return traceparent_of(request.headers.get("traceparent"))
 
 
 def traceparent_of(given: str | None) -> str:
-    """`given` (a traceparent header or gRPC metadata value) if well formed, else a fresh one."""
+    """`given` (a traceparent header or gRPC metadata value) if well formed, else ""."""
     given = (given or "").strip().lower()
-    if _TRACEPARENT.match(given):
-        return given
-    return f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
+    return given if _TRACEPARENT.match(given) else ""
 
 
 async def send_events(resp: web.StreamResponse, events: list[Any]) -> None:

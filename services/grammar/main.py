@@ -37,6 +37,7 @@ from shared.messages.grammar import (
 )
 from shared.model_files import resolve_model
 from shared.service import default_instance_id, run_async, service_from_flags
+from shared.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,7 @@ class GrammarWorker:
         self.book = CompileBook()
         self._compiling: dict[str, asyncio.Future[GrammarCacheEntry]] = {}  # key -> in flight
         self.on_compiled: Callable[[GrammarCacheEntry], None] = lambda _: None  # (metrics)
+        self.tracing = Tracing("grammar", "")  # the service's own, when it traces
 
     @classmethod
     def on(
@@ -138,14 +140,29 @@ class GrammarWorker:
 
     async def handle(self, entry: Entry[GrammarMessage]) -> None:
         req = entry.message
+        started = time.time()
         out = expired(req)
+        result: GrammarCacheEntry | None = None
         if out is None:
             if req.constraint is None:  # nothing to compile: pass it on as it is
                 out = [(constants.SCHEDULE_STREAM, req)]
             else:
                 key = self.compiler.key(req.constraint)
-                out = route(req, key, await self.entry(key, req.constraint))
+                result = await self.entry(key, req.constraint)
+                out = route(req, key, result)
         await self.consumer.commit(out, [entry.id], maxlen=constants.WORK_STREAM_MAXLEN)
+        if self.tracing.on:
+            self.tracing.record(
+                "grammar",
+                req.trace.traceparent,
+                started,
+                time.time(),
+                {
+                    "rid": req.trace.rid,
+                    "kind": constraint_kind(req.constraint) if req.constraint else "",
+                    "refused": isinstance(result, GrammarErrorEntry),
+                },
+            )
 
     async def entry(self, key: str, constraint: Constraint) -> GrammarCacheEntry:
         """The cache entry of `key`, compiling (once per key in this instance) on a miss."""
@@ -240,6 +257,7 @@ async def serve(a: argparse.Namespace) -> None:
         compile_timeout_s=a.grammar_compile_timeout,
     )
     worker.on_compiled = GrammarMetrics(svc.metrics, compiler.stats).compiled
+    worker.tracing = svc.tracing
     svc.watch("grammar", worker.consumer)
     log.info(
         "grammar ready: model %s, vocab %d, tokenizer %s (%.1f s)",

@@ -19,7 +19,7 @@ from services.scheduler.metrics import scheduler_metrics
 from services.scheduler.policy import METHODS, Thresholds, make_policy
 from services.scheduler.router import Router
 from shared import constants
-from shared.bus import GroupConsumer, publish_many
+from shared.bus import Entry, GroupConsumer, publish_many
 from shared.config import EnvArgumentParser, add_common_flags, non_negative, positive
 from shared.logs import setup_logging
 from shared.messages.common import AbortRequest
@@ -31,6 +31,7 @@ from shared.service import (
     run_async,
     service_from_flags,
 )
+from shared.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -204,6 +205,7 @@ async def serve(a: argparse.Namespace) -> None:
                 await refresh_gateways()
                 router.expire()
             entries = await consumer.read(count=256, block_ms=100)
+            read_at = time.time()
             if entries and not router.executors:
                 await refresh_executors()  # one may have started since the last look
             out = router.unpark()  # resumed requests waiting for an executor that came back
@@ -231,6 +233,8 @@ async def serve(a: argparse.Namespace) -> None:
                 router.commit_failed()
                 raise
             router.committed()
+            if svc.tracing.on:
+                trace_routes(svc.tracing, router, entries, read_at)
         if leading:  # hand over at once rather than after the TTL
             owner = await svc.r.get(LEADER_KEY)
             if owner is not None and owner.decode() == svc.instance:
@@ -238,6 +242,28 @@ async def serve(a: argparse.Namespace) -> None:
 
     log.info("scheduler ready (load balance method %s)", a.load_balance_method)
     await svc.run(work)
+
+
+def trace_routes(
+    tracing: Tracing, router: Router, entries: list[Entry[ScheduleMessage]], read_at: float
+) -> None:
+    """A `route` span per request of the batch, from its read to its commit."""
+    now = time.time()
+    for e in entries:
+        msg = e.message
+        if isinstance(msg, TokenizedRequest):
+            routed = router.assigned.get(msg.trace.rid)
+            tracing.record(
+                "route",
+                msg.trace.traceparent,
+                read_at,
+                now,
+                {
+                    "rid": msg.trace.rid,
+                    "executor": routed.executor if routed is not None else "",
+                    "resumes": msg.resumes,
+                },
+            )
 
 
 def main(argv: list[str] | None = None) -> None:

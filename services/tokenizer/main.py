@@ -42,7 +42,7 @@ async def serve(a: argparse.Namespace) -> None:
     source = resolve_model(a.model, a.served_model_name)
     tok = Tokenization(source)
     svc = service_from_flags("tokenizer", a, source.name, model=tok.model_info())
-    metrics = TokenizerMetrics(svc.metrics)
+    metrics = TokenizerMetrics(svc.metrics, svc.tracing)
     consumer: GroupConsumer[TokenizeMessage] = GroupConsumer(
         svc.r, constants.TOKENIZE_STREAM, constants.TOKENIZE_GROUP, svc.instance, TokenizeMessage
     )

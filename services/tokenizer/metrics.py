@@ -1,4 +1,5 @@
-"""The tokenizer's metrics: calls by kind and how long each took (in its thread pool)."""
+"""The tokenizer's metrics (calls by kind, how long each took in its thread pool) and its span
+of each generation (tokenize, under the gateway's span of the request)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import time
 
 from services.tokenizer.core import Tokenization
 from services.tokenizer.handlers import Out, handle
+from shared.messages.schedule import TokenizedRequest
 from shared.messages.tokenize import AbortRequest, GenerateRequest, TokenizeMessage, TokenizeRequest
 from shared.metrics.buckets import SERVICE_SECONDS
 from shared.metrics.registry import ServiceMetrics
+from shared.tracing import Tracing
 
 
 def kind_of(msg: TokenizeMessage) -> str:
@@ -20,7 +23,8 @@ def kind_of(msg: TokenizeMessage) -> str:
 
 
 class TokenizerMetrics:
-    def __init__(self, m: ServiceMetrics) -> None:
+    def __init__(self, m: ServiceMetrics, tracing: Tracing | None = None) -> None:
+        self.tracing = tracing or Tracing("tokenizer", "")
         self.requests = m.counter(
             "radixserve:tokenizer_requests", "Messages the tokenizer handled, by kind", ["kind"]
         )
@@ -32,8 +36,22 @@ class TokenizerMetrics:
 
     def handle(self, tok: Tokenization, msg: TokenizeMessage, partitions: int) -> Out:
         """handlers.handle, counted and timed (runs in the tokenizer's threads)."""
-        started = time.perf_counter()
+        started, wall = time.perf_counter(), time.time()
         out = handle(tok, msg, partitions)
         self.seconds.observe(time.perf_counter() - started)
         self.requests.labels(kind_of(msg)).inc()
+        if self.tracing.on and isinstance(msg, GenerateRequest):
+            tokenized = next((m for _, m in out if isinstance(m, TokenizedRequest)), None)
+            self.tracing.record(
+                "tokenize",
+                msg.trace.traceparent,
+                wall,
+                time.time(),
+                {
+                    "rid": msg.trace.rid,
+                    "prompt_tokens": len(tokenized.input_ids) if tokenized else 0,
+                    "constrained": msg.constraint is not None,
+                    "refused": tokenized is None,
+                },
+            )
         return out

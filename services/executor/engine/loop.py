@@ -30,6 +30,7 @@ from services.executor.engine.outputs import (
 )
 from services.executor.engine.records import Forward, InFlight, Sampled
 from services.executor.engine.stats import EngineStats
+from services.executor.engine.timeline import Timeline, finished_timelines, record_chunks
 from services.executor.grammar import lifecycle
 from services.executor.grammar.backend import GrammarBackend
 from services.executor.model_runner import ModelRunner
@@ -87,6 +88,8 @@ class Engine:
         self.overlapped_steps = 0  # steps launched before the previous one's tokens landed
         self.aborted = 0  # requests ended early (aborted, past their deadline, bus restarted)
         self.stats = EngineStats()  # totals for the metrics, read when they are scraped
+        # Tracing on: requests keep a Timeline and finished ones come back in StepResult.traced
+        self.trace_requests = False
         self.waiting_tokens = 0  # prompt tokens of the waiting requests, as of the last step
 
     # -- called from any thread --------------------------------------------------------------
@@ -157,6 +160,8 @@ class Engine:
         sampled = None if defer else self._sample(forward, indices)
         if not plan.is_decode:  # decode steps carry no request's first token
             stamp_first_launched((plan.reqs[i] for i in forward.rows), started)
+            if self.trace_requests:
+                record_chunks(plan.reqs, plan.extend_lens, started)
         self.stats.launched(plan.is_decode, sum(plan.extend_lens))
         self.overlapped_steps += prev is not None
         self.step_no += 1
@@ -215,7 +220,8 @@ class Engine:
 
     def _result(self, out: Outputs, launched: InFlight | None) -> StepResult:
         self.stats.finished(out.finished_reqs)
-        result = StepResult(out.collect(self.name, self.step_no))
+        traced = finished_timelines(out.finished_reqs) if self.trace_requests else []
+        result = StepResult(out.collect(self.name, self.step_no), traced=traced)
         if launched is not None:
             result.forward_tokens = sum(launched.plan.extend_lens)
             result.is_decode = launched.plan.is_decode
@@ -257,6 +263,8 @@ class Engine:
             out.finished(req)  # the grammar forced the whole output: done without a pass
         else:
             self.policy.add(req)
+        if self.trace_requests and msg.trace.traceparent and isinstance(req, Req):
+            req.timeline = Timeline(msg.trace.traceparent, submitted)
 
     def _end(self, req: Req, out: Outputs, reason: str) -> None:
         self.aborted += 1

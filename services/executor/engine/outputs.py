@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from services.executor.engine.timeline import Finished
 from services.executor.request import Req
 from services.executor.sampling.logprobs import block, prompt_block
 from shared.hops import stamp_hops
@@ -29,6 +30,7 @@ class StepResult:
     outputs: list[Output] = field(default_factory=list)
     forward_tokens: int = 0
     is_decode: bool = False  # the step was a DECODE (else an EXTEND, or no forward at all)
+    traced: list[Finished] = field(default_factory=list)  # tracing: the requests it finished
 
 
 class Outputs:
@@ -115,6 +117,8 @@ def stamp_first_launched(reqs: Iterable[Req], at: float) -> None:
 def stamp_first_on_host(req: Req, at: float) -> None:
     if req.hops is not None and not req.hops.first_on_host:
         req.hops = stamp_hops(req.hops, first_on_host=at)
+        if req.timeline is not None:
+            req.timeline.first_token = at
 
 
 def stamp_published(outputs: list[Output], now: float | None = None) -> list[Output]:
