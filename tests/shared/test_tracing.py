@@ -93,7 +93,8 @@ def test_a_request_that_never_ran_has_only_its_queue() -> None:
 def test_the_gateway_span_carries_the_answer_and_parents_the_reply() -> None:
     tracing, exported = traced("gateway")
     span = RequestSpan(tracing, PARENT, 50.0, {"rid": "r1"})
-    first = Delta(rid="r1", text="a", token_ids=[1], usage=Usage(prompt_tokens=5, completion_tokens=1))
+    usage = Usage(prompt_tokens=5, completion_tokens=1)
+    first = Delta(rid="r1", text="a", token_ids=[1], usage=usage)
     last = Delta(
         rid="r1",
         text="b",
