@@ -55,6 +55,7 @@ TIME_LIMITS = {
     "engine_ab": 300,
     "protocols": 420,
     "dp": 580,
+    "observability": 580,
 }
 OFFLINE_RUN_S = 130  # the 500-prompt run stops here and reports what it finished
 
@@ -106,7 +107,11 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         from loadtest.gpu.dp import dp_section
 
         return dp_section(str(out_dir))
-    extra = ["burst", "engine_ab", "protocols", "dp"]
+    if name == "observability":
+        from loadtest.gpu.observability import observability_section
+
+        return observability_section(str(out_dir))
+    extra = ["burst", "engine_ab", "protocols", "dp", "observability"]
     raise SystemExit(f"unknown section {name!r}; known: {', '.join([*SECTIONS, *extra])}")
 
 
