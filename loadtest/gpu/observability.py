@@ -1,9 +1,11 @@
 """What metrics and tracing cost on the GPU: the decode-heavy workload (64 prompts, 128 in /
 512 out) through the whole stack, `radixserve serve` with Llama-3.1-8B shapes (dummy
-weights), once with both off (--no-enable-metrics, no endpoint) and once with both on
-(--metrics-port on every service, every service scraped each second as a busy Prometheus
-would, and --otlp-traces-endpoint exporting every span to a receiver here). Each stack runs
-the workload `ROUNDS` times after a warm-up; the medians are compared."""
+weights). Two stacks share the GPU, each with its own KV pool: one with both off
+(--no-enable-metrics, no endpoint), one with both on (--metrics-port on every service, every
+service scraped each second as a busy Prometheus would, and --otlp-traces-endpoint exporting
+every span to a receiver here). After a full warm-up run on each, the workload runs on them
+in turn, `ROUNDS` times each, so drift over the session falls on both alike; the medians
+are compared."""
 
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from loadtest.gpu.sections import _serve
 from loadtest.otlp_sink import SpanSink
 from tests.conftest import free_port
 
-ROUNDS = 3
+ROUNDS = 5
+KV_TOKENS = 100_000  # each stack's pool: the workload needs 64 x 640
 SCRAPE_EVERY_S = 1.0
 HEAVY = [
     "--dataset-name",
@@ -48,71 +51,93 @@ def scrape_forever(ports: list[int], stop: threading.Event, counts: list[int]) -
                 counts[1] += 1
 
 
-def run_config(model: Path, out_dir: str, name: str, on: bool) -> dict[str, Any]:
-    from loadtest import serving
-    from loadtest.flags import build_parser
+class Stack:
+    """One `radixserve serve`, with metrics and tracing on or off, and its client."""
 
-    port = free_port()
-    sink = SpanSink(free_port()).start() if on else None
-    extra = ["--no-enable-metrics"]
-    base_metrics = 0
-    if sink is not None:
-        base_metrics = free_port()
-        extra = ["--metrics-port", str(base_metrics), "--otlp-traces-endpoint", sink.endpoint]
-    proc = _serve(model, Path(out_dir) / f"observability_{name}.log", port, *extra)
-    stop, counts = threading.Event(), [0, 0]
-    scraper = None
-    try:
-        if on:  # the gateway's and every child's port (serve gives them from the base up)
-            log = (Path(out_dir) / f"observability_{name}.log").read_text()
-            line = next(x for x in log.splitlines() if x.startswith("metrics (/metrics"))
+    def __init__(self, model: Path, out_dir: str, on: bool) -> None:
+        self.model, self.on = model, on
+        self.port = free_port()
+        self.sink = SpanSink(free_port()).start() if on else None
+        extra = ["--no-enable-metrics"]
+        if self.sink is not None:
+            extra = [
+                "--metrics-port",
+                str(free_port()),
+                "--otlp-traces-endpoint",
+                self.sink.endpoint,
+            ]
+        name = "on" if on else "off"
+        log = Path(out_dir) / f"observability_{name}.log"
+        self.proc = _serve(model, log, self.port, "--max-total-tokens", str(KV_TOKENS), *extra)
+        self.stop_scraping, self.counts = threading.Event(), [0, 0]
+        self.scraper: threading.Thread | None = None
+        if on:  # every child's port (serve gives them from the base up, and prints them)
+            line = next(x for x in log.read_text().splitlines() if x.startswith("metrics (/"))
             ports = [int(p.split(":")[-1]) for p in line.split(" on ", 1)[1].split(", ")]
-            scraper = threading.Thread(target=scrape_forever, args=(ports, stop, counts))
-            scraper.start()
+            self.scraper = threading.Thread(
+                target=scrape_forever, args=(ports, self.stop_scraping, self.counts)
+            )
+            self.scraper.start()
+        self.runs: list[Any] = []
+
+    def run(self, *more: str) -> Any:
+        from loadtest import serving
+        from loadtest.flags import build_parser
+
         flags = [
             "--base-url",
-            f"http://127.0.0.1:{port}",
+            f"http://127.0.0.1:{self.port}",
             "--backend",
             "radixserve",
             "--tokenizer",
-            str(model),
+            str(self.model),
             "--disable-tqdm",
             "--seed",
             "1",
+            *HEAVY,
+            *more,
         ]
+        return asyncio.run(serving.benchmark(build_parser().parse_args(flags)))
 
-        def run(*more: str) -> Any:
-            args = build_parser().parse_args([*flags, *HEAVY, *more])
-            return asyncio.run(serving.benchmark(args))
-
-        run("--num-prompts", "8")  # warm-up: CUDA graphs, allocator, caches
-        runs = [run() for _ in range(ROUNDS)]
-    finally:
-        stop.set()
-        if scraper is not None:
-            scraper.join()
-        proc.send_signal(signal.SIGINT)
+    def close(self) -> None:
+        self.stop_scraping.set()
+        if self.scraper is not None:
+            self.scraper.join()
+        self.proc.send_signal(signal.SIGINT)
         try:
-            proc.wait(timeout=60)
+            self.proc.wait(timeout=60)
         except Exception:
-            proc.kill()
-        if sink is not None:
-            sink.stop()
-    return {
-        "output_tok_s": [m.output_throughput for m in runs],
-        "median_ttft_ms": [m.ttft.median if m.ttft else None for m in runs],
-        "failed": [m.failed for m in runs],
-        "scrapes": counts[0],
-        "scrape_errors": counts[1],
-        "spans_exported": sink.spans if sink is not None else 0,
-        "spans_by_name": dict(sink.by_name) if sink is not None else {},
-    }
+            self.proc.kill()
+        if self.sink is not None:
+            self.sink.stop()
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "output_tok_s": [m.output_throughput for m in self.runs],
+            "median_ttft_ms": [m.ttft.median if m.ttft else None for m in self.runs],
+            "failed": [m.failed for m in self.runs],
+            "scrapes": self.counts[0],
+            "scrape_errors": self.counts[1],
+            "spans_exported": self.sink.spans if self.sink is not None else 0,
+            "spans_by_name": dict(self.sink.by_name) if self.sink is not None else {},
+        }
 
 
 def observability_section(out_dir: str) -> dict[str, Any]:
     model = llama8b_dir(Path(tempfile.mkdtemp()), "words")
-    off = run_config(model, out_dir, "off", on=False)
-    on = run_config(model, out_dir, "on", on=True)
+    stacks: list[Stack] = []
+    try:
+        stacks.append(Stack(model, out_dir, on=False))
+        stacks.append(Stack(model, out_dir, on=True))
+        for s in stacks:
+            s.run()  # warm-up: CUDA graphs, allocator, caches, the exporters' connections
+        for _ in range(ROUNDS):
+            for s in stacks:
+                s.runs.append(s.run())
+    finally:
+        for s in stacks:
+            s.close()
+    off, on = (s.report() for s in stacks)
     tok_off, tok_on = (statistics.median(c["output_tok_s"]) for c in (off, on))
     ttft_off, ttft_on = (statistics.median(c["median_ttft_ms"]) for c in (off, on))
     summary = {
@@ -125,4 +150,4 @@ def observability_section(out_dir: str) -> dict[str, Any]:
         "within_targets": tok_on / tok_off >= 0.98 and ttft_on - ttft_off <= 2.0,
     }
     print(summary, flush=True)
-    return {"summary": summary, "off": off, "on": on}
+    return {"summary": summary, "off": off, "on": on, "rounds": ROUNDS, "kv_tokens": KV_TOKENS}
