@@ -10,6 +10,7 @@ are compared."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import statistics
 import tempfile
@@ -38,6 +39,34 @@ HEAVY = [
     "--random-range-ratio",
     "1.0",
 ]
+
+
+def tree_cpu(root: int) -> dict[str, float]:
+    """CPU seconds (user + system) of `root` and its descendants, by command line."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    stats: dict[int, tuple[str, float]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            raw = Path(f"/proc/{entry}/stat").read_text()
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        fields = raw[raw.rindex(")") + 2 :].split()
+        parents[int(entry)] = int(fields[1])
+        stats[int(entry)] = (cmd, (int(fields[11]) + int(fields[12])) / tick)
+    out: dict[str, float] = {}
+    for pid, (cmd, cpu) in stats.items():
+        p = pid
+        while p not in (0, 1, root) and p in parents:
+            p = parents[p]
+        if p == root:
+            words = cmd.split()
+            name = " ".join(w for w in words[3:5] if not w.startswith("-")) or words[0]
+            out[name] = out.get(name, 0.0) + cpu
+    return out
 
 
 def scrape_forever(ports: list[int], stop: threading.Event, counts: list[int]) -> None:
@@ -126,14 +155,20 @@ class Stack:
 def observability_section(out_dir: str) -> dict[str, Any]:
     model = llama8b_dir(Path(tempfile.mkdtemp()), "words")
     stacks: list[Stack] = []
+    cpu: list[dict[str, float]] = [{}, {}]
     try:
         stacks.append(Stack(model, out_dir, on=False))
         stacks.append(Stack(model, out_dir, on=True))
         for s in stacks:
             s.run()  # warm-up: CUDA graphs, allocator, caches, the exporters' connections
+        cpu_before = [tree_cpu(s.proc.pid) for s in stacks]
         for _ in range(ROUNDS):
             for s in stacks:
                 s.runs.append(s.run())
+        cpu = [
+            {k: round(v - before.get(k, 0.0), 2) for k, v in tree_cpu(s.proc.pid).items()}
+            for s, before in zip(stacks, cpu_before, strict=True)
+        ]
     finally:
         for s in stacks:
             s.close()
@@ -150,4 +185,6 @@ def observability_section(out_dir: str) -> dict[str, Any]:
         "within_targets": tok_on / tok_off >= 0.98 and ttft_on - ttft_off <= 2.0,
     }
     print(summary, flush=True)
+    off["cpu_s_during_rounds"], on["cpu_s_during_rounds"] = cpu
+    print(cpu, flush=True)
     return {"summary": summary, "off": off, "on": on, "rounds": ROUNDS, "kv_tokens": KV_TOKENS}

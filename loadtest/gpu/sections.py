@@ -288,15 +288,17 @@ def decode_heavy_offline() -> dict[str, Any]:
     return result
 
 
-def _serve(model: Path, log: Path, port: int, *extra: str) -> Any:
-    """`radixserve serve` with dummy weights (and `extra` flags); returns the process once
-    /health is 200."""
+def _serve(
+    model: Path, log: Path, port: int, *extra: str, env: dict[str, str] | None = None
+) -> Any:
+    """`radixserve serve` with dummy weights (and `extra` flags, and `env` over this
+    process's environment); returns the process once /health is 200."""
     import os
     import subprocess
     import sys
     import urllib.request
 
-    env = dict(os.environ)
+    env = {**os.environ, **(env or {})}
     proc = subprocess.Popen(
         [
             sys.executable,
