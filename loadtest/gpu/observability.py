@@ -97,7 +97,13 @@ class Stack:
             ]
         name = "on" if on else "off"
         log = Path(out_dir) / f"observability_{name}.log"
-        self.proc = _serve(model, log, self.port, "--max-total-tokens", str(KV_TOKENS), *extra)
+        # Each stack its own bus: sharing one, they would serve each other's requests (the
+        # schedulers elect one leader and route to both executors).
+        shared = os.environ.get("REDIS_URL")
+        env = {"REDIS_URL": f"{shared.rsplit('/', 1)[0]}/{11 if on else 10}"} if shared else {}
+        self.proc = _serve(
+            model, log, self.port, "--max-total-tokens", str(KV_TOKENS), *extra, env=env
+        )
         self.stop_scraping, self.counts = threading.Event(), [0, 0]
         self.scraper: threading.Thread | None = None
         if on:  # every child's port (serve gives them from the base up, and prints them)
