@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -14,11 +16,32 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 
+@dataclass(frozen=True)
+class ReceivedSpan:
+    service: str  # the resource's service.name
+    name: str
+    trace_id: str  # hex
+    span_id: str
+    parent: str  # "" for a root
+    attrs: dict[str, Any]
+    start: int  # unix ns
+    end: int
+
+
+def _value(v: Any) -> Any:
+    kind = v.WhichOneof("value")
+    return getattr(v, kind) if kind else None
+
+
 class SpanSink:
-    def __init__(self, port: int) -> None:
-        self.port = port
+    """`keep`: also keep every span received (tests), not only the counts."""
+
+    def __init__(self, port: int, keep: bool = False) -> None:
+        self.port, self.keep = port, keep
         self.spans = 0
         self.by_name: dict[str, int] = {}
+        self.received: list[ReceivedSpan] = []
+        self.lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="otlp-sink", daemon=True)
@@ -30,10 +53,25 @@ class SpanSink:
     async def _export(self, request: web.Request) -> web.Response:
         body = ExportTraceServiceRequest.FromString(await request.read())
         for rs in body.resource_spans:
+            resource = {a.key: a.value.string_value for a in rs.resource.attributes}
             for ss in rs.scope_spans:
                 for s in ss.spans:
-                    self.spans += 1
-                    self.by_name[s.name] = self.by_name.get(s.name, 0) + 1
+                    with self.lock:
+                        self.spans += 1
+                        self.by_name[s.name] = self.by_name.get(s.name, 0) + 1
+                        if self.keep:
+                            self.received.append(
+                                ReceivedSpan(
+                                    resource.get("service.name", ""),
+                                    s.name,
+                                    s.trace_id.hex(),
+                                    s.span_id.hex(),
+                                    s.parent_span_id.hex(),
+                                    {a.key: _value(a.value) for a in s.attributes},
+                                    s.start_time_unix_nano,
+                                    s.end_time_unix_nano,
+                                )
+                            )
         reply = ExportTraceServiceResponse().SerializeToString()
         return web.Response(body=reply, content_type="application/x-protobuf")
 

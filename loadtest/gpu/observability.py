@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.gpu.models import llama8b_dir
-from loadtest.gpu.sections import _serve
+from loadtest.gpu.sections import DECODE_HEAVY, _serve
 from loadtest.otlp_sink import SpanSink
 from tests.conftest import free_port
 
@@ -45,18 +45,7 @@ ALONE = [
     "1.0",
 ]
 ALONE_ROUNDS = 4
-HEAVY = [
-    "--dataset-name",
-    "random",
-    "--num-prompts",
-    "64",
-    "--random-input-len",
-    "128",
-    "--random-output-len",
-    "512",
-    "--random-range-ratio",
-    "1.0",
-]
+HEAVY = list(DECODE_HEAVY)
 
 
 def tree_cpu(root: int) -> dict[str, float]:

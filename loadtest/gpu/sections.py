@@ -288,6 +288,21 @@ def decode_heavy_offline() -> dict[str, Any]:
     return result
 
 
+# The decode-heavy workload of the bus-overhead comparison: 64 prompts at once, 128 in, 512 out.
+DECODE_HEAVY = (
+    "--dataset-name",
+    "random",
+    "--num-prompts",
+    "64",
+    "--random-input-len",
+    "128",
+    "--random-output-len",
+    "512",
+    "--random-range-ratio",
+    "1.0",
+)
+
+
 def _serve(
     model: Path, log: Path, port: int, *extra: str, env: dict[str, str] | None = None
 ) -> Any:
@@ -412,16 +427,7 @@ def online(log_dir: str) -> dict[str, Any]:
             "2",
         )
         heavy = run(
-            "--dataset-name",
-            "random",
-            "--num-prompts",
-            "64",
-            "--random-input-len",
-            "128",
-            "--random-output-len",
-            "512",
-            "--random-range-ratio",
-            "1.0",
+            *DECODE_HEAVY,
             "--warmup-requests",
             "2",
         )

@@ -74,6 +74,12 @@ async def start_metrics_server(
 ) -> web.AppRunner:
     runner = web.AppRunner(metrics_app(metrics, healthy), access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as e:
+        await runner.cleanup()
+        raise SystemExit(
+            f"{metrics.service}: cannot serve metrics on {host}:{port} (--metrics-port): {e}"
+        ) from None
     log.info("metrics on http://%s:%d/metrics", host, port)
     return runner

@@ -21,6 +21,7 @@ DASHBOARD = GRAFANA / "radixserve-dashboard.json"
 # Every metric the services export, histograms by their base name.
 GATEWAY = {
     "sglang:num_requests_total",
+    "sglang:num_aborted_requests_total",
     "sglang:prompt_tokens_total",
     "sglang:generation_tokens_total",
     "sglang:cached_tokens_total",
@@ -43,10 +44,12 @@ EXECUTOR = {
     "radixserve:executor_step_seconds",
     "radixserve:executor_forward_tokens_total",
     "radixserve:executor_generated_tokens_total",
+    "radixserve:executor_prompt_tokens_total",
     "radixserve:executor_cached_tokens_total",
     "radixserve:executor_retractions_total",
     "radixserve:executor_evicted_tokens_total",
     "radixserve:executor_aborts_total",
+    "radixserve:executor_cached_kv_tokens",
 }
 TOKENIZER = {"radixserve:tokenizer_requests_total", "radixserve:tokenize_seconds"}
 GRAMMAR = {"radixserve:grammar_requests_total", "radixserve:grammar_compile_seconds"}
@@ -54,6 +57,8 @@ SCHEDULER = {
     "radixserve:scheduler_routed_total",
     "radixserve:scheduler_redispatched_total",
     "radixserve:scheduler_live_executors",
+    "radixserve:scheduler_inflight_requests",
+    "radixserve:scheduler_refused_total",
 }
 DETOKENIZER = {
     "radixserve:detokenize_seconds",

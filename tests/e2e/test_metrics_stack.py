@@ -186,3 +186,19 @@ def test_errors_and_grpc_calls_are_counted_by_status(tiny_stack: Stack) -> None:
     assert delta(protocol="grpc", code="OK") >= 1
     code = refused.value.code().name
     assert delta(protocol="grpc", code=code) >= 1
+
+
+def test_the_dashboard_reads_exactly_what_the_services_export(tiny_stack: Stack) -> None:
+    """deploy/grafana's dashboard is built on METRICS: every service's page declares each of
+    them (a labelled metric before its first sample too), and nothing of ours beyond them."""
+    from tests.deploy.test_grafana import METRICS
+
+    live: set[str] = set()
+    for beat in tiny_stack.heartbeats():
+        text = fetch(f"http://127.0.0.1:{beat.metrics_port}/metrics")[1]
+        for family in text_string_to_metric_families(text):
+            name = family.name + ("_total" if family.type == "counter" else "")
+            if name.startswith(("sglang:", "radixserve:")):
+                live.add(name)
+    assert sorted(METRICS - live) == []  # on the dashboard, declared by no service
+    assert sorted(live - METRICS) == []  # exported, on no panel

@@ -1,25 +1,18 @@
 """One OpenTelemetry trace per request across all six services, exported by each service's
-real OTLP/HTTP exporter (--otlp-traces-endpoint) to a receiver in this test, which decodes
-the collector protocol's protobuf as a collector would."""
+real OTLP/HTTP exporter (--otlp-traces-endpoint) to a receiver in this test (the benchmarks'
+loadtest/otlp_sink.py), which decodes the collector protocol's protobuf as a collector would."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
-from aiohttp import web
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
 
+from loadtest.otlp_sink import ReceivedSpan, SpanSink
 from tests.conftest import free_port
 from tests.e2e.stack import Stack, start_stack
 from tests.e2e.test_control_endpoints import MODEL
@@ -36,106 +29,36 @@ CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
 
 
-@dataclass(frozen=True)
-class Span:
-    service: str
-    name: str
-    trace_id: str
-    span_id: str
-    parent: str
-    attrs: dict[str, Any]
-    start: int
-    end: int
+Span = ReceivedSpan
 
 
-class Receiver:
-    """An OTLP/HTTP trace receiver: POST /v1/traces with an ExportTraceServiceRequest."""
+class Receiver(SpanSink):
+    """The benchmark's OTLP/HTTP receiver, keeping every span, and waiting for a trace."""
 
     def __init__(self) -> None:
-        self.port = free_port()
-        self.spans: list[Span] = []
-        self.requests = 0
-        self._lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    async def _export(self, request: web.Request) -> web.Response:
-        assert request.content_type == "application/x-protobuf"
-        body = ExportTraceServiceRequest.FromString(await request.read())
-        got = []
-        for rs in body.resource_spans:
-            resource = {a.key: a.value.string_value for a in rs.resource.attributes}
-            for ss in rs.scope_spans:
-                for s in ss.spans:
-                    attrs = {a.key: _value(a.value) for a in s.attributes}
-                    got.append(
-                        Span(
-                            resource["service.name"],
-                            s.name,
-                            s.trace_id.hex(),
-                            s.span_id.hex(),
-                            s.parent_span_id.hex(),
-                            attrs,
-                            s.start_time_unix_nano,
-                            s.end_time_unix_nano,
-                        )
-                    )
-        with self._lock:
-            self.spans += got
-            self.requests += 1
-        return web.Response(
-            body=ExportTraceServiceResponse().SerializeToString(),
-            content_type="application/x-protobuf",
-        )
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        app = web.Application()
-        app.router.add_post("/v1/traces", self._export)
-        runner = web.AppRunner(app)
-        self._loop.run_until_complete(runner.setup())
-        self._loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
-        self._ready.set()
-        self._loop.run_forever()
-        self._loop.run_until_complete(runner.cleanup())
-
-    def start(self) -> Receiver:
-        self._thread.start()
-        self._ready.wait(10)
-        return self
-
-    def stop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-
-    def trace(self, rid_span: Span) -> list[Span]:
-        with self._lock:
-            return [s for s in self.spans if s.trace_id == rid_span.trace_id]
+        super().__init__(free_port(), keep=True)
 
     def wait_for(self, names: set[str], rid: str, timeout: float = 60.0) -> list[Span]:
         """The spans of the trace whose gateway span has `rid`, once it holds `names`."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            with self._lock:
-                roots = [s for s in self.spans if s.name == "request" and s.attrs.get("rid") == rid]
-            if roots:
-                spans = self.trace(roots[0])
-                if names <= {s.name for s in spans}:
-                    return spans
+            with self.lock:
+                roots = [
+                    s for s in self.received if s.name == "request" and s.attrs.get("rid") == rid
+                ]
+                spans = [s for s in self.received if roots and s.trace_id == roots[0].trace_id]
+            if names <= {s.name for s in spans}:
+                return spans
             time.sleep(0.1)
-        with self._lock:
-            seen = sorted({(s.service, s.name) for s in self.spans})
+        with self.lock:
+            seen = sorted({(s.service, s.name) for s in self.received})
         raise AssertionError(f"the trace of {rid} never held {sorted(names)}; saw {seen}")
-
-
-def _value(v: Any) -> Any:
-    return getattr(v, v.WhichOneof("value")) if v.WhichOneof("value") else None
 
 
 @pytest.fixture(scope="module")
 def receiver() -> Iterator[Receiver]:
-    r = Receiver().start()
+    r = Receiver()
+    r.start()
     yield r
     r.stop()
 

@@ -132,3 +132,14 @@ def test_a_service_is_healthy_only_while_its_heartbeats_land() -> None:
     assert svc.health_problem() is None
     svc.last_beat = time.monotonic() - 3600
     assert "ago" in (svc.health_problem() or "")
+
+
+async def test_a_taken_port_is_a_clear_error() -> None:
+    m = ServiceMetrics("grammar", "m", "i-1")
+    port = free_port()
+    first = await start_metrics_server(m, lambda: None, "127.0.0.1", port)
+    try:
+        with pytest.raises(SystemExit, match=f"grammar: cannot serve metrics on 127.0.0.1:{port}"):
+            await start_metrics_server(m, lambda: None, "127.0.0.1", port)
+    finally:
+        await first.cleanup()
