@@ -4,6 +4,8 @@ when tracing is off."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
@@ -28,6 +30,7 @@ def traced(service: str = "x") -> tuple[Tracing, InMemorySpanExporter]:
 
 def ids(span: ReadableSpan) -> tuple[str, str, str]:
     ctx = span.get_span_context()
+    assert ctx is not None
     parent = span.parent.span_id if span.parent is not None else None
     return f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}", f"{parent:016x}" if parent else ""
 
@@ -61,6 +64,11 @@ def test_without_a_parent_a_span_starts_a_trace() -> None:
     assert span.parent is None
 
 
+def attrs(span: ReadableSpan) -> Any:
+    assert span.attributes is not None
+    return span.attributes
+
+
 def test_the_executor_span_tree() -> None:
     tracing, exported = traced("executor")
     timeline = Timeline(PARENT, inbox=10.0, chunks=[(10.5, 64), (10.7, 36)], first_token=10.9)
@@ -73,13 +81,13 @@ def test_the_executor_span_tree() -> None:
     for name in ("queue", "prefill", "decode"):
         assert ids(spans[name])[2] == ids(executor)[1], name
     assert all(ids(c)[2] == ids(spans["prefill"])[1] for c in chunks)
-    assert [(c.start_time, c.end_time, c.attributes["tokens"]) for c in chunks] == [
+    assert [(c.start_time, c.end_time, attrs(c)["tokens"]) for c in chunks] == [
         (10_500_000_000, 10_700_000_000, 64),
         (10_700_000_000, 10_900_000_000, 36),
     ]
     assert spans["queue"].end_time == 10_500_000_000
     assert spans["decode"].start_time == 10_900_000_000
-    assert executor.attributes["completion_tokens"] == 20
+    assert attrs(executor)["completion_tokens"] == 20
 
 
 def test_a_request_that_never_ran_has_only_its_queue() -> None:
@@ -124,10 +132,10 @@ def test_a_failed_request_says_why() -> None:
     span.seen(Failure(rid="r1", error=ErrorInfo(status=503, message="no executor")))
     span.end()
     (request,) = exported.get_finished_spans()  # no token: no reply span
-    assert request.attributes["error_status"] == 503
+    assert attrs(request)["error_status"] == 503
     dropped = RequestSpan(tracing, "", 50.0, {"rid": "r2"})
     dropped.end("client disconnected")
-    assert exported.get_finished_spans()[-1].attributes["ended"] == "client disconnected"
+    assert attrs(exported.get_finished_spans()[-1])["ended"] == "client disconnected"
 
 
 @pytest.mark.parametrize(
@@ -140,9 +148,9 @@ def test_a_failed_request_says_why() -> None:
     ],
 )
 def test_the_exporter_follows_the_protocol(
-    endpoint: str, protocol: str, kind: type, url: str | None
+    endpoint: str, protocol: str, kind: Any, url: str | None
 ) -> None:
-    exporter = _exporter(endpoint, protocol)
+    exporter: Any = _exporter(endpoint, protocol)
     assert isinstance(exporter, kind)
     if url is not None:
         assert exporter._endpoint == url
