@@ -9,6 +9,7 @@ import logging
 from services.gateway.access_policy import AccessPolicy, keys_problem
 from services.gateway.app import STATE, bound_port, build_app, start_site
 from services.gateway.metrics import Buckets
+from services.gateway.reasoning import PARSERS
 from services.gateway.state import GatewaySettings
 from shared.config import (
     EnvArgumentParser,
@@ -127,6 +128,13 @@ def add_flags(p: EnvArgumentParser) -> None:
             help=f"boundaries (seconds) of the {name.replace('_', ' ')} histogram, as "
             "SGLang's flag takes them",
         )
+    p.add_flag(
+        "--reasoning-parser",
+        default="",
+        choices=["", *PARSERS],
+        help="split a reasoning model's thinking from its answer in chat completions "
+        "(message.reasoning_content); qwen3-thinking: Qwen3 Thinking-2507 models",
+    )
     p.add_bool(
         "--serve-before-ready",
         help="pass API requests on before every stage is live (default: 503 with Retry-After "
@@ -159,6 +167,7 @@ class Gateway:
             model_path=model_path,
             wait_until_ready=not args.serve_before_ready,
             detokenizer_partitions=args.detokenizer_partitions,
+            reasoning_parser=args.reasoning_parser,
         )
         # Only the keys' digests are kept past this point (not in settings: they are shown).
         self.access = AccessPolicy.from_flags(

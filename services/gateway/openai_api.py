@@ -14,6 +14,7 @@ from services.gateway.errors import ApiError
 from services.gateway.fanout import respond_many
 from services.gateway.openai_render import ChatRenderer, CompletionRenderer
 from services.gateway.protocol import ChatBody, CompletionBody
+from services.gateway.reasoning import PARSERS
 from services.gateway.responses import json_response, traceparent
 from services.gateway.state import STATE, GatewayState
 from shared.bus import TRANSIENT
@@ -63,8 +64,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = validation.decode(await request.read(), ChatBody)
     job = validation.chat_job(body, state.settings.model_name)
     input_limits.check_prompts([job.prompt], state.settings.max_prompt_chars, "messages")
+    parser = state.settings.reasoning_parser
     renderer = ChatRenderer(
-        "chatcmpl", state.settings.model_name, job.include_usage, logprobs=body.logprobs
+        "chatcmpl",
+        state.settings.model_name,
+        job.include_usage,
+        logprobs=body.logprobs,
+        reasoning=PARSERS[parser] if parser and body.separate_reasoning else None,
     )
     n = body.n or 1
     return await _answer(request, [job], n, n, renderer)

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from services.gateway.logprob_format import chat_logprobs, completion_logprobs
+from services.gateway.reasoning import ThinkSplitter
 from services.gateway.responses import Accumulated
 from shared.messages.reply import Delta, Usage
 
@@ -101,6 +102,31 @@ class ChatRenderer(_Base):
     chunk_object = "chat.completion.chunk"
     body_object = "chat.completion"
 
+    def __init__(
+        self,
+        id: str,
+        model: str,
+        include_usage: bool,
+        logprobs: bool,
+        reasoning: type[ThinkSplitter] | None = None,
+    ) -> None:
+        """`reasoning`: the parser that splits the thinking part from the answer (None: the
+        whole output is the answer)."""
+        super().__init__(id, model, include_usage, logprobs)
+        self.reasoning = reasoning
+        self.splitters: dict[int, ThinkSplitter] = {}  # choice -> its streamed output's
+
+    def _texts(self, index: int, d: Delta) -> tuple[str, str]:
+        """(reasoning, content) of a streamed delta."""
+        if self.reasoning is None:
+            return "", d.text
+        splitter = self.splitters.setdefault(index, self.reasoning())
+        reasoning, content = splitter.feed(d.text)
+        if d.finish_reason is not None:
+            more = splitter.finish()
+            reasoning, content = reasoning + more[0], content + more[1]
+        return reasoning, content
+
     def _choice(
         self, index: int, delta: dict[str, str], finish: str | None, logprobs: Any = None
     ) -> dict[str, Any]:
@@ -112,17 +138,27 @@ class ChatRenderer(_Base):
 
     def delta_at(self, index: int, d: Delta, acc: Accumulated) -> list[Any]:
         events = []
-        if d.text or (self.logprobs and d.logprobs):
+        reasoning, content = self._texts(index, d)
+        if reasoning or content or (self.logprobs and d.logprobs):
+            delta: dict[str, str] = {}
+            if reasoning:  # vLLM's newer name beside the one most clients read
+                delta["reasoning_content"] = delta["reasoning"] = reasoning
+            if content or not reasoning:
+                delta["content"] = content
             logprobs = chat_logprobs(d.logprobs) if self.logprobs else None
-            events.append(self.chunk(self._choice(index, {"content": d.text}, None, logprobs)))
+            events.append(self.chunk(self._choice(index, delta, None, logprobs)))
         if d.finish_reason is not None:
             events.append(self.chunk(self._choice(index, {}, d.finish_reason)))
         return events
 
     def choice_body(self, index: int, acc: Accumulated) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": acc.text}
+        if self.reasoning is not None:
+            reasoning, message["content"] = self.reasoning().split(acc.text)
+            message["reasoning_content"] = message["reasoning"] = reasoning or None
         return {
             "index": index,
-            "message": {"role": "assistant", "content": acc.text},
+            "message": message,
             "logprobs": chat_logprobs(acc.logprobs) if self.logprobs else None,
             "finish_reason": acc.finish_reason,
         }

@@ -108,6 +108,11 @@ class ChatBody(_OpenAIParams, kw_only=True):
     tools: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    # reasoning models: extra variables for the chat template (Qwen3's enable_thinking), the
+    # effort the template is told of, and SGLang's switch for --reasoning-parser's split
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
+    separate_reasoning: bool = True
 
 
 class NativeSamplingBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

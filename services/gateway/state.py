@@ -31,6 +31,8 @@ class GatewaySettings:
     # Readiness requires a live owner for each of these detokenizer partitions (0: any
     # live detokenizer will do).
     detokenizer_partitions: int = 0
+    # --reasoning-parser: splits chat answers' thinking part into reasoning_content ("": none)
+    reasoning_parser: str = ""
 
 
 @dataclass

@@ -103,7 +103,10 @@ class Tokenization:
         messages = [{"role": m.role, "content": m.content} for m in prompt.messages]
         try:
             text = self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=prompt.add_generation_prompt
+                messages,
+                tokenize=False,
+                add_generation_prompt=prompt.add_generation_prompt,
+                **prompt.template_kwargs,
             )
         except Exception as e:  # jinja raises TemplateError, and templates raise their own
             raise PromptError(f"the chat template rejected these messages: {e}", "messages") from e

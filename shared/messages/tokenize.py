@@ -7,6 +7,8 @@ gateway never loads the tokenizer itself.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from shared.messages.common import AbortRequest, Constraint, SamplingParams, Trace
@@ -29,6 +31,8 @@ class ChatMessage(msgspec.Struct, kw_only=True, frozen=True):
 class ChatPrompt(msgspec.Struct, tag="chat", kw_only=True, frozen=True):
     messages: list[ChatMessage]
     add_generation_prompt: bool = True
+    # extra variables for the template (chat_template_kwargs, reasoning_effort): JSON values
+    template_kwargs: dict[str, Any] = {}
 
 
 Prompt = TextPrompt | TokenPrompt | ChatPrompt

@@ -88,6 +88,14 @@ SCRIPTS: dict[str, Callable[[str], list[Step]]] = {
     ],
     "hang": lambda rid: [(0, delta(rid, "", [], 0)), (0, delta(rid, "partial", [7], 1))],
     "silent": lambda rid: [],
+    # a reasoning model's output, its tags split across deltas (tests of --reasoning-parser)
+    "think": lambda rid: [
+        (0, delta(rid, "<thi", [1], 1)),
+        (0, delta(rid, "nk>Two and two", [2], 2)),
+        (0, delta(rid, " make four.</th", [3], 3)),
+        (0, delta(rid, "ink>\n\nFour", [4], 4)),
+        (0, delta(rid, ".", [5], 5, finish_reason="stop")),
+    ],
     "slow": lambda rid: [
         (0.1 * (i > 0), delta(rid, f"t{i}", [i], i + 1, finish_reason="stop" if i == 4 else None))
         for i in range(5)

@@ -119,3 +119,32 @@ def test_model_path_errors_name_the_path(tmp_path: Path) -> None:
         resolve_model(str(tmp_path / "nope"))
     with pytest.raises(ModelNotFoundError, match="no config\\.json"):
         resolve_model(str(tmp_path))
+
+
+# Qwen3's way: thinking off writes an empty thinking block into the prompt.
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% endif %}{% if reasoning_effort %}effort: {{ reasoning_effort }}\n{% endif %}{% endif %}"
+)
+
+
+def test_template_kwargs_reach_the_chat_template(tok: Tokenization) -> None:
+    messages = [ChatMessage(role="user", content="hi")]
+    saved = tok.tokenizer.chat_template
+    tok.tokenizer.chat_template = THINKING_TEMPLATE
+    try:
+
+        def rendered(**kwargs: object) -> str:
+            prompt = ChatPrompt(messages=messages, template_kwargs=kwargs)
+            sched = handle(tok, request(prompt, max_new=1), 1)[1][1]
+            assert isinstance(sched, TokenizedRequest)
+            return str(tok.tokenizer.decode(sched.input_ids))
+
+        thinking = rendered()
+        assert thinking.endswith("<|im_start|>assistant\n")
+        assert rendered(enable_thinking=False) == thinking + "<think>\n\n</think>\n\n"
+        assert rendered(reasoning_effort="low") == thinking + "effort: low\n"
+    finally:
+        tok.tokenizer.chat_template = saved

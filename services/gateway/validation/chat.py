@@ -38,12 +38,54 @@ def chat_job(body: ChatBody, served_model: str) -> Job:
             sampling, return_logprob=True, top_logprobs=body.top_logprobs or 0
         )
     return Job(
-        prompt=chat_prompt(body.messages),
+        prompt=msgspec.structs.replace(
+            chat_prompt(body.messages), template_kwargs=template_kwargs(body)
+        ),
         sampling=sampling,
         stream=body.stream,
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
         constraint=response_format_constraint(body.response_format),
     )
+
+
+# Names apply_chat_template itself takes, or the template's own inputs: not a client's to set.
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "messages",
+        "conversation",
+        "tools",
+        "documents",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "chat_template",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
+REASONING_EFFORTS = ("minimal", "low", "medium", "high")
+
+
+def template_kwargs(body: ChatBody) -> dict[str, Any]:
+    """chat_template_kwargs (and reasoning_effort, which templates read by that name)."""
+    kwargs = dict(body.chat_template_kwargs or {})
+    for key in kwargs:
+        if key in RESERVED_TEMPLATE_KWARGS or not key.isidentifier():
+            raise invalid(
+                f"chat_template_kwargs may not set {key!r}: it is not a template variable a "
+                "request may set",
+                f"chat_template_kwargs.{key}",
+            )
+    if body.reasoning_effort is not None:
+        if body.reasoning_effort not in REASONING_EFFORTS:
+            raise invalid(
+                f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}; got "
+                f"{body.reasoning_effort!r}",
+                "reasoning_effort",
+            )
+        kwargs.setdefault("reasoning_effort", body.reasoning_effort)
+    return kwargs
 
 
 def chat_prompt(messages: list[ChatMessageBody]) -> ChatPrompt:

@@ -1,0 +1,153 @@
+"""--reasoning-parser: the thinking part of a reasoning model's output goes to
+`reasoning_content` (and `reasoning`), the rest to `content`, whole or streamed, whatever
+the delta boundaries; chat_template_kwargs and reasoning_effort reach the template."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import openai
+import pytest
+
+from services.gateway.reasoning import PARSERS
+from shared.messages.tokenize import ChatPrompt
+from tests.gateway.fake_backend import FakeBackend
+from tests.gateway.helpers import MODEL, Running
+
+OUTPUTS = [
+    "<think>Two and two make four.</think>\n\nFour.",
+    "<think>\nunfinished thought",
+    "no thinking at all",
+    "  <think>a</think>b",
+    "<think></think>answer",
+    "thought</think>\n\nanswer",
+    "<thin",
+    "a < b and </thinking> is not a tag</think>x",
+    "",
+]
+EXPECTED = {
+    "qwen3": [
+        ("Two and two make four.", "Four."),
+        ("\nunfinished thought", ""),
+        ("", "no thinking at all"),
+        ("a", "b"),
+        ("", "answer"),
+        ("", "thought</think>\n\nanswer"),
+        ("", "<thin"),
+        ("", "a < b and </thinking> is not a tag</think>x"),
+        ("", ""),
+    ],
+    "deepseek-r1": [
+        ("Two and two make four.", "Four."),
+        ("\nunfinished thought", ""),
+        ("no thinking at all", ""),
+        ("a", "b"),
+        ("", "answer"),
+        ("thought", "answer"),
+        ("<thin", ""),
+        ("a < b and </thinking> is not a tag", "x"),
+        ("", ""),
+    ],
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_whole_outputs_split_as_each_format_says(name: str) -> None:
+    assert [PARSERS[name]().split(text) for text in OUTPUTS] == EXPECTED[name]
+
+
+@pytest.mark.parametrize("name", sorted(PARSERS))
+@pytest.mark.parametrize("text", OUTPUTS)
+def test_streaming_splits_the_same_at_every_boundary(name: str, text: str) -> None:
+    whole = PARSERS[name]().split(text)
+    cuts = range(len(text) + 1)
+    for a, b in itertools.combinations_with_replacement(cuts, 2):
+        splitter = PARSERS[name]()
+        pieces = [splitter.feed(p) for p in (text[:a], text[a:b], text[b:])]
+        pieces.append(splitter.finish())
+        got = ("".join(r for r, _ in pieces), "".join(c for _, c in pieces))
+        assert got == whole, (text[:a], text[a:b], text[b:])
+
+
+StartGateway = Callable[..., Awaitable[Running]]
+
+
+async def test_chat_answers_carry_the_reasoning_apart(start_gateway: StartGateway) -> None:
+    gw = await start_gateway(reasoning_parser="qwen3")
+    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0)
+    messages: Any = [{"role": "user", "content": "think"}]
+    plain = await client.chat.completions.create(model=MODEL, messages=messages)
+    message = plain.choices[0].message
+    assert message.content == "Four."
+    assert message.model_extra is not None
+    assert message.model_extra["reasoning_content"] == "Two and two make four."
+    assert message.model_extra["reasoning"] == "Two and two make four."
+    stream = await client.chat.completions.create(model=MODEL, messages=messages, stream=True)
+    reasoning, content = [], []
+    async for chunk in stream:
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        extra = delta.model_extra or {}
+        reasoning.append(extra.get("reasoning_content") or "")
+        content.append(delta.content or "")
+        assert "<think" not in (delta.content or "") and "</th" not in (delta.content or "")
+    assert "".join(reasoning) == "Two and two make four."
+    assert "".join(content) == "Four."
+    # SGLang's switch: the output as the model wrote it
+    whole = await client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        extra_body={"separate_reasoning": False},
+    )
+    assert whole.choices[0].message.content == "<think>Two and two make four.</think>\n\nFour."
+
+
+async def test_without_a_parser_the_output_is_all_content(gw: Running) -> None:
+    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0)
+    reply = await client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "think"}],
+    )
+    assert reply.choices[0].message.content == "<think>Two and two make four.</think>\n\nFour."
+    assert "reasoning_content" not in (reply.choices[0].message.model_extra or {})
+
+
+async def test_template_kwargs_and_effort_reach_the_tokenizer(
+    gw: Running, backend: FakeBackend
+) -> None:
+    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0)
+    reply = await client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "hi"}],
+        reasoning_effort="low",
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    assert reply.choices[0].message.content
+    req = await backend.wait_for_request("hi")
+    assert isinstance(req.prompt, ChatPrompt)
+    assert req.prompt.template_kwargs == {"enable_thinking": False, "reasoning_effort": "low"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"chat_template_kwargs": {"add_generation_prompt": False}}, "add_generation_prompt"),
+        ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs.messages"),
+        ({"reasoning_effort": "extreme"}, "reasoning_effort"),
+        ({"chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs"),
+    ],
+)
+async def test_bad_template_kwargs_are_a_400_naming_them(
+    gw: Running, extra: dict[str, object], param: str
+) -> None:
+    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            extra_body=extra,
+        )
+    assert param in str(refused.value.body)
