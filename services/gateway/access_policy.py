@@ -33,7 +33,9 @@ OPEN_PATHS = frozenset({"/health", "/health_generate", "/openapi.json", "/metric
 # Routes that change the whole server's state: an admin's only. A new such route must be added.
 ADMIN_PATHS = frozenset({"/flush_cache"})
 # Routes that start generations: they count against --max-inflight-per-key.
-BUDGETED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/generate"})
+BUDGETED_PATHS = frozenset(
+    {"/v1/completions", "/v1/chat/completions", "/v1/responses", "/generate"}
+)
 
 
 class Role(enum.IntEnum):

@@ -28,6 +28,7 @@ from services.gateway.dispatch import Dispatcher
 from services.gateway.errors import ApiError, default_type, error_body
 from services.gateway.key_budget import KeyBudget
 from services.gateway.metrics import Buckets, GatewayMetrics, endpoint_of
+from services.gateway.openai_responses import api as openai_responses_api
 from services.gateway.replies import ReplyRouter
 from services.gateway.responses import json_response
 from services.gateway.state import STATE, GatewaySettings, GatewayState
@@ -154,6 +155,7 @@ async def build_app(
     app.cleanup_ctx.append(reply_listener)
     app.cleanup_ctx.append(ready_gate.readiness_ctx)
     openai_api.add_routes(app)
+    openai_responses_api.add_routes(app)
     native_api.add_routes(app)
     admin_api.add_routes(app)
     health_api.add_routes(app)

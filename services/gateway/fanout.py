@@ -86,7 +86,7 @@ async def respond_many(
                 raise ApiError.from_info(m.error)
         if not stream:
             for acc, p, m in zip(accs, pendings, firsts, strict=True):
-                await _collect(request, p, acc, m)
+                await collect(request, p, acc, m)
             chosen = best_of(accs, group, group if keep is None else keep)
             body = renderer.body_many(chosen, total_usage(accs, group))
             return json_response(body, headers=headers)
@@ -113,7 +113,7 @@ async def respond_many(
             p.close()
 
 
-async def _collect(
+async def collect(
     request: web.Request, p: Pending, acc: Accumulated, message: GenerationReply
 ) -> None:
     while True:

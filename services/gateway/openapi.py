@@ -17,6 +17,7 @@ from aiohttp import web
 
 from services.gateway import openapi_rules
 from services.gateway.access_policy import ADMIN_PATHS, BUDGETED_PATHS, OPEN_PATHS
+from services.gateway.openai_responses.protocol import ResponsesBody
 from services.gateway.protocol import (
     AbortBody,
     ChatBody,
@@ -81,6 +82,15 @@ OPERATIONS = [
         "OpenAI chat completions, through the model's chat template",
         "a chat completion, or SSE chunks ending with `data: [DONE]`",
         ChatBody,
+        {**BAD, **BUSY},
+        streams=True,
+    ),
+    Operation(
+        "post",
+        "/v1/responses",
+        "OpenAI Responses API, stateless (previous_response_id is refused; nothing is stored)",
+        "a Response, or SSE Responses events (`event:` and `data:`) ending with response.completed",
+        ResponsesBody,
         {**BAD, **BUSY},
         streams=True,
     ),

@@ -47,6 +47,12 @@ RULES: dict[str, dict[str, dict[str, Any]]] = {
         "top_logprobs": LOGPROBS,
     },
     "ChatMessageBody": {"role": {"enum": list(v.CHAT_ROLES)}},
+    "ResponsesBody": {
+        **{k: SAMPLING[k] for k in ("temperature", "top_p", "top_k", "min_p", "seed")},
+        "repetition_penalty": SAMPLING["repetition_penalty"],
+        "max_output_tokens": TOKENS,
+        "input": {"minItems": 1},
+    },
     "NativeSamplingBody": {
         **SAMPLING,
         "max_new_tokens": {"minimum": 0, "maximum": v.MAX_TOKENS_LIMIT},  # 0: the prompt only

@@ -12,6 +12,8 @@ from openapi_spec_validator import validate
 
 from services.gateway import openapi_rules, validation
 from services.gateway.errors import ApiError
+from services.gateway.openai_responses.convert import responses_job
+from services.gateway.openai_responses.protocol import ResponsesBody
 from services.gateway.openapi import OPERATIONS, document
 from services.gateway.protocol import (
     AbortBody,
@@ -61,6 +63,7 @@ EXAMPLES: dict[type, dict[str, Any]] = {
     TokenizeBody: {"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": False},
     DetokenizeBody: {"tokens": [1, 2, 3]},
     AbortBody: {"abort_all": True},
+    ResponsesBody: {"input": [{"role": "user", "content": "hi"}], "instructions": "Be brief."},
 }
 
 
@@ -95,6 +98,11 @@ VALIDATE: dict[str, tuple[type, Any, Any]] = {
         # top_logprobs needs logprobs on (a rule across fields, stated in its description)
         lambda f, x: {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, f: x},
         lambda b: validation.chat_job(b, MODEL),
+    ),
+    "ResponsesBody": (
+        ResponsesBody,
+        lambda f, x: {"input": "hi", f: x},
+        lambda b: responses_job(b, MODEL),
     ),
     "NativeSamplingBody": (
         GenerateBody,
