@@ -11,6 +11,7 @@ from services.gateway.app import STATE, bound_port, build_app, start_site
 from services.gateway.metrics import Buckets
 from services.gateway.reasoning import PARSERS
 from services.gateway.state import GatewaySettings
+from services.gateway.tools import PARSERS as TOOL_PARSERS
 from shared.config import (
     EnvArgumentParser,
     add_common_flags,
@@ -135,6 +136,13 @@ def add_flags(p: EnvArgumentParser) -> None:
         help="split a reasoning model's thinking from its answer in chat completions "
         "(message.reasoning_content); qwen3-thinking: Qwen3 Thinking-2507 models",
     )
+    p.add_flag(
+        "--tool-call-parser",
+        default="",
+        choices=["", *TOOL_PARSERS],
+        help="the format the model writes tool calls in, for tool_choice auto (required and "
+        "named functions are constrained by the grammar and need none)",
+    )
     p.add_bool(
         "--serve-before-ready",
         help="pass API requests on before every stage is live (default: 503 with Retry-After "
@@ -168,6 +176,7 @@ class Gateway:
             wait_until_ready=not args.serve_before_ready,
             detokenizer_partitions=args.detokenizer_partitions,
             reasoning_parser=args.reasoning_parser,
+            tool_call_parser=args.tool_call_parser,
         )
         # Only the keys' digests are kept past this point (not in settings: they are shown).
         self.access = AccessPolicy.from_flags(

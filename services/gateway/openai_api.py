@@ -17,6 +17,7 @@ from services.gateway.protocol import ChatBody, CompletionBody
 from services.gateway.reasoning import PARSERS
 from services.gateway.responses import json_response, traceparent
 from services.gateway.state import STATE, GatewayState
+from services.gateway.tools import PARSERS as TOOL_PARSERS
 from shared.bus import TRANSIENT
 from shared.service import live_instances
 
@@ -62,7 +63,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     body = validation.decode(await request.read(), ChatBody)
-    job = validation.chat_job(body, state.settings.model_name)
+    tool_parser = state.settings.tool_call_parser
+    job = validation.chat_job(body, state.settings.model_name, tool_parser)
     input_limits.check_prompts([job.prompt], state.settings.max_prompt_chars, "messages")
     parser = state.settings.reasoning_parser
     renderer = ChatRenderer(
@@ -71,6 +73,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         job.include_usage,
         logprobs=body.logprobs,
         reasoning=PARSERS[parser] if parser and body.separate_reasoning else None,
+        tools=job.tools,
+        tool_parser=TOOL_PARSERS[tool_parser] if tool_parser else None,
     )
     n = body.n or 1
     return await _answer(request, [job], n, n, renderer)

@@ -12,6 +12,9 @@ from typing import Any
 from services.gateway.logprob_format import chat_logprobs, completion_logprobs
 from services.gateway.reasoning import ThinkSplitter
 from services.gateway.responses import Accumulated
+from services.gateway.tool_render import ToolReader
+from services.gateway.tools import ToolCallParser
+from services.gateway.validation.tools import ToolPlan
 from shared.messages.reply import Delta, Usage
 
 
@@ -109,12 +112,23 @@ class ChatRenderer(_Base):
         include_usage: bool,
         logprobs: bool,
         reasoning: type[ThinkSplitter] | None = None,
+        tools: ToolPlan | None = None,
+        tool_parser: type[ToolCallParser] | None = None,
     ) -> None:
         """`reasoning`: the parser that splits the thinking part from the answer (None: the
-        whole output is the answer)."""
+        whole output is the answer); `tools`: how the answer is read for tool calls."""
         super().__init__(id, model, include_usage, logprobs)
         self.reasoning = reasoning
         self.splitters: dict[int, ThinkSplitter] = {}  # choice -> its streamed output's
+        self.tools, self.tool_parser = tools, tool_parser
+        self.readers: dict[int, ToolReader] = {}  # choice -> its streamed output's
+
+    def _reader(self, index: int) -> ToolReader | None:
+        if self.tools is None:
+            return None
+        if index not in self.readers:
+            self.readers[index] = ToolReader(self.tools, self.tool_parser)
+        return self.readers[index]
 
     def _texts(self, index: int, d: Delta) -> tuple[str, str]:
         """(reasoning, content) of a streamed delta."""
@@ -139,16 +153,24 @@ class ChatRenderer(_Base):
     def delta_at(self, index: int, d: Delta, acc: Accumulated) -> list[Any]:
         events = []
         reasoning, content = self._texts(index, d)
-        if reasoning or content or (self.logprobs and d.logprobs):
-            delta: dict[str, str] = {}
+        reader = self._reader(index)
+        calls: list[dict[str, Any]] = []
+        if reader is not None:
+            content, calls = reader.feed(content, d.finish_reason is not None)
+        if reasoning or content or calls or (self.logprobs and d.logprobs):
+            delta: dict[str, Any] = {}
             if reasoning:  # vLLM's newer name beside the one most clients read
                 delta["reasoning_content"] = delta["reasoning"] = reasoning
-            if content or not reasoning:
+            if content or not (reasoning or calls):
                 delta["content"] = content
+            if calls:
+                delta["tool_calls"] = calls
             logprobs = chat_logprobs(d.logprobs) if self.logprobs else None
             events.append(self.chunk(self._choice(index, delta, None, logprobs)))
         if d.finish_reason is not None:
-            events.append(self.chunk(self._choice(index, {}, d.finish_reason)))
+            called = reader is not None and reader.calls > 0
+            finish = "tool_calls" if called and d.finish_reason == "stop" else d.finish_reason
+            events.append(self.chunk(self._choice(index, {}, finish)))
         return events
 
     def choice_body(self, index: int, acc: Accumulated) -> dict[str, Any]:
@@ -156,9 +178,17 @@ class ChatRenderer(_Base):
         if self.reasoning is not None:
             reasoning, message["content"] = self.reasoning().split(acc.text)
             message["reasoning_content"] = message["reasoning"] = reasoning or None
+        finish = acc.finish_reason
+        if self.tools is not None:
+            message["content"], calls = ToolReader(self.tools, self.tool_parser).whole(
+                message["content"]
+            )
+            if calls:
+                message["tool_calls"] = calls
+                finish = "tool_calls" if finish == "stop" else finish
         return {
             "index": index,
             "message": message,
             "logprobs": chat_logprobs(acc.logprobs) if self.logprobs else None,
-            "finish_reason": acc.finish_reason,
+            "finish_reason": finish,
         }

@@ -33,6 +33,9 @@ class GatewaySettings:
     detokenizer_partitions: int = 0
     # --reasoning-parser: splits chat answers' thinking part into reasoning_content ("": none)
     reasoning_parser: str = ""
+    # --tool-call-parser: the format chat answers' tool calls are read in ("": tool_choice
+    # "auto" is refused; "required" and named functions need none)
+    tool_call_parser: str = ""
 
 
 @dataclass

@@ -6,7 +6,14 @@ from typing import Any
 
 from shared.messages.common import ErrorInfo
 from shared.messages.heartbeat import ModelInfo
-from shared.messages.tokenize import ChatPrompt, GenerateRequest, Prompt, TextPrompt, TokenPrompt
+from shared.messages.tokenize import (
+    ChatMessage,
+    ChatPrompt,
+    GenerateRequest,
+    Prompt,
+    TextPrompt,
+    TokenPrompt,
+)
 from shared.model_files import (
     ModelSource,
     eos_token_ids,
@@ -33,6 +40,18 @@ class PromptError(Exception):
     def __init__(self, message: str, param: str | None) -> None:
         super().__init__(message)
         self.info = ErrorInfo(status=400, message=message, param=param)
+
+
+def message_dict(m: ChatMessage) -> dict[str, Any]:
+    """A message as chat templates read it (tool calls and ids only where present)."""
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        out["tool_calls"] = m.tool_calls
+    if m.tool_call_id:
+        out["tool_call_id"] = m.tool_call_id
+    if m.name:
+        out["name"] = m.name
+    return out
 
 
 class Tokenization:
@@ -100,12 +119,13 @@ class Tokenization:
             raise PromptError(
                 f"model {self.source.name} has no chat template; use /v1/completions", "messages"
             )
-        messages = [{"role": m.role, "content": m.content} for m in prompt.messages]
+        messages = [message_dict(m) for m in prompt.messages]
         try:
             text = self.tokenizer.apply_chat_template(
                 messages,
                 tokenize=False,
                 add_generation_prompt=prompt.add_generation_prompt,
+                tools=prompt.tools or None,
                 **prompt.template_kwargs,
             )
         except Exception as e:  # jinja raises TemplateError, and templates raise their own

@@ -26,6 +26,11 @@ class TokenPrompt(msgspec.Struct, tag="tokens", kw_only=True, frozen=True):
 class ChatMessage(msgspec.Struct, kw_only=True, frozen=True):
     role: str
     content: str
+    # an assistant's calls, as templates take them ({"id", "type", "function": {"name",
+    # "arguments": {...}}}), and a tool message's answer to one
+    tool_calls: list[dict[str, Any]] = []
+    tool_call_id: str = ""
+    name: str = ""
 
 
 class ChatPrompt(msgspec.Struct, tag="chat", kw_only=True, frozen=True):
@@ -33,6 +38,7 @@ class ChatPrompt(msgspec.Struct, tag="chat", kw_only=True, frozen=True):
     add_generation_prompt: bool = True
     # extra variables for the template (chat_template_kwargs, reasoning_effort): JSON values
     template_kwargs: dict[str, Any] = {}
+    tools: list[dict[str, Any]] = []  # the request's tools, for the template to show
 
 
 Prompt = TextPrompt | TokenPrompt | ChatPrompt

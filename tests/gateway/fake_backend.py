@@ -88,6 +88,23 @@ SCRIPTS: dict[str, Callable[[str], list[Step]]] = {
     ],
     "hang": lambda rid: [(0, delta(rid, "", [], 0)), (0, delta(rid, "partial", [7], 1))],
     "silent": lambda rid: [],
+    # a tool call in the hermes format, its markers split across deltas (tool_choice auto)
+    "weather?": lambda rid: [
+        (0, delta(rid, "Let me check. <tool", [1], 1)),
+        (0, delta(rid, '_call>\n{"name": "weather", "arguments": ', [2], 2)),
+        (0, delta(rid, '{"city": "Paris"}}\n</tool_call>', [3], 3)),
+        (0, delta(rid, "", [4], 4, finish_reason="stop")),
+    ],
+    # what the grammar lets a named function's call be: its arguments (tool_choice named)
+    "args": lambda rid: [
+        (0, delta(rid, '{"city": ', [1], 1)),
+        (0, delta(rid, '"Rome"}', [2], 2, finish_reason="stop")),
+    ],
+    # ... and tool_choice required's: an array of calls
+    "calls": lambda rid: [
+        (0, delta(rid, '[{"name": "weather", "arguments": {"city": "Oslo"}}, ', [1], 1)),
+        (0, delta(rid, '{"name": "time", "arguments": {}}]', [2], 2, finish_reason="stop")),
+    ],
     # a reasoning model's output, its tags split across deltas (tests of --reasoning-parser)
     "think": lambda rid: [
         (0, delta(rid, "<thi", [1], 1)),

@@ -181,7 +181,7 @@ def test_completion_refusals(body: bytes, param: str) -> None:
     [
         (
             b'{"messages": [{"role": "user", "content": "a"}], "tools": [{"type": "function"}]}',
-            "tools",
+            "tools[0].function",
         ),
         (
             b'{"messages": [{"role": "user", "content": "a"}], "tool_choice": "required"}',
@@ -189,7 +189,7 @@ def test_completion_refusals(body: bytes, param: str) -> None:
         ),
         (
             b'{"messages": [{"role": "assistant", "content": "a", "tool_calls": [{}]}]}',
-            "messages[0].tool_calls",
+            "messages[0].tool_calls[0].function.name",
         ),
         (
             b'{"messages": [{"role": "user", "content": "a"}], "frequency_penalty": 3}',

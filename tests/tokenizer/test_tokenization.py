@@ -148,3 +148,36 @@ def test_template_kwargs_reach_the_chat_template(tok: Tokenization) -> None:
         assert rendered(reasoning_effort="low") == thinking + "effort: low\n"
     finally:
         tok.tokenizer.chat_template = saved
+
+
+# A template in the common shape (Qwen2.5's, much shortened): tools in the system turn, an
+# assistant's calls and the tool's answer in their own turns.
+TOOLS_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
+    "<|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+    "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function | tojson }}</tool_call>"
+    "{% endfor %}{% if m.tool_call_id %} [{{ m.tool_call_id }}]{% endif %}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_tools_and_calls_reach_the_chat_template(tok: Tokenization) -> None:
+    tool = {"type": "function", "function": {"name": "w", "parameters": {"type": "object"}}}
+    call = {"id": "c1", "type": "function", "function": {"name": "w", "arguments": {"x": 1}}}
+    messages = [
+        ChatMessage(role="user", content="hi"),
+        ChatMessage(role="assistant", content="", tool_calls=[call]),
+        ChatMessage(role="tool", content="ok", tool_call_id="c1"),
+    ]
+    saved = tok.tokenizer.chat_template
+    tok.tokenizer.chat_template = TOOLS_TEMPLATE
+    try:
+        # (rendered without the length check: the tiny model's context is 64 tokens)
+        ids = tok.apply_chat_template(ChatPrompt(messages=messages, tools=[tool]))
+        text = tok.tokenizer.decode(ids)
+    finally:
+        tok.tokenizer.chat_template = saved
+    assert '"name": "w"' in text.split("<|im_end|>")[0]  # the tool, in the system turn
+    assert '<tool_call>{"name": "w", "arguments": {"x": 1}}</tool_call>' in text
+    assert "<|im_start|>tool\nok [c1]<|im_end|>" in text

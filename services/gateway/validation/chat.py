@@ -8,18 +8,19 @@ import msgspec
 
 from services.gateway.errors import invalid
 from services.gateway.protocol import ChatBody, ChatMessageBody
-from services.gateway.validation.common import Job, check_model, unsupported
+from services.gateway.validation.common import Job, check_model
 from services.gateway.validation.constraints import response_format_constraint
 from services.gateway.validation.limits import CHAT_ROLES, MAX_LOGPROBS
 from services.gateway.validation.sampling import check_openai_common, check_range, openai_sampling
+from services.gateway.validation.tools import message_tool_calls, tool_constraint, tool_plan
 from shared.messages.tokenize import ChatMessage, ChatPrompt
 
 
-def chat_job(body: ChatBody, served_model: str) -> Job:
+def chat_job(body: ChatBody, served_model: str, tool_parser: str = "") -> Job:
+    """The chat request's job; `tool_parser`: the server's --tool-call-parser ("": none)."""
     check_model(body.model, served_model)
     check_openai_common(body)
-    unsupported(bool(body.tools), "tools")
-    unsupported(body.tool_choice not in (None, "none", "auto"), "tool_choice")
+    plan = tool_plan(body.tools, body.tool_choice, body.parallel_tool_calls, tool_parser)
     if body.top_logprobs is not None:
         check_range(
             "top_logprobs",
@@ -37,14 +38,27 @@ def chat_job(body: ChatBody, served_model: str) -> Job:
         sampling = msgspec.structs.replace(
             sampling, return_logprob=True, top_logprobs=body.top_logprobs or 0
         )
+    constraint = response_format_constraint(body.response_format)
+    calls = tool_constraint(plan)
+    if calls is not None:
+        if constraint is not None:
+            raise invalid(
+                f"response_format cannot be combined with tool_choice {body.tool_choice!r}: "
+                "the calls' arguments are already constrained to the tools' schemas",
+                "response_format",
+            )
+        constraint = calls
     return Job(
         prompt=msgspec.structs.replace(
-            chat_prompt(body.messages), template_kwargs=template_kwargs(body)
+            chat_prompt(body.messages),
+            template_kwargs=template_kwargs(body),
+            tools=plan.tools if plan is not None else [],
         ),
         sampling=sampling,
         stream=body.stream,
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
-        constraint=response_format_constraint(body.response_format),
+        constraint=constraint,
+        tools=plan,
     )
 
 
@@ -98,11 +112,20 @@ def chat_prompt(messages: list[ChatMessageBody]) -> ChatPrompt:
             raise invalid(
                 f"{at}.role must be one of {', '.join(CHAT_ROLES)}; got {m.role!r}", f"{at}.role"
             )
-        unsupported(bool(m.tool_calls), f"{at}.tool_calls")
+        if m.tool_calls and m.role != "assistant":
+            raise invalid(f"{at}.tool_calls belong to assistant messages", f"{at}.tool_calls")
         if m.content is None and m.role != "assistant":
             raise invalid(f"{at}.content is required for role {m.role!r}", f"{at}.content")
         role = "system" if m.role == "developer" else m.role  # OpenAI's newer name for it
-        out.append(ChatMessage(role=role, content=message_text(m.content, f"{at}.content")))
+        out.append(
+            ChatMessage(
+                role=role,
+                content=message_text(m.content, f"{at}.content"),
+                tool_calls=message_tool_calls(m.tool_calls or [], at),
+                tool_call_id=m.tool_call_id or "",
+                name=m.name or "",
+            )
+        )
     return ChatPrompt(messages=out)
 
 

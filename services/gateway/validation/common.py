@@ -11,6 +11,7 @@ import msgspec
 
 from services.gateway.errors import from_decode_error, invalid
 from services.gateway.validation.limits import RID_PATTERN
+from services.gateway.validation.tools import ToolPlan
 from shared.messages.common import Constraint, SamplingParams
 from shared.messages.tokenize import Prompt
 
@@ -29,6 +30,7 @@ class Job:
     constraint: Constraint | None = None  # structured output
     echo: bool = False  # OpenAI completions: the prompt's text comes back before the output
     api: str = "openai"  # whose field names the services' refusals use ("openai", "native")
+    tools: ToolPlan | None = None  # chat with tools: how its output is read
 
 
 def decode(body: bytes, type_: type[T]) -> T:

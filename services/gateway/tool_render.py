@@ -1,0 +1,107 @@
+"""Reading one chat choice's output for tool calls (validation/tools.py's ToolPlan), as
+OpenAI renders them: whole, `message.tool_calls`; streamed, `delta.tool_calls` entries (the
+first of each call with its index, id, type and name, then its arguments).
+
+    auto       --tool-call-parser's format; each call goes out when it closes
+    named      the output is the arguments: the call's head at once, then the text as it comes
+    required   the output is a JSON array of calls: they go out when it is complete
+    none       all content
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from services.gateway.tools import ToolCall, ToolCallParser
+from services.gateway.validation.tools import ToolPlan
+
+
+def call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def call_body(call: ToolCall, id: str) -> dict[str, Any]:
+    return {
+        "id": id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
+
+
+def array_calls(text: str) -> list[ToolCall] | None:
+    """The calls of `required`'s array (None: cut short, not JSON)."""
+    try:
+        items = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(items, list):
+        return None
+    return [
+        ToolCall(str(item["name"]), json.dumps(item.get("arguments", {}), ensure_ascii=False))
+        for item in items
+        if isinstance(item, dict) and "name" in item
+    ]
+
+
+class ToolReader:
+    def __init__(self, plan: ToolPlan, parser: type[ToolCallParser] | None) -> None:
+        self.plan = plan
+        self.parser = parser(plan.tools) if plan.mode == "auto" and parser is not None else None
+        self.calls = 0  # calls sent so far
+        self.text = ""  # named and required: the output so far
+        self.named_id = ""
+
+    # -- whole ------------------------------------------------------------------------------
+    def whole(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
+        """(content, tool_calls) of the whole output; content None when only calls."""
+        mode = self.plan.mode
+        calls: list[ToolCall] | None = []
+        content = text
+        if mode == "auto" and self.parser is not None:
+            step = self.parser.parse(text)
+            content, calls = step.content, step.calls
+        elif mode == "named":
+            content, calls = "", [ToolCall(self.plan.name, text)]
+        elif mode == "required":
+            calls = array_calls(text)
+            content = "" if calls else text
+        found = [call_body(c, call_id()) for c in calls or []]
+        return (content or None) if found else content, found
+
+    # -- streamed ---------------------------------------------------------------------------
+    def feed(self, text: str, last: bool) -> tuple[str, list[dict[str, Any]]]:
+        """(content, delta.tool_calls entries) of one delta's text."""
+        mode = self.plan.mode
+        if mode == "auto" and self.parser is not None:
+            step = self.parser.feed(text)
+            if last:
+                step += self.parser.finish()
+            return step.content, self._entries(step.calls)
+        if mode == "named":
+            entries = []
+            if not self.named_id:
+                self.named_id = call_id()
+                head = {"name": self.plan.name, "arguments": ""}
+                entries.append(
+                    {"index": 0, "id": self.named_id, "type": "function", "function": head}
+                )
+                self.calls = 1
+            if text:
+                entries.append({"index": 0, "function": {"arguments": text}})
+            return "", entries
+        if mode == "required":
+            self.text += text
+            if not last:
+                return "", []
+            calls = array_calls(self.text)
+            return ("", self._entries(calls)) if calls else (self.text, [])
+        return text, []
+
+    def _entries(self, calls: list[ToolCall]) -> list[dict[str, Any]]:
+        out = []
+        for call in calls:
+            out.append({"index": self.calls, **call_body(call, call_id())})
+            self.calls += 1
+        return out
