@@ -56,6 +56,7 @@ TIME_LIMITS = {
     "protocols": 420,
     "dp": 580,
     "observability": 580,
+    "tools": 300,
 }
 OFFLINE_RUN_S = 130  # the 500-prompt run stops here and reports what it finished
 
@@ -107,11 +108,15 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         from loadtest.gpu.dp import dp_section
 
         return dp_section(str(out_dir))
+    if name == "tools":
+        from loadtest.gpu.tools import tools_section
+
+        return tools_section()
     if name == "observability":
         from loadtest.gpu.observability import observability_section
 
         return observability_section(str(out_dir))
-    extra = ["burst", "engine_ab", "protocols", "dp", "observability"]
+    extra = ["burst", "engine_ab", "protocols", "dp", "observability", "tools"]
     raise SystemExit(f"unknown section {name!r}; known: {', '.join([*SECTIONS, *extra])}")
 
 
