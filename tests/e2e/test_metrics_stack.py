@@ -121,8 +121,9 @@ def test_counters_and_histograms_match_the_answers(tiny_stack: Stack) -> None:
     tiny_stack.wait_idle()
     # A streamed answer's client may read [DONE] before its handler has let go of it: the
     # gauge returns to where it was once every handler has. (Where it was, not zero: in the
-    # full suite it has been seen holding one or two reply queues left by earlier tests'
-    # clients, a leak under investigation; this test's own requests must leave nothing.)
+    # full suite it was seen holding one or two reply queues left by earlier tests; one such
+    # leak, a gRPC stream cancelled twice, is fixed and tested in tests/gateway/
+    # test_grpc_streams.py. This test's own requests must leave nothing.)
     held_before = total(before["gateway"], "radixserve:inflight_requests")
     after = scrape_all(tiny_stack)
     deadline = time.monotonic() + 20

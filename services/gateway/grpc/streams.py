@@ -50,6 +50,9 @@ async def merged(pendings: list[Pending]) -> AsyncIterator[tuple[int, Delta]]:
     finally:
         for t in tasks:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # Closed before the wait below: a second cancellation (a stream torn down while its
+        # requests are being cancelled) interrupts that wait, and would skip the close and
+        # leave the requests' reply queues registered.
         for p in pendings:
             p.close()
+        await asyncio.gather(*tasks, return_exceptions=True)
