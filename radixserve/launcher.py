@@ -165,6 +165,7 @@ def child_specs(a: argparse.Namespace, suffix: str = "") -> list[ChildSpec]:
     env = child_env(a)
     cmd = [sys.executable, "-m", "radixserve"]
     specs: list[ChildSpec] = []
+    port = a.metrics_port  # each child its own: the next free one from here, in start order
     for service in SERVICE_ORDER:
         count = {
             "tokenizer": a.tokenizer_replicas,
@@ -177,10 +178,10 @@ def child_specs(a: argparse.Namespace, suffix: str = "") -> list[ChildSpec]:
                 argv += ["--partition", str(i)]
             if service == "executor" and (a.dp_size > 1 or a.tp_size > 1):
                 argv += ["--device", a.executor_devices[i]]
-            if a.metrics_port > 0:  # each child its own: the next free one, in start order
-                taken = [int(s.argv[s.argv.index("--metrics-port") + 1]) for s in specs]
-                port = next_free_port(max(taken, default=a.metrics_port - 1) + 1)
+            if a.metrics_port > 0:
+                port = next_free_port(port)
                 argv += ["--metrics-port", str(port)]
+                port += 1
             specs.append(ChildSpec(f"{service}-{i}", service, argv, env, suffix))
     return specs
 
@@ -197,7 +198,7 @@ def next_free_port(port: int) -> int:
 
 
 def metrics_ports(specs: list[ChildSpec]) -> list[str]:
-    """ "service-i :port" for each child given a --metrics-port."""
+    """Each child given a --metrics-port, as `service-i :port`."""
     return [
         f"{spec.name} :{spec.argv[spec.argv.index('--metrics-port') + 1]}"
         for spec in specs

@@ -31,7 +31,7 @@ def _ns(unix_s: float) -> int:
     return int(unix_s * 1e9)
 
 
-def traceparent_of(span: Any) -> str:
+def span_traceparent(span: Any) -> str:
     """The W3C traceparent naming `span` as the parent."""
     ctx = span.get_span_context()
     return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
@@ -128,7 +128,7 @@ class Tracing:
         for event, at, attrs in events:
             span.add_event(event, attrs, timestamp=_ns(at))
         span.end(end_time=_ns(max(start, end)))
-        return traceparent_of(span)
+        return span_traceparent(span)
 
     def shutdown(self) -> None:
         """Export what is batched and stop (a service's last act)."""

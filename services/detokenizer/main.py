@@ -64,7 +64,7 @@ async def serve_partition(
     tokenizer: Any,
     partition: int,
     redis_url: str,
-    metrics: DetokMetrics | None = None,
+    metrics: DetokMetrics,
 ) -> None:
     """Own `partition` until the service stops or the lease is lost."""
     stream = constants.detok_stream(partition)
@@ -75,7 +75,6 @@ async def serve_partition(
     reader: StreamReader[DetokMessage] = StreamReader(svc.r, stream, DetokMessage)
     reader.last_id = resume.read_after
     svc.watch("detokenize", reader)
-    metrics = metrics or DetokMetrics(svc.metrics)
     metrics.partitions[partition] = part
     if metrics.tracing.on:
         part.detok.on_finished = metrics.ended

@@ -104,7 +104,7 @@ async def build_app(
         settings.request_timeout_s,
         admission,
         GatewayMetrics(metrics, buckets),
-        tracing,
+        tracing or Tracing("gateway", settings.instance_id),
     )
     metrics.gauge_function(
         "radixserve:inflight_requests",

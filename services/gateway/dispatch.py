@@ -27,7 +27,6 @@ from shared.bus import TRANSIENT
 from shared.messages.common import AbortRequest, ErrorInfo, HopTimes, Trace
 from shared.messages.reply import Delta, Failure, GenerationReply, ReplyMessage
 from shared.messages.tokenize import GenerateRequest
-from shared.metrics.registry import ServiceMetrics
 from shared.request_ids import request_ids
 from shared.tracing import Tracing, fresh_traceparent
 
@@ -50,8 +49,8 @@ class Dispatcher:
         reply_to: str,
         request_timeout_s: float,
         admission: Admission,
-        metrics: GatewayMetrics | None = None,
-        tracing: Tracing | None = None,
+        metrics: GatewayMetrics,
+        tracing: Tracing,
     ) -> None:
         self.r, self.router, self.reply_to = r, router, reply_to
         self.request_timeout_s, self.admission = request_timeout_s, admission
@@ -59,8 +58,7 @@ class Dispatcher:
         self.background = Background()  # abort publications, registry clean-up
         self.inflight = Inflight(r, self.background)
         self.hop_stats = HopStats()  # per-stage latency of recent requests' first tokens
-        self.metrics = metrics or GatewayMetrics(ServiceMetrics("gateway", "", "", False))
-        self.tracing = tracing or Tracing("gateway", "")
+        self.metrics, self.tracing = metrics, tracing
 
     async def submit(
         self, jobs: list[Job], traceparent: str, timeout_s: float | None = None, owner: str = ""
@@ -199,11 +197,11 @@ class Pending:
         key: str,
         queue: asyncio.Queue[ReplyMessage],
         timeout_s: float,
-        clock: RequestClock | None = None,
-        span: RequestSpan | None = None,
+        clock: RequestClock,
+        span: RequestSpan | None,
     ) -> None:
         self.dispatcher, self.rid, self.key = dispatcher, rid, key
-        self.clock = clock or RequestClock(dispatcher.metrics, time.time())
+        self.clock = clock
         self.span = span  # with tracing on
         self.queue, self.timeout_s = queue, timeout_s
         self.until = asyncio.get_running_loop().time() + timeout_s  # monotonic deadline

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from shared.messages.reply import Delta, GenerationReply
-from shared.tracing import Tracing, traceparent_of
+from shared.tracing import Tracing, span_traceparent
 
 
 class RequestSpan:
@@ -31,7 +31,7 @@ class RequestSpan:
     @property
     def traceparent(self) -> str:
         """What the request carries on: this span as every other service's parent."""
-        return traceparent_of(self.span)
+        return span_traceparent(self.span)
 
     def seen(self, reply: GenerationReply) -> None:
         if isinstance(reply, Delta):

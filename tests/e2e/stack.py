@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -9,11 +10,12 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import aiohttp
 import msgspec
 import redis
 
@@ -169,3 +171,14 @@ def start_stack(
         time.sleep(0.2)
     proc.kill()
     raise AssertionError(f"serve not ready in {timeout}s\n{stack.log_tail()}")
+
+
+async def sse_events(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
+    """A streamed OpenAI answer's events as they arrive (none may be an error event)."""
+    async for raw in resp.content:
+        line = raw.decode().strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        event = json.loads(line[len("data: ") :])
+        assert "error" not in event, event
+        yield event

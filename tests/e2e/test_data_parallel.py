@@ -6,7 +6,6 @@ SIGKILLed mid-generation fails none of the requests (they resume on the other)."
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import signal
@@ -27,7 +26,7 @@ from loadtest.metrics import Metrics
 from services.scheduler import routes
 from shared import constants
 from shared.messages.heartbeat import ExecutorLoad
-from tests.e2e.stack import Stack, start_stack
+from tests.e2e.stack import Stack, sse_events, start_stack
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -173,12 +172,7 @@ async def stream(session: aiohttp.ClientSession, s: Stack, i: int, started: set[
     tokens = -1
     async with session.post(f"{s.base_url}/v1/completions", json=body) as resp:
         assert resp.status == 200, await resp.text()
-        async for raw in resp.content:
-            line = raw.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            assert "error" not in event, event
+        async for event in sse_events(resp):
             started.add(i)
             if event.get("usage"):
                 tokens = event["usage"]["completion_tokens"]

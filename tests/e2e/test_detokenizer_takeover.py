@@ -25,6 +25,7 @@ from loadtest.fault_stack import RedisServer, Stack, wait_for
 from services.detokenizer.lease import lease_key
 from shared import constants
 from shared.messages.heartbeat import Heartbeat
+from tests.e2e.stack import sse_events
 from tests.executor.helpers import write_tiny_model
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -109,12 +110,7 @@ async def stream_completion(
     text, tokens = "", -1
     async with session.post(f"{s.base_url}/v1/completions", json=body) as resp:
         assert resp.status == 200, await resp.text()
-        async for raw in resp.content:
-            line = raw.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            assert "error" not in event, event
+        async for event in sse_events(resp):
             if event["choices"]:
                 text += event["choices"][0]["text"]
                 progress[prompt] = progress.get(prompt, 0) + 1

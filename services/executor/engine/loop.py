@@ -219,8 +219,9 @@ class Engine:
         )
 
     def _result(self, out: Outputs, launched: InFlight | None) -> StepResult:
-        self.stats.finished(out.finished_reqs)
-        traced = finished_timelines(out.finished_reqs) if self.trace_requests else []
+        ending = out.ending()
+        self.stats.finished(ending)
+        traced = finished_timelines(ending) if self.trace_requests else []
         result = StepResult(out.collect(self.name, self.step_no), traced=traced)
         if launched is not None:
             result.forward_tokens = sum(launched.plan.extend_lens)

@@ -53,9 +53,11 @@ class Outputs:
     def failed_message(self, stream: str, failure: RequestFailed) -> None:
         self._failures.append((stream, failure))
 
-    @property
-    def finished_reqs(self) -> list[Req]:
-        return self._finished
+    def ending(self) -> list[Req]:
+        """The finished requests whose final answer `collect` will send (each once: a request
+        may be finished twice in a step, or again by a step in flight after it was sent)."""
+        unique = {r.rid: r for r in self._finished if not r.finish_sent}
+        return list(unique.values())
 
     def collect(self, executor: str, step_no: int) -> list[Output]:
         """The failures, then one StepOutput per detokenizer stream."""

@@ -30,13 +30,11 @@ class EngineStats:
             self.extend_steps += 1
             self.extend_tokens += tokens
 
-    def finished(self, reqs: Iterable[Req]) -> None:
-        """Requests whose final answer this step sends: their prompts, and what of them the
-        cache held (requests that ended before their prefill computed nothing)."""
-        seen: set[str] = set()
-        for r in reqs:
-            if r.finish_sent or r.rid in seen or not r.output_ids:
-                continue
-            seen.add(r.rid)
-            self.prompt_tokens += len(r.input_ids)
-            self.cached_tokens += r.cached_tokens
+    def finished(self, ending: Iterable[Req]) -> None:
+        """Requests whose final answer this step sends (Outputs.ending: each once): their
+        prompts, and what of them the cache held (those that ended before their prefill
+        computed nothing)."""
+        for r in ending:
+            if r.output_ids:
+                self.prompt_tokens += len(r.input_ids)
+                self.cached_tokens += r.cached_tokens

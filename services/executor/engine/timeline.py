@@ -44,16 +44,21 @@ def record_chunks(reqs: list[Req], extend_lens: list[int], launched: float) -> N
             req.timeline.chunks.append((launched, n))
 
 
-def finished_timelines(reqs: Iterable[Req]) -> list[Finished]:
-    """The traced requests among those a step finished (each once)."""
+def finished_timelines(ending: Iterable[Req]) -> list[Finished]:
+    """The traced requests among those a step ends (Outputs.ending: each once)."""
     now = time.time()
-    out: dict[str, Finished] = {}
-    for r in reqs:
-        tl = r.timeline
-        if tl is None or r.finish_sent or r.rid in out:
-            continue
-        tl.finished = now
-        out[r.rid] = Finished(
-            r.rid, tl, len(r.input_ids), r.cached_tokens, len(r.output_ids), r.finish or ""
-        )
-    return list(out.values())
+    out = []
+    for r in ending:
+        if r.timeline is not None:
+            r.timeline.finished = now
+            out.append(
+                Finished(
+                    r.rid,
+                    r.timeline,
+                    len(r.input_ids),
+                    r.cached_tokens,
+                    len(r.output_ids),
+                    r.finish or "",
+                )
+            )
+    return out

@@ -30,7 +30,6 @@ from services.gateway.grpc.tokenizer_zip import TokenizerZips
 from services.gateway.health_api import ProbeFailed, probe_generate, unready
 from services.gateway.info_api import executor_loads, model_info, public_model_info
 from services.gateway.protocol import AbortBody
-from services.gateway.responses import traceparent_of
 from services.gateway.state import GatewayState
 
 Context: TypeAlias = grpc.aio.ServicerContext
@@ -64,7 +63,7 @@ class SmgService(sgl_grpc.SglangSchedulerServicer):
         if why is not None:
             return sgl.HealthCheckResponse(healthy=False, message=why)
         try:
-            probe = await probe_generate(self.state, traceparent_of(None))
+            probe = await probe_generate(self.state, "")  # no client trace: a new one
         except ProbeFailed as e:
             return sgl.HealthCheckResponse(healthy=False, message=e.message)
         return sgl.HealthCheckResponse(
