@@ -15,12 +15,14 @@ results have /generate's shape (SGLang's): `text`, `output_ids`, `meta_info`.
 from __future__ import annotations
 
 import asyncio
+import gc
 import queue
 import sys
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import msgspec
+import torch
 
 from radixserve.engine.flags import engine_args, engine_argv
 from radixserve.engine.pipeline import Pipeline, Reply, RequestError, Sink
@@ -223,9 +225,15 @@ class Engine:
 
     def shutdown(self) -> None:
         """Stop the stepping thread (and a tensor-parallel engine's other ranks); the engine
-        refuses requests from then on."""
+        refuses requests from then on. Its GPU memory is given back, so that a program can
+        start another engine after it."""
         self.pipeline.close()
         self.group.close()
+        self.group.runner = None
+        self.pipeline.release()
+        gc.collect()  # the model's modules and graphs hold reference cycles
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
 
     def __enter__(self) -> Engine:
         return self

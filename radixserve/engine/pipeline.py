@@ -162,6 +162,12 @@ class Pipeline:
         self._wake.set()
         self.thread.join(timeout_s)
 
+    def release(self) -> None:
+        """Drop the step engine, and with it the model, the KV pool and the CUDA graphs, once
+        the stepping thread has stopped (the only reader of `engine`)."""
+        if not self.thread.is_alive() and hasattr(self, "engine"):
+            del self.engine
+
     def in_flight(self) -> int:
         with self._sinks_lock:
             return len(self.sinks)

@@ -91,6 +91,14 @@ class CudaGraphRunner:
         torch.cuda.synchronize(self.device)
         log.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
 
+    def release(self) -> None:
+        """Free the graphs and their memory pool; nothing replays after this."""
+        torch.cuda.synchronize(self.device)
+        self.graphs.clear()
+        self.outputs.clear()
+        self.pool = None
+        self.max_bs = 0
+
     def can_run(self, batch: ForwardBatch) -> bool:
         return batch.mode is ForwardMode.DECODE and batch.batch_size <= self.max_bs
 

@@ -9,6 +9,7 @@ import itertools
 import json
 import re
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -177,8 +178,13 @@ def test_cache_flush_model_info_and_shutdown(model_dir: Path, engine: Engine) ->
         mine, theirs = engine.generate("the sea", GREEDY), other.generate("the sea", GREEDY)
         assert isinstance(mine, dict) and isinstance(theirs, dict)
         assert theirs["output_ids"] == mine["output_ids"] and theirs["text"] == mine["text"]
+        model = weakref.ref(other.pipeline.engine.runner.model)
     with pytest.raises(RuntimeError, match="shut down"):
         other.generate("x", GREEDY)
+    # Shut down, it holds on to nothing: its model (and with it its GPU memory) is gone while
+    # the program goes on, so that another engine can take the memory.
+    assert model() is None
+    other.shutdown()  # a second shutdown is harmless
 
 
 def test_a_long_lived_engine_forgets_finished_requests(
