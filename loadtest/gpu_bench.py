@@ -11,7 +11,9 @@ named, burst (2,000 requests at once and the shared-prefix workload at concurren
 against the executor's engine stepped directly, alternating on one engine: gpu/engine_ab.py),
 protocols (HTTP against gRPC on one `radixserve serve`: gpu/protocols.py) and dp (two executors
 on the one GPU, the shared-prefix workload routed cache_aware and round_robin, and one executor
-for reference: gpu/dp.py).
+for reference: gpu/dp.py), tools (tool_choice required against plain chat: gpu/tools.py) and
+tp (TP=1 against TP=2 on two GPUs: gpu/tp.py), tp70b (Llama-3.1-70B's shapes on TP=2 through
+the stack) and tp_kill (a TP=2 group losing a rank under load: gpu/tp_stack.py).
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ TIME_LIMITS = {
     "dp": 580,
     "observability": 580,
     "tools": 300,
+    "tp": 560,
+    "tp70b": 580,
+    "tp_kill": 400,
 }
 OFFLINE_RUN_S = 130  # the 500-prompt run stops here and reports what it finished
 
@@ -112,11 +117,24 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         from loadtest.gpu.tools import tools_section
 
         return tools_section()
+    if name == "tp":
+        from loadtest.gpu.tp import tp_section
+
+        return tp_section()
+    if name == "tp70b":
+        from loadtest.gpu.tp_stack import tp70b_section
+
+        return tp70b_section(str(out_dir))
+    if name == "tp_kill":
+        from loadtest.gpu.tp_stack import tp_kill_section
+
+        return tp_kill_section(str(out_dir))
     if name == "observability":
         from loadtest.gpu.observability import observability_section
 
         return observability_section(str(out_dir))
     extra = ["burst", "engine_ab", "protocols", "dp", "observability", "tools"]
+    extra += ["tp", "tp70b", "tp_kill"]
     raise SystemExit(f"unknown section {name!r}; known: {', '.join([*SECTIONS, *extra])}")
 
 

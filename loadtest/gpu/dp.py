@@ -1,15 +1,16 @@
-"""The `dp` section: data parallelism on one GPU. `radixserve serve --dp-size 2` runs two
-executors on the one card, Llama-3.1-8B's shapes with dummy weights (the word tokenizer), and
-the generated-shared-prefix workload (64 groups x 16 prompts, a 2,048-token system prompt and
-a 128-token question each, 256 output tokens, all sent at once) goes through it once routed
-cache_aware and once round_robin; then through one executor with the whole card, for
-reference. Cache hit rate and throughput of each (loadtest/dp_bench.py does the runs).
+"""The `dp` section: data parallelism. `radixserve serve --dp-size 2` runs two executors, one
+per GPU where the machine has two (issue 25, run 3), else both on the one card: Llama-3.1-8B's
+shapes with dummy weights (the word tokenizer), and the generated-shared-prefix workload (64
+groups x 16 prompts, a 2,048-token system prompt and a 128-token question each, 256 output
+tokens, all sent at once) goes through it once routed cache_aware and once round_robin; then
+through one executor with a whole card, for reference. Cache hit rate and throughput of each
+(loadtest/dp_bench.py does the runs).
 
-Each DP executor gets half of what the card holds for pools: the share one executor takes by
-default (--mem-fraction-static 0.85), less both copies of the weights, split in two with
---max-total-tokens (--mem-fraction-static cannot split a card: each executor would size its
-pool from what is free when it looks). The rest of the card is both executors' activations,
-CUDA graphs and contexts.
+On one card, each DP executor gets half of what the card holds for pools: the share one
+executor takes by default (--mem-fraction-static 0.85), less both copies of the weights, split
+in two with --max-total-tokens (--mem-fraction-static cannot split a card: each executor would
+size its pool from what is free when it looks). The rest of the card is both executors'
+activations, CUDA graphs and contexts.
 """
 
 from __future__ import annotations
@@ -76,12 +77,15 @@ def dp_section(out_dir: str) -> dict[str, Any]:
 
     _, card = torch.cuda.mem_get_info()
     model = llama8b_dir(Path(tempfile.mkdtemp()), tokenizer="words")
-    pool = pool_tokens_each(card, DP_SIZE, LLAMA_3_1_8B)
+    # With a GPU each, every executor sizes its own pool as one executor alone would.
+    own_gpus = torch.cuda.device_count() >= DP_SIZE
+    pool = 0 if own_gpus else pool_tokens_each(card, DP_SIZE, LLAMA_3_1_8B)
     a = bench_args(model, pool, Path(out_dir))
     results = dp_bench.run_all(a, runs(a))
     print(dp_bench.table(results), flush=True)
     return {
         "gpu": torch.cuda.get_device_name(),
+        "gpus": torch.cuda.device_count(),
         "dp_size": DP_SIZE,
         "pool_tokens_each": pool,
         "workload": {k.removeprefix("--gsp-"): v for k, v in WORKLOAD.items()},
