@@ -16,6 +16,7 @@ from aiohttp import web
 from services.gateway import input_limits, validation
 from services.gateway.access import caller
 from services.gateway.dispatch import ClientGone, Pending, client_gone
+from services.gateway.embeddings_api import require_mode
 from services.gateway.errors import ApiError
 from services.gateway.fanout import collect
 from services.gateway.openai_responses.convert import responses_job
@@ -24,6 +25,7 @@ from services.gateway.openai_responses.render import ResponseRenderer
 from services.gateway.reasoning import PARSERS
 from services.gateway.responses import SSE_HEADERS, Accumulated, json_response, traceparent
 from services.gateway.state import STATE
+from services.gateway.tools import PARSERS as TOOL_PARSERS
 from shared.messages.reply import Delta, Failure, GenerationReply
 
 _encoder = msgspec.json.Encoder()
@@ -42,15 +44,22 @@ async def send(resp: web.StreamResponse, events: list[Event]) -> None:
 
 async def create_response(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
+    require_mode(state, embeddings=False)
     body = validation.decode(await request.read(), ResponsesBody)
-    job = responses_job(body, state.settings.model_name)
+    tool_parser = state.settings.tool_call_parser
+    job = responses_job(body, state.settings.model_name, tool_parser)
     input_limits.check_prompts([job.prompt], state.settings.max_prompt_chars, "input")
     (pending,) = await state.dispatcher.submit(
         [job], traceparent(request), owner=caller(request).owner
     )
     parser = state.settings.reasoning_parser
     renderer = ResponseRenderer(
-        pending.rid, state.settings.model_name, body, PARSERS[parser] if parser else None
+        pending.rid,
+        state.settings.model_name,
+        body,
+        PARSERS[parser] if parser else None,
+        tools=job.tools,
+        tool_parser=TOOL_PARSERS[tool_parser] if tool_parser else None,
     )
     headers = {"X-Request-Id": pending.rid}
     resp: web.StreamResponse | None = None

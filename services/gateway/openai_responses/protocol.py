@@ -29,7 +29,8 @@ class ReasoningConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class ResponsesBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str | None = None
-    # a string (one user message) or a list of input items (messages)
+    # a string (one user message) or a list of input items: messages, and a tool loop's
+    # function_call and function_call_output items (convert.py)
     input: str | list[dict[str, Any]]
     instructions: str | None = None
     max_output_tokens: int | None = None
@@ -38,7 +39,9 @@ class ResponsesBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     stream: bool = False
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
+    # function tools, flat: {"type": "function", "name", "description", "parameters", "strict"}
     tools: list[dict[str, Any]] | None = None
+    # "none", "auto" (needs --tool-call-parser), "required" or {"type": "function", "name"}
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     previous_response_id: str | None = None
