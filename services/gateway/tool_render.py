@@ -80,17 +80,14 @@ class ToolReader:
                 step += self.parser.finish()
             return step.content, self._entries(step.calls)
         if mode == "named":
-            entries = []
+            # One entry per call and chunk, as OpenAI sends them: the first carries the id and
+            # name with the first arguments, the others the arguments that follow.
             if not self.named_id:
                 self.named_id = call_id()
-                head = {"name": self.plan.name, "arguments": ""}
-                entries.append(
-                    {"index": 0, "id": self.named_id, "type": "function", "function": head}
-                )
                 self.calls = 1
-            if text:
-                entries.append({"index": 0, "function": {"arguments": text}})
-            return "", entries
+                head = {"name": self.plan.name, "arguments": text}
+                return "", [{"index": 0, "id": self.named_id, "type": "function", "function": head}]
+            return "", [{"index": 0, "function": {"arguments": text}}] if text else []
         if mode == "required":
             self.text += text
             if not last:

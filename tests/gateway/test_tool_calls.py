@@ -49,6 +49,8 @@ async def streamed(gw: Running, **kwargs: Any) -> tuple[str, dict[int, dict[str,
     async for chunk in stream:
         choice = chunk.choices[0]
         content += choice.delta.content or ""
+        indexes = [entry.index for entry in choice.delta.tool_calls or []]
+        assert len(indexes) == len(set(indexes)), "one entry per call in a chunk, as OpenAI's"
         for entry in choice.delta.tool_calls or []:
             call = calls.setdefault(entry.index, {"id": "", "name": "", "arguments": ""})
             call["id"] += entry.id or ""
