@@ -150,6 +150,18 @@ def add_common_flags(p: EnvArgumentParser) -> None:
         "and executors)",
     )
     add_observability_flags(p)
+    p.add_bool(
+        "--is-embedding",
+        help="serve the model as an embedding model: POST /v1/embeddings, and a 400 for the "
+        "generation endpoints (gateway and executors)",
+    )
+    p.add_flag(
+        "--embedding-pooling",
+        default="auto",
+        choices=["auto", "last", "mean"],
+        help="with --is-embedding: pool by the last token or the mean of the tokens (auto: "
+        "what the checkpoint's sentence-transformers Pooling module declares, else last)",
+    )
     p.add_flag(
         "--detokenizer-partitions",
         type=int,

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import msgspec
+import numpy as np
 import torch
 
 from radixserve.engine.flags import engine_args, engine_argv
@@ -30,6 +31,7 @@ from services.executor.builder import build_engine, settings_from_flags
 from services.executor.distributed.node import ExecutorGroup
 from services.executor.grammar.backend import GrammarBackend
 from services.gateway import validation
+from services.gateway.embeddings_api import EmbeddingBody, embedding_jobs
 from services.gateway.errors import ApiError
 from services.gateway.native_api import NativeRenderer
 from services.gateway.protocol import ChatMessageBody, GenerateBody
@@ -60,6 +62,7 @@ class Engine:
         )
         progress = _Progress(self.source.name) if show_progress else _quiet
         # tp_size=N: this process is rank 0; the others are started as processes of their own
+        self.is_embedding = bool(a.is_embedding)
         self.group = ExecutorGroup.start(a, engine_argv(model, flags))
         try:
             step_engine = build_engine(
@@ -199,6 +202,41 @@ class Engine:
             pass
         return render.body_many([s.acc for s in sinks], _NO_USAGE)
 
+    def encode(
+        self,
+        prompt: str | list[str] | list[int] | list[list[int]],
+        dimensions: int | None = None,
+    ) -> Any:
+        """Embeddings, as SGLang's `Engine.encode`, of an engine started with
+        `is_embedding=True` (pooled as `embedding_pooling` says): for one prompt (a string, or
+        token ids) `{"embedding": [...], "meta_info": {...}}`, for a list of them a list.
+        `dimensions` shortens the vectors where the model declares Matryoshka dimensions."""
+        if not self.is_embedding:
+            info = ErrorInfo(
+                status=400, message="encode needs an engine started with is_embedding=True"
+            )
+            raise RequestError(info)
+        fields: dict[str, Any] = {"input": prompt}
+        if dimensions is not None:
+            fields["dimensions"] = dimensions
+        body = _checked(lambda: validation.decode(msgspec.json.encode(fields), EmbeddingBody))
+        jobs = _checked(lambda: embedding_jobs(body, self.source.name))
+        one = isinstance(prompt, str) or all(isinstance(x, int) for x in prompt)
+        replies: queue.SimpleQueue[Reply] = queue.SimpleQueue()
+        sinks = [Sink(replies.put, collect=True) for _ in jobs]
+        rids = self.pipeline.submit(jobs, sinks)
+        for _ in rids:  # with collect, each sink hears only its request's last reply
+            reply = replies.get()
+            if isinstance(reply, Failure):
+                raise _failure(reply)
+        results = []
+        for rid, sink in zip(rids, sinks, strict=True):
+            assert sink.acc.embedding is not None
+            vector = np.frombuffer(sink.acc.embedding, dtype="<f4").tolist()
+            meta = {"id": rid, "prompt_tokens": sink.acc.usage.prompt_tokens}
+            results.append({"embedding": vector, "meta_info": meta})
+        return results[0] if one else results
+
     # -- control -----------------------------------------------------------------------------
     def abort(self, rid: str) -> bool:
         """Stop the request `rid` (its result ends with finish reason "abort"); False if no
@@ -220,7 +258,7 @@ class Engine:
             "vocab_size": tok.vocab_size,
             "eos_token_ids": tok.eos_token_ids,
             "has_chat_template": bool(getattr(tok.tokenizer, "chat_template", None)),
-            "is_generation": True,
+            "is_generation": not self.is_embedding,
         }
 
     def shutdown(self) -> None:

@@ -183,6 +183,8 @@ class Pipeline:
             constraint=job.constraint,
             echo=job.echo,
             api=job.api,
+            embed=job.embed,
+            dimensions=job.dimensions,
         )
         try:
             (_, register), (_, tokenized) = tokenize_request(self.tok, req, partitions=1)

@@ -131,6 +131,7 @@ class RequestState:
             logprobs=logprobs,
             prompt_logprobs=logprob_entries(d.prompt_logprobs, self.texts),
             echo_text=self.echo_text,
+            embedding=d.embedding,
         )
         self.echo_text = None  # on the first delta only
         return delta, matched is not None and d.finish is None

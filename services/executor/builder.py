@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from services.executor.memory import KVManager
 from services.executor.model_config import ModelConfig
 from services.executor.model_runner import ModelRunner
 from services.executor.models.linear import choose_gemv
+from services.executor.sampling.pooling import matryoshka_dimensions, model_pooling
 from services.executor.sampling.step import Sampler
 from services.executor.warmup import warm_up
 from services.executor.weights import load_model
@@ -59,6 +61,8 @@ class EngineSettings:
     page_size: int = 1
     schedule_policy: str = "lpm"
     sample_vocab: int = 0  # the tokenizer's vocabulary size; 0: the model's
+    is_embedding: bool = False  # serve embeddings: every request is pooled, none generates
+    embedding_pooling: str = "auto"  # last | mean | auto (what the checkpoint declares)
 
 
 def settings_from_flags(
@@ -86,6 +90,8 @@ def settings_from_flags(
         page_size=a.page_size,
         schedule_policy=a.schedule_policy,
         sample_vocab=sample_vocab,
+        is_embedding=a.is_embedding,
+        embedding_pooling=a.embedding_pooling,
     )
 
 
@@ -272,5 +278,10 @@ def build_engine(
     )
     if b.device.type == "cuda":
         progress("warm-up", 0.0)
-        warm_up(engine)
+        warm_up(engine)  # with generation requests: embedding mode starts after it
+    if s.is_embedding:
+        pooling = model_pooling(s.model.directory, s.embedding_pooling)
+        dims = matryoshka_dimensions(s.model.directory, b.config.hidden_size)
+        engine.limits = dataclasses.replace(engine.limits, pooling=pooling, dimensions=dims)
+        log.info("serving embeddings (pooling: %s)", pooling)
     return engine

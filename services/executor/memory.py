@@ -35,8 +35,9 @@ class KVManager:
         req.row = self.rows.allocate()
         req.slots = list(m.slots)
         self.rows.write(req.row, 0, req.slots)
-        if not req.output_ids:  # first admission: this is what usage reports
-            req.cached_tokens = len(m.slots)
+        if not req.attached:  # first admission: this is what usage reports
+            req.cached_tokens = min(len(m.slots), len(req.input_ids))  # of the prompt
+            req.attached = True
 
     def grow(self, req: Req, n: int) -> None:
         """Allocate slots for the request's next n tokens, evicting cached ones if needed."""

@@ -23,6 +23,7 @@ from services.executor.forward_batch import ForwardBatch, ForwardMode
 from services.executor.kv_pool import KVPool, ReqToTokenPool
 from services.executor.packing import pack_aligned, to_device
 from services.executor.sampling.logprobs import PromptLogprobTargets
+from services.executor.sampling.pooling import PoolTargets
 
 
 class ModelRunner:
@@ -132,10 +133,16 @@ class ModelRunner:
             self.channel.send(tables)
         prev_tokens = prev.sampled.tokens if prev is not None and prev.sampled else None
         batch = self.batch_from(tables, prev_tokens)
-        logits = self.run(batch, tables.extra)  # [bs, vocab]
+        # Pooled positions follow the prompt-logprob ones; only this rank reads them.
+        pool = None if plan.is_decode else PoolTargets.build(plan.reqs, plan.extend_lens)
+        logits = self.run(batch, tables.extra + (pool.positions if pool else []))  # [bs, vocab]
+        n_lp = len(tables.extra)
         if prompt_lp is not None:
             assert batch.extra_hidden is not None
-            prompt_lp.compute(batch.extra_hidden, self.model.lm_head)
+            prompt_lp.compute(batch.extra_hidden[:n_lp], self.model.lm_head)
+        if pool is not None:
+            assert batch.extra_hidden is not None
+            pool.take(batch.extra_hidden[n_lp:])
         return Forward(plan, rows, logits)
 
     def share(self, sampled: Sampled) -> None:

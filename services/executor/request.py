@@ -47,6 +47,9 @@ class Req:
     sent: int = 0  # output tokens already published
     finish_sent: bool = False  # the final delta went out
     cached_tokens: int = 0  # prompt tokens whose KV came from the cache
+    # made resident before: a retracted request comes back with its output, and text a
+    # grammar forced at the start is output before the first admission, so neither tells
+    attached: bool = False
     limit_len: int = 0  # prompt + output may not grow past this (max_tokens, context)
     grammar: RequestGrammar | None = None  # structured output: the request's matcher
     forced_tokens: int = 0  # output tokens appended by jump-forward (forward passes saved)
@@ -58,6 +61,12 @@ class Req:
     # max_new_tokens 0 (SGLang's): the prompt is computed (cached, its logprobs taken) and the
     # request ends there, "length", without sampling anything
     prefill_only: bool = False
+    # An embedding request (prefill-only): how its prompt is pooled, the running float32 sum
+    # of its chunks' hidden states, and once its prompt is computed the normalised vector.
+    pooling: str | None = None
+    dimensions: int = 0  # keep the vector's first n values (0: all)
+    pool_sum: torch.Tensor | None = None
+    embedding: torch.Tensor | None = None
     timeline: Timeline | None = None  # while tracing: when it passed each point (spans)
 
     def generator(self, device: torch.device) -> torch.Generator | None:
@@ -117,6 +126,8 @@ class Req:
     def match_limit(self) -> int:
         """How many leading tokens may come from the prefix cache: all but the last one, and
         none whose position a prompt logprob still needs computed."""
+        if self.pooling == "mean":  # every token's hidden state is pooled: compute them all
+            return 0
         first, end = self.prompt_logprob_span()
         limit = self.all_len - 1
         return min(limit, first - 1) if end > first else limit

@@ -13,6 +13,7 @@ from services.gateway import (
     abort_api,
     access,
     admin_api,
+    embeddings_api,
     health_api,
     info_api,
     input_limits,
@@ -29,6 +30,7 @@ from services.gateway.errors import ApiError, default_type, error_body
 from services.gateway.key_budget import KeyBudget
 from services.gateway.metrics import Buckets, GatewayMetrics, endpoint_of
 from services.gateway.openai_responses import api as openai_responses_api
+from services.gateway.reasoning import think_end
 from services.gateway.replies import ReplyRouter
 from services.gateway.responses import json_response
 from services.gateway.state import STATE, GatewaySettings, GatewayState
@@ -105,6 +107,7 @@ async def build_app(
         admission,
         GatewayMetrics(metrics, buckets),
         tracing or Tracing("gateway", settings.instance_id),
+        think_end=think_end(settings.reasoning_parser),
     )
     metrics.gauge_function(
         "radixserve:inflight_requests",
@@ -156,6 +159,7 @@ async def build_app(
     app.cleanup_ctx.append(ready_gate.readiness_ctx)
     openai_api.add_routes(app)
     openai_responses_api.add_routes(app)
+    embeddings_api.add_routes(app)
     native_api.add_routes(app)
     admin_api.add_routes(app)
     health_api.add_routes(app)

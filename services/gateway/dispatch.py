@@ -26,7 +26,7 @@ from shared import constants
 from shared.bus import TRANSIENT
 from shared.messages.common import AbortRequest, ErrorInfo, HopTimes, Trace
 from shared.messages.reply import Delta, Failure, GenerationReply, ReplyMessage
-from shared.messages.tokenize import GenerateRequest
+from shared.messages.tokenize import ChatPrompt, GenerateRequest
 from shared.request_ids import request_ids
 from shared.tracing import Tracing, fresh_traceparent
 
@@ -51,6 +51,7 @@ class Dispatcher:
         admission: Admission,
         metrics: GatewayMetrics,
         tracing: Tracing,
+        think_end: str = "",
     ) -> None:
         self.r, self.router, self.reply_to = r, router, reply_to
         self.request_timeout_s, self.admission = request_timeout_s, admission
@@ -59,6 +60,10 @@ class Dispatcher:
         self.inflight = Inflight(r, self.background)
         self.hop_stats = HopStats()  # per-stage latency of recent requests' first tokens
         self.metrics, self.tracing = metrics, tracing
+        # --reasoning-parser's end tag ("": none): sent with constrained chat requests, whose
+        # grammar then starts after the thinking part (the tokenizer decides, see
+        # GenerateRequest.think_end)
+        self.think_end = think_end
 
     async def submit(
         self, jobs: list[Job], traceparent: str, timeout_s: float | None = None, owner: str = ""
@@ -108,8 +113,13 @@ class Dispatcher:
                 sampling=job.sampling,
                 stream=job.stream,
                 constraint=job.constraint,
+                think_end=self.think_end
+                if job.constraint is not None and isinstance(job.prompt, ChatPrompt)
+                else "",
                 echo=job.echo,
                 api=job.api,
+                embed=job.embed,
+                dimensions=job.dimensions,
             )
             for key, job, span in zip(keys, jobs, spans, strict=True)
         ]

@@ -90,11 +90,13 @@ async def probe_generate(
     (and ClientGone when `request`'s client leaves). Shared by HTTP and gRPC health checks."""
     if state.draining:
         raise ProbeFailed("draining", "the gateway is shutting down")
+    embed = state.settings.is_embedding  # an embedding server's probe is an embedding
     probe = Job(
         prompt=TextPrompt(text=PROBE_PROMPT),
-        sampling=SamplingParams(max_new_tokens=1, temperature=0.0),
+        sampling=SamplingParams(max_new_tokens=0 if embed else 1, temperature=0.0),
         stream=False,
         rid=f"health-{uuid.uuid4().hex}",
+        embed=embed,
     )
     started = time.monotonic()
     tokens: list[int] = []

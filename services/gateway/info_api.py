@@ -62,7 +62,7 @@ async def model_info(state: GatewayState) -> dict[str, Any]:
         "model_path": path,
         "tokenizer_path": path,  # the tokenizer always comes with the model here
         "served_model_name": state.settings.model_name,
-        "is_generation": True,
+        "is_generation": not state.settings.is_embedding,
         "context_length": context,
         "architecture": model.architecture if model is not None else None,
         "vocab_size": model.vocab_size if model is not None else None,

@@ -177,6 +177,7 @@ class Gateway:
             detokenizer_partitions=args.detokenizer_partitions,
             reasoning_parser=args.reasoning_parser,
             tool_call_parser=args.tool_call_parser,
+            is_embedding=args.is_embedding,
         )
         # Only the keys' digests are kept past this point (not in settings: they are shown).
         self.access = AccessPolicy.from_flags(

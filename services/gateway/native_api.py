@@ -8,6 +8,7 @@ from aiohttp import web
 
 from services.gateway import input_limits, validation
 from services.gateway.access import caller
+from services.gateway.embeddings_api import require_mode
 from services.gateway.fanout import respond_many
 from services.gateway.logprob_format import native_logprobs
 from services.gateway.protocol import GenerateBody
@@ -72,6 +73,7 @@ class NativeRenderer:
 
 async def generate(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
+    require_mode(state, embeddings=False)
     body = validation.decode(await request.read(), GenerateBody)
     jobs, many = validation.native_jobs(body)
     input_limits.check_prompts((j.prompt for j in jobs), state.settings.max_prompt_chars, "text")

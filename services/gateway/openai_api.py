@@ -10,6 +10,7 @@ from aiohttp import web
 
 from services.gateway import input_limits, validation
 from services.gateway.access import caller
+from services.gateway.embeddings_api import require_mode
 from services.gateway.errors import ApiError
 from services.gateway.fanout import respond_many
 from services.gateway.openai_render import ChatRenderer, CompletionRenderer
@@ -46,6 +47,7 @@ async def _answer(
 
 async def completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
+    require_mode(state, embeddings=False)
     body = validation.decode(await request.read(), CompletionBody)
     jobs = validation.completion_jobs(body, state.settings.model_name)
     input_limits.check_prompts((j.prompt for j in jobs), state.settings.max_prompt_chars, "prompt")
@@ -62,6 +64,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
+    require_mode(state, embeddings=False)
     body = validation.decode(await request.read(), ChatBody)
     tool_parser = state.settings.tool_call_parser
     job = validation.chat_job(body, state.settings.model_name, tool_parser)

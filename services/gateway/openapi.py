@@ -17,6 +17,7 @@ from aiohttp import web
 
 from services.gateway import openapi_rules
 from services.gateway.access_policy import ADMIN_PATHS, BUDGETED_PATHS, OPEN_PATHS
+from services.gateway.embeddings_api import EmbeddingBody
 from services.gateway.openai_responses.protocol import ResponsesBody
 from services.gateway.protocol import (
     AbortBody,
@@ -88,11 +89,20 @@ OPERATIONS = [
     Operation(
         "post",
         "/v1/responses",
-        "OpenAI Responses API, stateless (previous_response_id is refused; nothing is stored)",
+        "OpenAI Responses API, stateless (previous_response_id is refused; nothing is stored), "
+        "with function tools",
         "a Response, or SSE Responses events (`event:` and `data:`) ending with response.completed",
         ResponsesBody,
         {**BAD, **BUSY},
         streams=True,
+    ),
+    Operation(
+        "post",
+        "/v1/embeddings",
+        "OpenAI embeddings of strings or token ids (a server started with --is-embedding)",
+        "a list of embeddings (floats, or base64 of float32 little-endian) with usage",
+        EmbeddingBody,
+        {**BAD, **BUSY},
     ),
     Operation("get", "/v1/models", "the served model (OpenAI list)", "a model list"),
     Operation(

@@ -37,6 +37,7 @@ class Accumulated:
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
     echo_text: str = ""
     hop_ms: dict[str, float] | None = None  # per-stage latency of the first token, once known
+    embedding: bytes | None = None  # an embedding request's vector (float32, little-endian)
 
     def add(self, d: Delta) -> None:
         self.text += d.text
@@ -46,6 +47,8 @@ class Accumulated:
         if d.echo_text is not None:
             self.echo_text = d.echo_text
         self.usage = d.usage  # cumulative
+        if d.embedding is not None:
+            self.embedding = d.embedding
         if d.finish_reason is not None:
             self.finish_reason, self.matched_stop = d.finish_reason, d.matched_stop
 

@@ -36,6 +36,7 @@ class GatewaySettings:
     # --tool-call-parser: the format chat answers' tool calls are read in ("": tool_choice
     # "auto" is refused; "required" and named functions need none)
     tool_call_parser: str = ""
+    is_embedding: bool = False  # --is-embedding: /v1/embeddings only (embeddings_api.py)
 
 
 @dataclass

@@ -63,6 +63,7 @@ class Tokenization:
         self.context_length = read_context_length(source)
         self.eos_token_ids = eos_token_ids(source, self.tokenizer)
         self.vocab_size = len(self.tokenizer)
+        self._markers: dict[str, int | None] = {}  # think-end text -> its token (None: not one)
 
     def model_info(self) -> ModelInfo:
         return ModelInfo(
@@ -155,6 +156,41 @@ class Tokenization:
                 f"length ({prompt_len} tokens)",
                 "logprob_start_len",
             )
+
+    def think_end_id(self, req: GenerateRequest, ids: list[int]) -> int | None:
+        """The token after which the request's constraint starts, or None: from the first.
+
+        A gateway with --reasoning-parser sends its end marker (`req.think_end`, "</think>")
+        with every constrained chat request. The model will think first unless the rendered
+        prompt `ids` already closed the thinking part (Qwen3's enable_thinking false writes an
+        empty `<think>\n\n</think>\n\n`): then its last token but whitespace is the marker.
+        A marker that is not one token of the vocabulary could not be recognised as it is
+        generated: such a request is refused rather than constrained from the start."""
+        if not req.think_end or req.constraint is None or not isinstance(req.prompt, ChatPrompt):
+            return None
+        end = self.marker_id(req.think_end)
+        if end is None:
+            param = req.constraint.param
+            raise PromptError(
+                f"{param} cannot start after the model's thinking part: the reasoning parser's "
+                f"end marker {req.think_end!r} is not a single token of model "
+                f"{self.source.name}'s vocabulary (check --reasoning-parser)",
+                param,
+            )
+        for t in reversed(ids[-16:]):
+            if t == end:
+                return None  # thinking already closed by the template: constrained at once
+            if self.tokenizer.decode([t], skip_special_tokens=False).strip():
+                break
+        return end
+
+    def marker_id(self, text: str) -> int | None:
+        """The one token that spells `text`, or None if it takes several (memoised)."""
+        if text not in self._markers:
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            one = len(ids) == 1 and self.tokenizer.decode(ids, skip_special_tokens=False) == text
+            self._markers[text] = int(ids[0]) if one else None
+        return self._markers[text]
 
     def prompt_text(self, req: GenerateRequest, ids: list[int]) -> str:
         """The prompt as the client sees it echoed: its own text, or its ids decoded."""

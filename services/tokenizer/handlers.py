@@ -60,6 +60,7 @@ def generate(tok: Tokenization, req: GenerateRequest, partitions: int) -> Out:
     ids = tok.encode_prompt(req)
     max_new = tok.max_new_tokens(req, len(ids))
     tok.check_sampling(req, len(ids))
+    think_end_id = tok.think_end_id(req, ids)
     trace = stamp(trace, tokenized=time.time())
     detok = constants.detok_stream(constants.detok_partition(trace.rid, partitions))
     register = DetokRegister(
@@ -76,6 +77,9 @@ def generate(tok: Tokenization, req: GenerateRequest, partitions: int) -> Out:
         eos_token_ids=tok.eos_token_ids,
         detok_stream=detok,
         constraint=req.constraint,
+        think_end_id=think_end_id,
+        embed=req.embed,
+        dimensions=req.dimensions,
     )
     # A constrained request is compiled (or found in the cache) before it is scheduled.
     target = constants.SCHEDULE_STREAM if req.constraint is None else constants.GRAMMAR_STREAM

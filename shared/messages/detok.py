@@ -44,6 +44,9 @@ class TokenDelta(
     logprobs: LogprobBlock | None = None  # of `token_ids`, when the request asked
     prompt_logprobs: LogprobBlock | None = None  # on the first delta, when the request asked
     hops: HopTimes | None = None  # on the first delta: the trace's stamps and the executor's
+    # An embedding request's final delta: the pooled, normalised vector as float32 values,
+    # little-endian (a fraction of the size of a list of floats on the wire).
+    embedding: bytes | None = None
 
 
 class StepOutput(

@@ -45,6 +45,7 @@ class Delta(msgspec.Struct, tag="delta", kw_only=True, frozen=True, omit_default
     prompt_logprobs: list[TokenLogprob] = []  # on the first delta, when the request asked
     echo_text: str | None = None  # the prompt's text, on the first delta (OpenAI `echo`)
     hops: HopTimes | None = None  # on the first delta: when each service passed it on
+    embedding: bytes | None = None  # an embedding request's vector (see TokenDelta.embedding)
 
 
 class Failure(msgspec.Struct, tag="failure", kw_only=True, frozen=True):

@@ -22,6 +22,10 @@ class TokenizedRequest(msgspec.Struct, tag="tokenized", kw_only=True, frozen=Tru
     # f"{constants.GRAMMAR_CACHE_PREFIX}:{grammar_key}" holds the compiled constraint; "" until
     # the grammar service has compiled it (and always "" without a constraint).
     grammar_key: str = ""
+    # The constraint starts after this token: a reasoning model thinks unconstrained until it
+    # generates its think-end marker ("</think>"), and the grammar applies from the next token
+    # on (the tokenizer sets it, see GenerateRequest.think_end). None: from the first token.
+    think_end_id: int | None = None
     # A request resumed after its executor was lost (see services/scheduler/failover.py):
     # the output tokens its client has already been sent, which the next executor prefills
     # after the prompt and does not send again; how many times it was resumed; and the
@@ -29,6 +33,8 @@ class TokenizedRequest(msgspec.Struct, tag="tokenized", kw_only=True, frozen=Tru
     resume_ids: list[int] = []
     resumes: int = 0
     avoid: list[str] = []
+    embed: bool = False  # pool the prompt into an embedding (see GenerateRequest.embed)
+    dimensions: int = 0  # and keep its first n values (see GenerateRequest.dimensions)
 
 
 class FlushCache(msgspec.Struct, tag="flush_cache", kw_only=True, frozen=True):

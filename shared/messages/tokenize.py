@@ -54,6 +54,15 @@ class GenerateRequest(msgspec.Struct, tag="generate", kw_only=True, frozen=True)
     # whose field names a refusal uses: "openai" (max_tokens, prompt, ...) or "native"
     # (/generate's sampling_params.max_new_tokens, text, ...)
     api: str = "openai"
+    # --reasoning-parser, on a constrained chat request: the text that ends the model's thinking
+    # part ("</think>"). Unless the rendered prompt already closed that part (Qwen3's
+    # enable_thinking false), the tokenizer resolves it to TokenizedRequest.think_end_id and the
+    # constraint starts after it. "": the constraint starts at the first token.
+    think_end: str = ""
+    # A /v1/embeddings input: the prompt is computed and pooled into a vector (the executor's
+    # --is-embedding pooling); nothing is generated (sampling.max_new_tokens is 0).
+    embed: bool = False
+    dimensions: int = 0  # embeddings: keep the first n values, renormalised (Matryoshka); 0: all
 
 
 class TokenizeRequest(msgspec.Struct, tag="tokenize", kw_only=True, frozen=True):

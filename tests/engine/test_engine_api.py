@@ -227,3 +227,30 @@ def test_a_tensor_parallel_engine_answers_what_one_rank_answers(
             assert isinstance(mine, dict) and isinstance(theirs, dict)
             assert theirs["output_ids"] == mine["output_ids"]
     assert rank1.returncode == 0  # it left its loop on the engine's stop
+
+
+def test_encode_embeds_as_transformers_pools(
+    model_dir: Path, hf: Any, tok: Any, engine: Engine
+) -> None:
+    with pytest.raises(RequestError, match="is_embedding=True"):
+        engine.encode("a generation engine embeds nothing")
+    flags: dict[str, Any] = {"device": "cpu", "max_total_tokens": 2048, "show_progress": False}
+    with Engine(str(model_dir), is_embedding=True, embedding_pooling="last", **flags) as e:
+        assert e.get_model_info()["is_generation"] is False
+        texts = ["the thin cat", "a sea of words"]
+        many = e.encode(texts)
+        one = e.encode(texts[0])
+        assert isinstance(many, list) and len(many) == 2 and isinstance(one, dict)
+        # the same vector alone (its prompt now mostly from the prefix cache) as in a batch
+        assert torch.allclose(
+            torch.tensor(one["embedding"]), torch.tensor(many[0]["embedding"]), atol=1e-6
+        )
+        for text, got in zip(texts, many, strict=True):
+            ids = tok(text)["input_ids"]
+            assert got["meta_info"]["prompt_tokens"] == len(ids)
+            with torch.no_grad():
+                h = hf.model(torch.tensor([ids])).last_hidden_state[0, -1]
+            want = torch.nn.functional.normalize(h, dim=0)
+            assert torch.allclose(torch.tensor(got["embedding"]), want, atol=1e-5)
+        with pytest.raises(RequestError, match="serves embeddings"):
+            e.generate("x", GREEDY)

@@ -262,3 +262,37 @@ def test_first_token_stamps_with_forced_text_at_the_start(
     assert setup.text(first.token_ids).startswith('{"color": "')  # forced, then sampled
     h = first.hops
     assert 1.0 < h.executor_inbox <= h.first_launched <= h.first_on_host
+
+
+@pytest.mark.parametrize("max_new", [1, 3])
+def test_text_forced_at_the_start_counts_against_max_tokens(
+    setup: Setup, tiny_dir: Path, max_new: int
+) -> None:
+    """FORCED's output starts with `{"color": "` (several forced tokens): a budget smaller
+    than that ends the request there, "length", without sampling a token past it."""
+    c = JsonSchemaConstraint(schema=json.dumps(FORCED))
+    run = Run(setup.engine(tiny_dir))
+    run.go({0: [setup.request("f", c, max_new, temperature=1.0, seed=3)]})
+    assert run.finish["f"] == "length"
+    assert len(run.tokens["f"]) == max_new
+    run.engine.policy.check_integrity()
+
+
+def test_a_constrained_request_reports_its_cached_prefix(setup: Setup, tiny_dir: Path) -> None:
+    """Text forced at the start is output before the request is resident; the prompt tokens
+    it finds in the cache still count as cached (usage.prompt_tokens_details)."""
+    c = JsonSchemaConstraint(schema=json.dumps(FORCED))
+    constrained = setup.request("k", c, 40, temperature=1.0, seed=1)
+    engine = setup.engine(tiny_dir)
+    plain = make_request("p", list(constrained.input_ids), max_new=2)
+    cached: dict[str, int] = {}
+
+    class Cached(Run):
+        def on_delta(self, d: TokenDelta) -> None:
+            cached[d.rid] = d.cached_tokens
+
+    Cached(engine).go({0: [plain]})
+    Cached(engine).go({0: [constrained]})
+    assert cached["p"] == 0
+    # the whole prompt: the forced text after it is what is computed
+    assert cached["k"] == len(constrained.input_ids)

@@ -289,14 +289,15 @@ async def test_smg_generate_refuses_what_it_cannot_do_by_name(
     assert backend.requests == []
 
 
-async def test_smg_embed_and_kv_events_are_unimplemented(start_grpc: Start) -> None:
+async def test_smg_embed_needs_an_embedding_server_and_kv_events_are_unimplemented(
+    start_grpc: Start,
+) -> None:
     _, ch = await start_grpc()
     stub = sgl_grpc.SglangSchedulerStub(ch)
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await stub.Embed(sgl.EmbedRequest())
-    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED and "embeddings" in (
-        e.value.details() or ""
-    )
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "--is-embedding" in (e.value.details() or "")
     from smg_grpc_proto.generated import common_pb2
 
     with pytest.raises(grpc.aio.AioRpcError) as e:

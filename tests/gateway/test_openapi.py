@@ -11,6 +11,7 @@ from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate
 
 from services.gateway import openapi_rules, validation
+from services.gateway.embeddings_api import EmbeddingBody
 from services.gateway.errors import ApiError
 from services.gateway.openai_responses.convert import responses_job
 from services.gateway.openai_responses.protocol import ResponsesBody
@@ -64,6 +65,7 @@ EXAMPLES: dict[type, dict[str, Any]] = {
     DetokenizeBody: {"tokens": [1, 2, 3]},
     AbortBody: {"abort_all": True},
     ResponsesBody: {"input": [{"role": "user", "content": "hi"}], "instructions": "Be brief."},
+    EmbeddingBody: {"input": ["a", [1, 2]], "encoding_format": "base64", "dimensions": 8},
 }
 
 

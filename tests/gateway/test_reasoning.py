@@ -8,10 +8,15 @@ import itertools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiohttp
+import grpc
 import openai
 import pytest
 
+from services.gateway.grpc.server import GrpcServer
 from services.gateway.reasoning import PARSERS
+from shared.grpc_api import radixserve_pb2 as pb
+from shared.grpc_api import radixserve_pb2_grpc as pb_grpc
 from shared.messages.tokenize import ChatPrompt
 from tests.gateway.fake_backend import FakeBackend
 from tests.gateway.helpers import MODEL, Running
@@ -151,3 +156,70 @@ async def test_bad_template_kwargs_are_a_400_naming_them(
             extra_body=extra,
         )
     assert param in str(refused.value.body)
+
+
+# -- structured output after the thinking part -------------------------------------------------
+JSON_FORMAT: Any = {
+    "type": "json_schema",
+    "json_schema": {"name": "s", "schema": {"type": "object"}},
+}
+TOOL: Any = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+async def _post(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> None:
+    """Send a request; only what reached the backend is checked (its scripted answer is no
+    JSON and no tool call)."""
+    async with http.post(url, json=body) as resp:
+        await resp.read()
+
+
+async def test_constrained_chat_requests_carry_the_parsers_end_tag(
+    start_gateway: StartGateway, backend: FakeBackend, http: aiohttp.ClientSession
+) -> None:
+    """With --reasoning-parser the tokenizer is told the end tag of every constrained chat
+    request (it decides, from the rendered prompt, whether the grammar waits for it)."""
+    gw = await start_gateway(reasoning_parser="deepseek-r1")
+    chat = f"{gw.url}/v1/chat/completions"
+    user = [{"role": "user", "content": "json please"}]
+    await _post(http, chat, {"messages": user, "response_format": JSON_FORMAT})
+    req = await backend.wait_for_request("json please")
+    assert req.constraint is not None and req.think_end == "</think>"
+    call = [{"role": "user", "content": "call f"}]
+    await _post(http, chat, {"messages": call, "tools": [TOOL], "tool_choice": "required"})
+    req = await backend.wait_for_request("call f")
+    assert req.constraint is not None and req.think_end == "</think>"
+    # Nothing to wait for: no constraint, or a prompt that is no chat.
+    await _post(http, chat, {"messages": [{"role": "user", "content": "free"}]})
+    assert (await backend.wait_for_request("free")).think_end == ""
+    await _post(http, f"{gw.url}/generate", {"text": "raw", "sampling_params": {"regex": "a"}})
+    raw = await backend.wait_for_request("raw")
+    assert raw.constraint is not None and raw.think_end == ""
+
+
+async def test_without_a_parser_constraints_start_at_the_first_token(
+    gw: Running, backend: FakeBackend, http: aiohttp.ClientSession
+) -> None:
+    user = [{"role": "user", "content": "json please"}]
+    await _post(
+        http, f"{gw.url}/v1/chat/completions", {"messages": user, "response_format": JSON_FORMAT}
+    )
+    req = await backend.wait_for_request("json please")
+    assert req.constraint is not None and req.think_end == ""
+
+
+async def test_grpc_chat_carries_the_end_tag_too(
+    start_gateway: StartGateway, backend: FakeBackend
+) -> None:
+    gw = await start_gateway(reasoning_parser="qwen3")
+    server = GrpcServer(gw.state, "127.0.0.1", 0, drain_timeout_s=1.0)
+    port = await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.RadixServeStub(channel)
+            sampling = pb.SamplingParams(json_schema='{"type": "object"}')
+            messages = [pb.ChatMessage(role="user", content="grpc json")]
+            await stub.Chat(pb.ChatRequest(messages=messages, sampling_params=sampling))
+    finally:
+        await server.stop()
+    req = await backend.wait_for_request("grpc json")
+    assert req.constraint is not None and req.think_end == "</think>"

@@ -229,9 +229,9 @@ def test_hot_step_message_is_compact() -> None:
     step = StepOutput(executor="e0", step=1, deltas=[TokenDelta(rid="abc", token_ids=[42])])
     wire = msgspec.msgpack.encode(step)
     assert b"token_ids" not in wire and b"executor" not in wire
-    # 23 bytes before HopTimes; each delta's unset `hops` and the step's unset `published`
-    # add one nil byte each (msgspec writes every field of an array-like struct)
-    assert len(wire) <= 25
+    # 23 bytes before HopTimes; each delta's unset `hops` and `embedding` and the step's unset
+    # `published` add one nil byte each (msgspec writes every field of an array-like struct)
+    assert len(wire) <= 26
 
 
 def test_requests_without_a_constraint_still_decode() -> None:

@@ -108,7 +108,7 @@ def test_the_private_redis_is_private_and_restarted_on_the_same_socket(tmp_path:
         first = server.proc
         assert first is not None
         first.send_signal(signal.SIGKILL)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30  # a loaded 2-core machine restarts it slower
         while server.proc is first or server.exit_code() is not None:
             assert time.monotonic() < deadline, "redis-server was not restarted"
             time.sleep(0.05)

@@ -20,6 +20,8 @@ class Limits:
     kv_slots: int  # the KV pool's size
     vocab_size: int  # the model's embedding rows
     context_length: int
+    pooling: str | None = None  # --is-embedding: every request is pooled this way
+    dimensions: tuple[int, ...] = ()  # what an embedding may be shortened to (Matryoshka)
 
 
 def admit(
@@ -32,6 +34,14 @@ def admit(
     """The request as the engine holds it (its grammar started: text the grammar forces at
     the start is already in its output, and a request that grammar completes is finished),
     or why it cannot run. `seq`: its arrival order; `submitted`: when it reached the inbox."""
+    if msg.embed != (limits.pooling is not None):
+        serves = "embeddings (--is-embedding)" if limits.pooling else "text generation"
+        return ErrorInfo(
+            status=400,
+            message=f"this executor serves {serves}, not "
+            + ("embeddings" if msg.embed else "text generation"),
+            param="model",
+        )
     need = len(msg.input_ids) + msg.max_new_tokens
     if need > limits.kv_slots:
         return ErrorInfo(
@@ -54,7 +64,18 @@ def admit(
             f"[0, {limits.vocab_size})",
             param="input_ids",
         )
+    if msg.dimensions and msg.dimensions not in limits.dimensions:
+        if not limits.dimensions:
+            message = "dimensions is not supported by this model (it declares no Matryoshka "
+            message += "dimensions: is_matryoshka or matryoshka_dimensions in its config)"
+        elif len(limits.dimensions) > 16:  # any length up to the hidden size
+            message = f"dimensions must be in [1, {limits.dimensions[-1]}], got {msg.dimensions}"
+        else:
+            message = f"dimensions must be one of {list(limits.dimensions)}, got {msg.dimensions}"
+        return ErrorInfo(status=400, message=message, param="dimensions")
     req = Req.from_message(msg, seq, limits.context_length)
+    if msg.embed:
+        req.pooling, req.dimensions = limits.pooling, msg.dimensions
     req.hops = stamp_hops(req.hops, executor_inbox=submitted)
     if req.exhausted and not req.prefill_only:  # resumed with its whole output: only the
         req.finish = "length"  # ending is left to send
@@ -77,6 +98,8 @@ def admit(
             f"{type(e).__name__}: {e}",
             type="server_error",
         )
+    if msg.think_end_id is not None:  # a reasoning model thinks first, unconstrained
+        req.grammar.sleep_until(msg.think_end_id)
     try:
         lifecycle.resume(req) if msg.resume_ids else lifecycle.start(req)
     except Exception as e:

@@ -18,6 +18,7 @@ import msgspec
 from services.executor.engine.timeline import Finished
 from services.executor.request import Req
 from services.executor.sampling.logprobs import block, prompt_block
+from services.executor.sampling.pooling import pooled_bytes
 from shared.hops import stamp_hops
 from shared.messages.common import ErrorInfo
 from shared.messages.detok import RequestFailed, StepOutput, TokenDelta
@@ -103,6 +104,7 @@ def token_delta(req: Req) -> TokenDelta | None:
         logprobs=lp,
         prompt_logprobs=prompt_lp,
         hops=req.hops,
+        embedding=pooled_bytes(req) if req.finish is not None else None,
     )
     req.hops = None  # on the first delta only
     return delta

@@ -2,6 +2,10 @@
 
 Kept apart from the engine so the unconstrained path stays as it is: every function here is
 a no-op for a request without a grammar.
+
+A reasoning model's grammar may start dormant (`RequestGrammar.sleep_until`): while it thinks,
+its tokens are only compared with the think-end token; the one after that is the grammar's
+first, and from there on everything below applies as to any grammar.
 """
 
 from __future__ import annotations
@@ -12,14 +16,17 @@ from shared.messages.common import ErrorInfo
 
 
 def start(req: Req) -> None:
-    """Text the grammar forces from the very start joins the prompt's prefill."""
-    if req.grammar is None:
+    """Text the grammar forces from the very start joins the prompt's prefill (nothing for
+    a grammar that waits for the thinking part to end)."""
+    if req.grammar is None or req.grammar.dormant:
         return
     forced = jump_forward(req)
     req.output_ids += forced
     req.forced_tokens += len(forced)
     if req.grammar.done:
         req.finish = "stop"
+    elif req.all_len >= req.limit_len:  # the forced text took the whole budget: nothing
+        req.finish = "length"  # may be sampled after it
 
 
 def resume(req: Req) -> None:
@@ -29,7 +36,13 @@ def resume(req: Req) -> None:
     g = req.grammar
     if g is None:
         return
-    for token in req.output_ids:
+    begin = 0
+    if g.dormant:
+        if g.wake_token not in req.output_ids:
+            return  # still thinking
+        begin = req.output_ids.index(g.wake_token) + 1
+        g.wake(begin)
+    for token in req.output_ids[begin:]:
         if g.accept(token):
             req.finish = "stop"
             req.matched_stop_token = token if token in g.stop_token_ids else None
@@ -44,13 +57,18 @@ def after_token(req: Req, index: int) -> ErrorInfo | None:
     g = req.grammar
     if g is None:
         return None
+    if g.dormant:  # thinking: the grammar starts after the think-end token
+        if index < len(req.output_ids) and req.output_ids[index] == g.wake_token:
+            g.wake(index + 1)
+            _advance(req, g, index)
+        return None
     if index == g.forced_at:  # the in-flight token a jump-forward decided has landed
         g.forced_landed()
     if g.done or req.finish == "abort" or index >= len(req.output_ids):
         return None
     if g.failure is not None:
         return _abort(req, index, g.failure)
-    if index < len(g.accepted):
+    if index < g.offset + len(g.accepted):
         return None  # a forced token, accepted when it was appended (see below)
     try:
         return _after_token(req, g, index)
@@ -74,8 +92,15 @@ def _after_token(req: Req, g: RequestGrammar, index: int) -> ErrorInfo | None:
         req.matched_stop_token = token if token in g.stop_token_ids else None
         req.pending = 0  # a token sampled after it, in flight, is dropped
         return None
+    _advance(req, g, index)
+    return None
+
+
+def _advance(req: Req, g: RequestGrammar, index: int) -> None:
+    """After the grammar took the token at output `index` (or woke after it): the output
+    is cut short if out of tokens, else the text the grammar now forces is appended."""
     if req.finish is not None:
-        return None  # out of tokens: finish "length", the output is cut short
+        return  # out of tokens: finish "length", the output is cut short
     # With overlap the next token is launched but not sampled yet (its mask waits for this
     # token). Forced text then starts at that token: its mask will allow only the first
     # forced token, so its value is known here and the rest can follow it at once, without
@@ -95,9 +120,9 @@ def _after_token(req: Req, g: RequestGrammar, index: int) -> ErrorInfo | None:
         req.forced_tokens += len(forced)
     if g.done:
         req.finish = "stop"
+        req.pending = 0  # (only a grammar complete as it woke: a token in flight is dropped)
     elif req.all_len >= req.limit_len and not req.pending:
         req.finish = "length"  # (a token still in flight decides this when it lands)
-    return None
 
 
 def jump_forward(req: Req, in_flight: bool = False) -> list[int]:

@@ -10,6 +10,8 @@ What the batch's mask filler (masks.py) reads of it, all public and none consume
   found it forced after that step was launched): its mask allows that token alone. The
   engine clears it when that token lands (`forced_landed`).
 - `state_mask`: the mask of the current state, when `done`'s check already computed it.
+- `dormant`: the request is still thinking (see `sleep_until`): no mask, no jump-forward,
+  its tokens are not the grammar's.
 """
 
 from __future__ import annotations
@@ -73,7 +75,24 @@ class RequestGrammar:
         self._mask_buffer: torch.Tensor | None = None
         self.forced_next: int | None = None  # the in-flight step must sample this token
         self.forced_at = -1  # output index of that token
+        # A reasoning model's grammar waits, dormant, for the think-end token (`wake_token`);
+        # `offset` is the output index of the grammar's first token (0 unless it waited).
+        self.dormant = False
+        self.wake_token = -1
+        self.offset = 0
         stats.requests += 1
+
+    # -- thinking first ----------------------------------------------------------------------
+    def sleep_until(self, token: int) -> None:
+        """The request thinks first: the grammar stays dormant (the output unconstrained)
+        until `token`, the think-end marker, is generated; it constrains from the next token."""
+        assert not self.accepted, "a grammar that took tokens cannot wait for thinking"
+        self.dormant, self.wake_token = True, token
+
+    def wake(self, offset: int) -> None:
+        """The marker was generated at output `offset - 1`: the grammar starts at `offset`."""
+        self.dormant, self.offset = False, offset
+        self.changed()
 
     # -- tokens ------------------------------------------------------------------------------
     def accept(self, token: int) -> bool:

@@ -55,8 +55,12 @@ class Sampler:
         if want_lp:
             at = to_device(want_lp, torch.int64, self.device)
             raw_lp = torch.log_softmax(picked.index_select(0, at).float(), dim=-1)
-        # A request that finished while this step was in flight samples a discarded token.
-        grammars = [r.grammar if r.finish is None else None for r in reqs]
+        # A request that finished while this step was in flight samples a discarded token; a
+        # grammar still waiting for the thinking part to end masks nothing.
+        grammars = [
+            g if (g := r.grammar) is not None and r.finish is None and not g.dormant else None
+            for r in reqs
+        ]
         if any(g is not None for g in grammars):
             # The forward pass is queued on the device: filling the masks on the host now
             # overlaps it. Masks are applied to the full-width logits, then cut.

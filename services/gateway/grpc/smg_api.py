@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
 import grpc
+import numpy as np
 from google.protobuf import struct_pb2
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
@@ -21,6 +22,7 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 import radixserve
 from services.gateway.abort_api import abort_calls
 from services.gateway.admin_api import flush_all
+from services.gateway.embeddings_api import require_mode
 from services.gateway.errors import ApiError
 from services.gateway.grpc import smg_convert as convert
 from services.gateway.grpc.calls import rpc
@@ -31,6 +33,9 @@ from services.gateway.health_api import ProbeFailed, probe_generate, unready
 from services.gateway.info_api import executor_loads, model_info, public_model_info
 from services.gateway.protocol import AbortBody
 from services.gateway.state import GatewayState
+from services.gateway.validation.common import Job
+from shared.messages.common import SamplingParams
+from shared.messages.tokenize import TokenPrompt
 
 Context: TypeAlias = grpc.aio.ServicerContext
 
@@ -44,6 +49,7 @@ class SmgService(sgl_grpc.SglangSchedulerServicer):
         self, request: sgl.GenerateRequest, context: Context
     ) -> AsyncIterator[sgl.GenerateResponse]:
         async with rpc(self.state, context, "/generate", budgeted=True) as who:
+            require_mode(self.state, embeddings=False)
             body, jobs = convert.generate_jobs(request)
             pendings = await dispatch(self.state, context, who, jobs, "tokenized.input_ids")
             rid, logprobs = request.request_id, body.return_logprob
@@ -95,7 +101,7 @@ class SmgService(sgl_grpc.SglangSchedulerServicer):
             return sgl.GetModelInfoResponse(
                 model_path=shown["model_path"] or "",
                 tokenizer_path=shown["tokenizer_path"] or "",
-                is_generation=True,
+                is_generation=not self.state.settings.is_embedding,
                 served_model_name=shown["served_model_name"],
                 max_context_length=shown["context_length"] or 0,
                 max_req_input_len=max(0, (shown["context_length"] or 0) - 1),
@@ -173,11 +179,29 @@ class SmgService(sgl_grpc.SglangSchedulerServicer):
                 yield common_pb2.GetTokenizerChunk(data=piece, sha256=bundle.sha256 if last else "")
 
     async def Embed(self, request: sgl.EmbedRequest, context: Context) -> sgl.EmbedResponse:
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED,
-            "Embed: this worker serves a generative model; embeddings are not implemented",
-        )
-        raise AssertionError("unreachable")  # abort raises
+        """The pooled embedding of `tokenized.input_ids` (a server started with --is-embedding;
+        INVALID_ARGUMENT otherwise, as a generation request is on an embedding server)."""
+        async with rpc(self.state, context, "/v1/embeddings", budgeted=True) as who:
+            require_mode(self.state, embeddings=True)
+            ids = list(request.tokenized.input_ids)
+            if not ids:
+                raise ApiError(400, "tokenized.input_ids must not be empty", "tokenized.input_ids")
+            job = Job(
+                prompt=TokenPrompt(input_ids=ids),
+                sampling=SamplingParams(max_new_tokens=0),
+                stream=False,
+                embed=True,
+            )
+            pendings = await dispatch(self.state, context, who, [job], "tokenized.input_ids")
+            async for _, d, acc in replies(pendings):
+                if d.finish_reason is not None and acc.embedding is not None:
+                    vector = np.frombuffer(acc.embedding, dtype="<f4")
+                    return sgl.EmbedResponse(
+                        embedding=vector.tolist(),
+                        embedding_dim=len(vector),
+                        prompt_tokens=acc.usage.prompt_tokens,
+                    )
+        raise ApiError(500, "the embedding request ended without its vector", type="server_error")
 
     async def SubscribeKvEvents(
         self, request: common_pb2.SubscribeKvEventsRequest, context: Context

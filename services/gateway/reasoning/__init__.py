@@ -4,6 +4,9 @@ part (`reasoning_content`) and its answer (`content`), whole or one streamed del
     splitter = PARSERS["qwen3"]()
     reasoning, content = splitter.feed(delta_text)   # as deltas arrive
     reasoning, content = splitter.finish()           # what it held back at the end
+
+`think_end(name)` is the parser's end tag, which the gateway sends with constrained chat
+requests: their grammar starts once the model has written it (see TokenizedRequest.think_end_id).
 """
 
 from __future__ import annotations
@@ -17,4 +20,10 @@ PARSERS: dict[str, type[ThinkSplitter]] = {
     "qwen3-thinking": DeepSeekR1,
 }
 
-__all__ = ["PARSERS", "ThinkSplitter"]
+
+def think_end(parser: str) -> str:
+    """The text that ends the thinking part under --reasoning-parser `parser` ("": none)."""
+    return PARSERS[parser].end_tag if parser else ""
+
+
+__all__ = ["PARSERS", "ThinkSplitter", "think_end"]

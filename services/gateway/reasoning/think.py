@@ -27,6 +27,8 @@ def _partial_suffix(text: str, tag: str) -> int:
 class ThinkSplitter:
     # Where an output that does not begin with START belongs.
     unopened_is_reasoning = False
+    # What closes the thinking part: a constrained chat request's grammar starts after it.
+    end_tag = END
 
     def __init__(self) -> None:
         self.state = "start"  # start -> reasoning -> answer_start -> answer

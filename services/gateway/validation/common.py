@@ -31,6 +31,8 @@ class Job:
     echo: bool = False  # OpenAI completions: the prompt's text comes back before the output
     api: str = "openai"  # whose field names the services' refusals use ("openai", "native")
     tools: ToolPlan | None = None  # chat with tools: how its output is read
+    embed: bool = False  # /v1/embeddings: the prompt is pooled, nothing generated
+    dimensions: int = 0  # /v1/embeddings: how many values to keep (0: all)
 
 
 def decode(body: bytes, type_: type[T]) -> T:

@@ -63,19 +63,22 @@ def best_of_count(body: CompletionBody) -> int:
     return body.best_of
 
 
-def completion_prompts(prompt: str | list[str | int | list[int]]) -> list[Prompt]:
-    """A string, a list of strings, a list of token ids, or a list of token-id lists."""
+def completion_prompts(
+    prompt: str | list[str | int | list[int]], field: str = "prompt"
+) -> list[Prompt]:
+    """A string, a list of strings, a list of token ids, or a list of token-id lists
+    (`field`: the body's name for them, which refusals use)."""
     if isinstance(prompt, str):
-        return [TextPrompt(text=nonempty(prompt, "prompt"))]
+        return [TextPrompt(text=nonempty(prompt, field))]
     if not prompt:
-        raise invalid("prompt must not be empty", "prompt")
+        raise invalid(f"{field} must not be empty", field)
     if all(isinstance(x, int) for x in prompt):
-        return [TokenPrompt(input_ids=token_ids(prompt, "prompt"))]
+        return [TokenPrompt(input_ids=token_ids(prompt, field))]
     if len(prompt) > MAX_BATCH:
-        raise invalid(f"prompt may hold at most {MAX_BATCH} prompts", "prompt")
+        raise invalid(f"{field} may hold at most {MAX_BATCH} prompts", field)
     out: list[Prompt] = []
     for i, p in enumerate(prompt):
-        at = f"prompt[{i}]"
+        at = f"{field}[{i}]"
         if isinstance(p, str):
             out.append(TextPrompt(text=nonempty(p, at)))
         elif isinstance(p, list):
