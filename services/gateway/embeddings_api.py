@@ -65,6 +65,7 @@ def embedding_jobs(body: EmbeddingBody, served_model: str) -> list[validation.Jo
             prompt=p,
             sampling=SamplingParams(max_new_tokens=0),
             stream=False,
+            api="embeddings",
             embed=True,
             dimensions=body.dimensions or 0,
         )

@@ -33,7 +33,11 @@ NATIVE_NAMES = {
 
 def field_name(req: GenerateRequest, name: str) -> str:
     """`name` as the request's API spells it."""
-    return NATIVE_NAMES.get(name, name) if req.api == "native" else name
+    if req.api == "native":
+        return NATIVE_NAMES.get(name, name)
+    if req.api == "embeddings":  # /v1/embeddings names its prompts `input`
+        return "input" if name == "prompt" else name
+    return name
 
 
 class PromptError(Exception):
@@ -94,7 +98,13 @@ class Tokenization:
         param = field_name(req, param)
         if not ids:
             raise PromptError("the prompt is empty", param)
-        if len(ids) >= self.context_length:
+        if req.embed and len(ids) > self.context_length:  # computed, nothing generated after it
+            raise PromptError(
+                f"the input is {len(ids)} tokens long; this model's context length is "
+                f"{self.context_length} tokens",
+                param,
+            )
+        if len(ids) >= self.context_length and not req.embed:
             raise PromptError(
                 f"the prompt is {len(ids)} tokens long; this model's context length is "
                 f"{self.context_length} tokens, which must also hold at least one output token",

@@ -106,6 +106,7 @@ def test_bad_requests_and_the_other_endpoints_are_400s(
         ({"input": "x", "encoding_format": "hex"}, "encoding_format"),
         ({"input": "x", "model": "other"}, "model"),
         ({"input": "x", "pooling": "cls"}, "pooling"),
+        ({"input": ["ok", "x" * 5000]}, "input"),  # past the 4,096-token context
     ]
     for body, param in bad:
         r = requests.post(f"{url}/v1/embeddings", json=body, timeout=30)
