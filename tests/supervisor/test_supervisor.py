@@ -100,11 +100,15 @@ def test_the_private_redis_is_private_and_restarted_on_the_same_socket(tmp_path:
         redis.Redis(unix_socket_path=server.socket).ping()
     client = redis.Redis.from_url(server.url)
     assert client.ping()
-    sup = Supervisor([], server.url, is_ready=lambda: True, redis_server=server)
+    ready = threading.Event()
+    sup = Supervisor([], server.url, is_ready=lambda: True, on_ready=ready.set, redis_server=server)
     result: list[int] = []
     thread = threading.Thread(target=lambda: result.append(sup.run()))
     thread.start()
     try:
+        # Killed before the supervisor saw the stack ready, it would stop everything instead
+        # (a death before ready is a failed start): wait for that first.
+        assert ready.wait(30), "the supervisor never saw the stack ready"
         first = server.proc
         assert first is not None
         first.send_signal(signal.SIGKILL)
