@@ -22,7 +22,7 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 import radixserve
 from services.gateway.abort_api import abort_calls
 from services.gateway.admin_api import flush_all
-from services.gateway.embeddings_api import require_mode
+from services.gateway.embeddings_api import EmbeddingBody, embedding_jobs, require_mode
 from services.gateway.errors import ApiError
 from services.gateway.grpc import smg_convert as convert
 from services.gateway.grpc.calls import rpc
@@ -33,9 +33,6 @@ from services.gateway.health_api import ProbeFailed, probe_generate, unready
 from services.gateway.info_api import executor_loads, model_info, public_model_info
 from services.gateway.protocol import AbortBody
 from services.gateway.state import GatewayState
-from services.gateway.validation.common import Job
-from shared.messages.common import SamplingParams
-from shared.messages.tokenize import TokenPrompt
 
 Context: TypeAlias = grpc.aio.ServicerContext
 
@@ -186,13 +183,8 @@ class SmgService(sgl_grpc.SglangSchedulerServicer):
             ids = list(request.tokenized.input_ids)
             if not ids:
                 raise ApiError(400, "tokenized.input_ids must not be empty", "tokenized.input_ids")
-            job = Job(
-                prompt=TokenPrompt(input_ids=ids),
-                sampling=SamplingParams(max_new_tokens=0),
-                stream=False,
-                embed=True,
-            )
-            pendings = await dispatch(self.state, context, who, [job], "tokenized.input_ids")
+            jobs = embedding_jobs(EmbeddingBody(input=ids), self.state.settings.model_name)
+            pendings = await dispatch(self.state, context, who, jobs, "tokenized.input_ids")
             async for _, d, acc in replies(pendings):
                 if d.finish_reason is not None and acc.embedding is not None:
                     vector = np.frombuffer(acc.embedding, dtype="<f4")
