@@ -225,11 +225,12 @@ def table(results: dict[str, Any]) -> str:
             )
         )
     dp_runs = get("dp", "runs") or {}
+    gpus = "two GPUs" if (get("dp", "gpus") or 1) >= 2 else "one GPU"
     for run in ("cache_aware", "round_robin", "single"):
         r = dp_runs.get(run)
         if r is not None:
             hit = r["cache_hit_rate"]
-            where = "one executor, the whole GPU" if run == "single" else f"DP=2 on one GPU, {run}"
+            where = "one executor, one GPU" if run == "single" else f"DP=2 on {gpus}, {run}"
             rows.append(
                 (
                     f"shared prefix 64x16 at once: {where}",

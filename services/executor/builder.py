@@ -12,6 +12,7 @@ import torch
 
 from services.executor.batch_policy import BatchPolicy
 from services.executor.cache import NullCache, PrefixCache, RadixCache
+from services.executor.cuda_device import make_current
 from services.executor.cuda_graph import CudaGraphRunner
 from services.executor.distributed.group import SINGLE, TPGroup
 from services.executor.engine.loop import Engine
@@ -189,6 +190,7 @@ def build_runner(
     """The model (this rank's shard of it), the KV pool sized to the memory left (the same
     number of slots on every rank) and the request table, CUDA graphs captured."""
     device = device or pick_device(s.device)
+    make_current(device)
     dtype = pick_dtype(s.dtype, device)
     backend = s.attention_backend
     if backend == "auto":

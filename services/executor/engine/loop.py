@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 
 from services.executor.batch_policy import BatchPolicy
+from services.executor.cuda_device import make_current
 from services.executor.engine.admission import Limits, admit
 from services.executor.engine.outputs import (
     Outputs,
@@ -130,6 +131,7 @@ class Engine:
     def step(self) -> StepResult:
         """Plan and launch the next step; land the previous one. With overlap, the device
         computes step N+1 while the host turns step N's tokens into outputs."""
+        make_current(self.runner.device)  # the stepping thread may not be the building one
         out = Outputs()
         self._take_inbox(out)
         self._expire(out)
