@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadtest import stack_scrape
 from loadtest.fault_stack import free_port
 
 METHODS = ("cache_aware", "round_robin", "least_load")
@@ -138,14 +139,23 @@ def run_one(run: Run, a: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     t0 = time.monotonic()
     log = log_dir / f"serve_{run.name}.log"
     executors = 1 if run.name == "single" else a.dp_size
-    proc = start(serve_command(a.model, port, run), log, base_url, executors, a.timeout)
+    # Each child serves its metrics from here on, so the run can say where the time went.
+    cmd = [*serve_command(a.model, port, run), "--metrics-port", str(free_port())]
+    proc = start(cmd, log, base_url, executors, a.timeout)
     ready_s = time.monotonic() - t0
     try:
+        ports = stack_scrape.child_ports(log.read_text(errors="replace"))
         args = build_parser().parse_args(serving_args(base_url, a.tokenizer or a.model, a))
+        before, started, cpu = stack_scrape.scrape(ports), time.monotonic(), time.process_time()
         metrics = asyncio.run(serving.benchmark(args))
+        wall_s = time.monotonic() - started
+        services = stack_scrape.usage(before, stack_scrape.scrape(ports), wall_s)
+        # The benchmark client is this process: one asyncio loop parsing every stream.
+        services["client"] = {"cpu_share": (time.process_time() - cpu) / wall_s}
     finally:
         stop(proc)
-    return {"run": run.name, "serve_args": run.serve_args, "ready_s": ready_s} | metrics.to_json()
+    head = {"run": run.name, "serve_args": run.serve_args, "ready_s": ready_s}
+    return head | metrics.to_json() | {"services": services}
 
 
 def table(results: list[dict[str, Any]]) -> str:
@@ -195,6 +205,7 @@ def run_all(a: argparse.Namespace, runs: list[Run] | None = None) -> list[dict[s
     for run in runs:
         results.append(run_one(run, a, a.log_dir))
         print(table(results[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+        print("  " + stack_scrape.summary(results[-1]["services"]), file=sys.stderr, flush=True)
         if a.out is not None:
             a.out.write_text(json.dumps({"config": config, "runs": results}, indent=1) + "\n")
     return results

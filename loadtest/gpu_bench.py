@@ -238,6 +238,10 @@ def table(results: dict[str, Any]) -> str:
                     f"{r['output_throughput']:.0f} output tok/s, {r['completed']} done",
                 )
             )
+            if r.get("services"):
+                from loadtest.stack_scrape import summary
+
+                rows.append((f"  where {run}'s time went", summary(r["services"])))
     for arch in ("llama", "qwen2", "qwen3"):
         c = get("correctness", arch)
         if c is not None:

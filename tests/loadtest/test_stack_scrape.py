@@ -1,0 +1,61 @@
+"""Reading a serve's per-child metrics: the port line it prints, and the deltas of CPU and
+executor steps between two scrapes."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+from loadtest.stack_scrape import STEP_METRIC, child_ports, sample, summary, usage
+
+
+def test_child_ports_come_from_the_line_serve_prints() -> None:
+    log = (
+        "loading\nmetrics (/metrics, /health) on gateway-0 :9100, executor-0 :9101, "
+        "executor-1 :9102\nready: ...\n"
+    )
+    assert child_ports(log) == {"gateway-0": 9100, "executor-0": 9101, "executor-1": 9102}
+    assert child_ports("no metrics ports here") == {}
+
+
+def _page(cpu: float, decode: list[float], extend: list[float]) -> str:
+    reg = CollectorRegistry()
+    Counter("process_cpu_seconds", "cpu", registry=reg).inc(cpu)
+    h = Histogram(STEP_METRIC.replace(":", "_"), "steps", ["phase"], registry=reg)
+    for v in decode:
+        h.labels("decode").observe(v)
+    for v in extend:
+        h.labels("extend").observe(v)
+    # prometheus_client cannot name a metric with ':'; the executor's collector does.
+    return generate_latest(reg).decode().replace(STEP_METRIC.replace(":", "_"), STEP_METRIC)
+
+
+def test_usage_is_the_difference_between_two_scrapes() -> None:
+    before = {"executor-0": sample(_page(2.0, [0.01] * 10, [0.1])), "gateway-0": {"cpu_s": 1.0}}
+    after = {
+        "executor-0": sample(_page(6.0, [0.01] * 10 + [0.02] * 100, [0.1, 0.3])),
+        "gateway-0": {"cpu_s": 9.0},
+    }
+    report = usage(before, after, wall_s=8.0)
+    ex = report["executor-0"]
+    assert ex["cpu_share"] == 0.5
+    assert ex["decode_steps"] == 100
+    assert abs(ex["decode_step_ms"] - 20.0) < 1e-6
+    assert abs(ex["decode_busy_share"] - 2.0 / 8.0) < 1e-6
+    assert ex["extend_steps"] == 1 and abs(ex["extend_step_ms"] - 300.0) < 1e-6
+    assert report["gateway-0"] == {"cpu_share": 1.0}
+
+
+def test_the_summary_names_each_executor_and_the_busiest_cpu_first() -> None:
+    services = {
+        "executor-0": {
+            "cpu_share": 1.2,
+            "decode_steps": 10,
+            "decode_step_ms": 29.5,
+            "decode_busy_share": 0.7,
+        },
+        "gateway-0": {"cpu_share": 0.98},
+        "detokenizer-0": {"cpu_share": 0.4},
+    }
+    line = summary(services)
+    assert line.startswith("executor-0 decode 29.5 ms x 10 (busy 70%)")
+    assert line.endswith("cpu (cores): executor-0 1.20, gateway-0 0.98, detokenizer-0 0.40")
