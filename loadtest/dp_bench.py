@@ -146,8 +146,13 @@ def run_one(run: Run, a: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     try:
         ports = stack_scrape.child_ports(log.read_text(errors="replace"))
         args = build_parser().parse_args(serving_args(base_url, a.tokenizer or a.model, a))
+        series = stack_scrape.Series(ports)
         before, started, cpu = stack_scrape.scrape(ports), time.monotonic(), time.process_time()
-        metrics = asyncio.run(serving.benchmark(args))
+        series.start()
+        try:
+            metrics = asyncio.run(serving.benchmark(args))
+        finally:
+            samples = series.stop()
         wall_s = time.monotonic() - started
         services = stack_scrape.usage(before, stack_scrape.scrape(ports), wall_s)
         # The benchmark client is this process: one asyncio loop parsing every stream.
@@ -155,7 +160,7 @@ def run_one(run: Run, a: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     finally:
         stop(proc)
     head = {"run": run.name, "serve_args": run.serve_args, "ready_s": ready_s}
-    return head | metrics.to_json() | {"services": services}
+    return head | metrics.to_json() | {"services": services, "executor_series": samples}
 
 
 def table(results: list[dict[str, Any]]) -> str:

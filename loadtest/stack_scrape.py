@@ -12,6 +12,8 @@ out of CPU and how busy each executor was.
 from __future__ import annotations
 
 import re
+import threading
+import time
 import urllib.request
 from typing import Any
 
@@ -96,3 +98,46 @@ def summary(services: dict[str, dict[str, Any]]) -> str:
         if row["cpu_share"] is not None
     ]
     return "; ".join(parts + (["cpu (cores): " + ", ".join(cpu)] if cpu else []))
+
+
+GAUGES = {"sglang:num_running_reqs": "running", "sglang:num_queue_reqs": "queued"}
+
+
+def gauges(text: str) -> dict[str, float]:
+    """An executor's running and queued requests, from one /metrics page."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name in GAUGES:
+                out[GAUGES[s.name]] = s.value
+    return out
+
+
+class Series(threading.Thread):
+    """Every executor's running and queued requests, sampled every `period_s` until stopped:
+    when each filled up, and how long each ran short of work, across a run."""
+
+    def __init__(self, ports: dict[str, int], period_s: float = 0.5) -> None:
+        super().__init__(name="stack-series", daemon=True)
+        self.ports = {n: p for n, p in ports.items() if n.startswith("executor")}
+        self.period_s = period_s
+        self.samples: list[dict[str, Any]] = []
+        self._stop_event = threading.Event()
+        self._t0 = time.monotonic()
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            row: dict[str, Any] = {"t": round(time.monotonic() - self._t0, 3)}
+            for name, port in self.ports.items():
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                        row[name] = gauges(r.read().decode())
+                except OSError:
+                    continue
+            self.samples.append(row)
+            self._stop_event.wait(self.period_s)
+
+    def stop(self) -> list[dict[str, Any]]:
+        self._stop_event.set()
+        self.join(timeout=10)
+        return self.samples

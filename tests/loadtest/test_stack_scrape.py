@@ -59,3 +59,40 @@ def test_the_summary_names_each_executor_and_the_busiest_cpu_first() -> None:
     line = summary(services)
     assert line.startswith("executor-0 decode 29.5 ms x 10 (busy 70%)")
     assert line.endswith("cpu (cores): executor-0 1.20, gateway-0 0.98, detokenizer-0 0.40")
+
+
+def test_the_series_samples_each_executor_until_stopped() -> None:
+    import http.server
+    import threading
+
+    from loadtest.stack_scrape import Series
+
+    page = b"sglang:num_running_reqs 12.0\nsglang:num_queue_reqs 3.0\n"
+    served = threading.Event()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(page)
+            served.set()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        series = Series({"executor-0": port, "gateway-0": port}, period_s=0.01)
+        series.start()
+        assert served.wait(10)
+        while len(series.samples) < 2:
+            served.clear()
+            assert served.wait(10)
+        samples = series.stop()
+    finally:
+        server.shutdown()
+    assert all(set(s) == {"t", "executor-0"} for s in samples)  # executors only
+    assert samples[0]["executor-0"] == {"running": 12.0, "queued": 3.0}
+    assert samples[-1]["t"] >= samples[0]["t"]
