@@ -4,13 +4,15 @@ first of each call with its index, id, type and name, then its arguments).
 
     auto       --tool-call-parser's format; each call goes out when it closes
     named      the output is the arguments: the call's head at once, then the text as it comes
-    required   the output is a JSON array of calls: they go out when it is complete
+    required   the output is a JSON array of calls: they go out when it is complete (cut
+               short by max_tokens: the whole calls, then the cut one's name and arguments)
     none       all content
 """
 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from typing import Any
 
@@ -38,11 +40,42 @@ def array_calls(text: str) -> list[ToolCall] | None:
         return None
     if not isinstance(items, list):
         return None
-    return [
-        ToolCall(str(item["name"]), json.dumps(item.get("arguments", {}), ensure_ascii=False))
-        for item in items
-        if isinstance(item, dict) and "name" in item
-    ]
+    return [_item_call(item) for item in items if isinstance(item, dict) and "name" in item]
+
+
+def _item_call(item: dict[str, Any]) -> ToolCall:
+    return ToolCall(str(item["name"]), json.dumps(item.get("arguments", {}), ensure_ascii=False))
+
+
+# The head of one call in `required`'s array, as its schema orders the keys (name, then
+# arguments); what follows it is the arguments' JSON, possibly cut short.
+_CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*', re.S)
+
+
+def cut_array_calls(text: str) -> list[ToolCall]:
+    """The calls of `required`'s array cut short (max_tokens): every whole call, then the one
+    it stopped in if its name is complete, with the arguments as far as they came, as a named
+    tool's cut arguments are returned."""
+    decoder = json.JSONDecoder()
+    s = text.lstrip()
+    if not s.startswith("["):
+        return []
+    calls: list[ToolCall] = []
+    i = 1
+    while True:
+        while i < len(s) and s[i] in " \t\r\n,":
+            i += 1
+        if i >= len(s) or s[i] == "]":
+            return calls
+        try:
+            item, i = decoder.raw_decode(s, i)
+        except ValueError:
+            head = _CALL_HEAD.match(s, i)
+            if head is not None:
+                calls.append(ToolCall(json.loads(head.group(1)), s[head.end() :].rstrip()))
+            return calls
+        if isinstance(item, dict) and "name" in item:
+            calls.append(_item_call(item))
 
 
 class ToolReader:
@@ -66,6 +99,8 @@ class ToolReader:
             content, calls = "", [ToolCall(self.plan.name, text)]
         elif mode == "required":
             calls = array_calls(text)
+            if calls is None:
+                calls = cut_array_calls(text)
             content = "" if calls else text
         found = [call_body(c, call_id()) for c in calls or []]
         return (content or None) if found else content, found
@@ -93,6 +128,8 @@ class ToolReader:
             if not last:
                 return "", []
             calls = array_calls(self.text)
+            if calls is None:
+                calls = cut_array_calls(self.text)
             return ("", self._entries(calls)) if calls else (self.text, [])
         return text, []
 

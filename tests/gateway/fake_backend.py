@@ -105,6 +105,11 @@ SCRIPTS: dict[str, Callable[[str], list[Step]]] = {
         (0, delta(rid, '[{"name": "weather", "arguments": {"city": "Oslo"}}, ', [1], 1)),
         (0, delta(rid, '{"name": "time", "arguments": {}}]', [2], 2, finish_reason="stop")),
     ],
+    # ... cut short by max_tokens inside the second call's arguments
+    "cut calls": lambda rid: [
+        (0, delta(rid, '[{"name": "weather", "arguments": {"city": "Oslo"}}, ', [1], 1)),
+        (0, delta(rid, '{"name": "time", "arguments": {"tz": "Eu', [2], 2, finish_reason="length")),
+    ],
     # a reasoning model's output, its tags split across deltas (tests of --reasoning-parser)
     "think": lambda rid: [
         (0, delta(rid, "<thi", [1], 1)),

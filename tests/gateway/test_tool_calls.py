@@ -12,6 +12,7 @@ from typing import Any
 import openai
 import pytest
 
+from services.gateway.tool_render import cut_array_calls
 from shared.messages.common import JsonSchemaConstraint
 from shared.messages.tokenize import ChatPrompt
 from tests.gateway.fake_backend import FakeBackend
@@ -143,6 +144,32 @@ async def test_required_constrains_to_an_array_of_calls(gw: Running, backend: Fa
     last = backend.requests[-1]
     assert isinstance(last.constraint, JsonSchemaConstraint)
     assert json.loads(last.constraint.schema)["maxItems"] == 1
+
+
+async def test_required_cut_by_max_tokens_returns_the_calls_so_far(gw: Running) -> None:
+    """As a named tool's cut arguments are returned: the whole calls, then the cut one with
+    the arguments as far as they came; never the raw array as content."""
+    r = await client(gw).chat.completions.create(
+        model=MODEL, messages=user("cut calls"), tools=[WEATHER, TIME], tool_choice="required"
+    )
+    choice = r.choices[0]
+    assert choice.finish_reason == "length"
+    assert choice.message.content is None
+    got = [(c.function.name, c.function.arguments) for c in list[Any](choice.message.tool_calls)]
+    assert got == [("weather", '{"city": "Oslo"}'), ("time", '{"tz": "Eu')]
+    content, calls, finish = await streamed(
+        gw, messages=user("cut calls"), tools=[WEATHER, TIME], tool_choice="required"
+    )
+    assert content == "" and finish == "length"
+    assert [(calls[i]["name"], calls[i]["arguments"]) for i in sorted(calls)] == got
+
+
+def test_a_required_array_cut_before_any_call_name_is_left_as_it_is() -> None:
+    assert cut_array_calls('[{"name": "wea') == []
+    assert cut_array_calls("[") == []
+    assert cut_array_calls("not an array") == []
+    escaped = cut_array_calls('[{"name": "a\\"b", "arguments": {"x": [1, ')
+    assert [(c.name, c.arguments) for c in escaped] == [('a"b', '{"x": [1,')]
 
 
 async def test_the_tool_loop_passes_calls_and_results_to_the_template(
