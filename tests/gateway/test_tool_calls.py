@@ -155,7 +155,9 @@ async def test_required_cut_by_max_tokens_returns_the_calls_so_far(gw: Running) 
     choice = r.choices[0]
     assert choice.finish_reason == "length"
     assert choice.message.content is None
-    got = [(c.function.name, c.function.arguments) for c in list[Any](choice.message.tool_calls)]
+    got = [
+        (c.function.name, c.function.arguments) for c in list[Any](choice.message.tool_calls or [])
+    ]
     assert got == [("weather", '{"city": "Oslo"}'), ("time", '{"tz": "Eu')]
     content, calls, finish = await streamed(
         gw, messages=user("cut calls"), tools=[WEATHER, TIME], tool_choice="required"
