@@ -15,7 +15,7 @@ from services.gateway.errors import ApiError
 from services.gateway.fanout import respond_many
 from services.gateway.openai_render import ChatRenderer, CompletionRenderer
 from services.gateway.protocol import ChatBody, CompletionBody
-from services.gateway.reasoning import PARSERS
+from services.gateway.reasoning import splitter_for
 from services.gateway.responses import json_response, traceparent
 from services.gateway.state import STATE, GatewayState
 from services.gateway.tools import PARSERS as TOOL_PARSERS
@@ -75,7 +75,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         state.settings.model_name,
         job.include_usage,
         logprobs=body.logprobs,
-        reasoning=PARSERS[parser] if parser and body.separate_reasoning else None,
+        reasoning=splitter_for(parser, body.chat_template_kwargs or {})
+        if body.separate_reasoning
+        else None,
         tools=job.tools,
         tool_parser=TOOL_PARSERS[tool_parser] if tool_parser else None,
     )

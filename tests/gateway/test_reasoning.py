@@ -110,6 +110,31 @@ async def test_chat_answers_carry_the_reasoning_apart(start_gateway: StartGatewa
     assert whole.choices[0].message.content == "<think>Two and two make four.</think>\n\nFour."
 
 
+@pytest.mark.parametrize("switch", [{"enable_thinking": False}, {"thinking": False}])
+async def test_thinking_turned_off_makes_the_output_all_answer(
+    start_gateway: StartGateway, switch: dict[str, bool]
+) -> None:
+    """Under a parser whose output starts inside the thinking part (deepseek-r1), an output
+    with no end tag is all thinking; a request that turned thinking off gets it as content,
+    through chat completions and the Responses API alike."""
+    gw = await start_gateway(reasoning_parser="deepseek-r1")
+    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0)
+    messages: Any = [{"role": "user", "content": "hi"}]
+    on = await client.chat.completions.create(model=MODEL, messages=messages)
+    assert not on.choices[0].message.content
+    assert (on.choices[0].message.model_extra or {})["reasoning_content"] == "Hello world!"
+    off = await client.chat.completions.create(
+        model=MODEL, messages=messages, extra_body={"chat_template_kwargs": switch}
+    )
+    assert off.choices[0].message.content == "Hello world!"
+    assert not (off.choices[0].message.model_extra or {}).get("reasoning_content")
+    response = await client.responses.create(
+        model=MODEL, input="hi", extra_body={"chat_template_kwargs": switch}
+    )
+    assert response.output_text == "Hello world!"
+    assert [item.type for item in response.output] == ["message"]
+
+
 async def test_without_a_parser_the_output_is_all_content(gw: Running) -> None:
     client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0)
     reply = await client.chat.completions.create(

@@ -22,7 +22,7 @@ from services.gateway.fanout import collect
 from services.gateway.openai_responses.convert import responses_job
 from services.gateway.openai_responses.protocol import ResponsesBody
 from services.gateway.openai_responses.render import ResponseRenderer
-from services.gateway.reasoning import PARSERS
+from services.gateway.reasoning import splitter_for
 from services.gateway.responses import SSE_HEADERS, Accumulated, json_response, traceparent
 from services.gateway.state import STATE
 from services.gateway.tools import PARSERS as TOOL_PARSERS
@@ -57,7 +57,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         pending.rid,
         state.settings.model_name,
         body,
-        PARSERS[parser] if parser else None,
+        splitter_for(parser, body.chat_template_kwargs or {}),
         tools=job.tools,
         tool_parser=TOOL_PARSERS[tool_parser] if tool_parser else None,
     )

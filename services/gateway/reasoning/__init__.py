@@ -11,6 +11,8 @@ requests: their grammar starts once the model has written it (see TokenizedReque
 
 from __future__ import annotations
 
+from typing import Any
+
 from services.gateway.reasoning.think import DeepSeekR1, Qwen3, ThinkSplitter
 
 PARSERS: dict[str, type[ThinkSplitter]] = {
@@ -21,9 +23,22 @@ PARSERS: dict[str, type[ThinkSplitter]] = {
 }
 
 
+def splitter_for(parser: str, template_kwargs: dict[str, Any]) -> type[ThinkSplitter] | None:
+    """The splitter of a chat request under --reasoning-parser `parser`; None where there is
+    none, or where the request turned thinking off through the template's own switch
+    (`enable_thinking: false`, Qwen3's; `thinking: false`, DeepSeek-V3.1's): the whole output
+    is then the answer, as SGLang reads it, even under a parser whose output starts inside
+    the thinking part."""
+    if not parser:
+        return None
+    if template_kwargs.get("enable_thinking") is False or template_kwargs.get("thinking") is False:
+        return None
+    return PARSERS[parser]
+
+
 def think_end(parser: str) -> str:
     """The text that ends the thinking part under --reasoning-parser `parser` ("": none)."""
     return PARSERS[parser].end_tag if parser else ""
 
 
-__all__ = ["PARSERS", "ThinkSplitter", "think_end"]
+__all__ = ["PARSERS", "ThinkSplitter", "splitter_for", "think_end"]
