@@ -139,7 +139,9 @@ def hf_state_dict(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
 
 
 def split_fused(
-    model: LlamaForCausalLM, weights: Iterable[tuple[str, TensorSource | torch.Tensor]]
+    model: LlamaForCausalLM,
+    weights: Iterable[tuple[str, TensorSource | torch.Tensor]],
+    source: str,
 ) -> Iterator[tuple[str, TensorSource | torch.Tensor]]:
     """The checkpoint's tensors, each one that stacks several of the model's modules
     (`model.checkpoint_splits()`) yielded as its parts, row slices read only when asked for:
@@ -155,7 +157,7 @@ def split_fused(
         rows = sum(n for _, n in parts)
         if whole.shape[0] != rows:
             raise ModelLoadError(
-                f"weight {name} has shape {whole.shape}; the config implies {rows} rows "
+                f"{source}: weight {name} has shape {whole.shape}; the config implies {rows} rows "
                 f"({' + '.join(f'{part} {n}' for part, n in parts)})"
             )
         start = 0
@@ -180,7 +182,7 @@ def load_weights(
     tied = model.config.tie_word_embeddings
     loaded: set[str] = set()
     unexpected: list[str] = []
-    for name, raw in split_fused(model, weights):
+    for name, raw in split_fused(model, weights, source):
         if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
             continue
         target = layout.get(name)
