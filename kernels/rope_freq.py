@@ -1,6 +1,10 @@
-"""RoPE's inverse frequencies from a model's config: plain, linear, per-dimension factors and
-Llama 3's scaling. Pure torch, on the CPU: the model's rotary layer and the rotary kernel's
-cos/sin cache both start from it (so this module imports neither Triton nor the services).
+"""RoPE's inverse frequencies from a model's config: plain, linear, per-dimension factors,
+Llama 3's scaling and Phi-3's LongRoPE. Pure torch, on the CPU: the model's rotary layer and the
+rotary kernel's cos/sin cache both start from it (so this module imports neither Triton nor the
+services).
+
+`head_dim` here is the rotated width: all of a head, or its first `rotary_dim` dims where a
+model rotates only part of each head (Phi-4-mini's partial_rotary_factor).
 """
 
 from __future__ import annotations
@@ -11,8 +15,13 @@ from typing import Any
 import torch
 
 
-def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
-    """Inverse frequencies [head_dim / 2], fp32 on the CPU, with the config's scaling applied."""
+def rope_inv_freq(
+    head_dim: int, theta: float, scaling: dict[str, Any] | None, context: int | None = None
+) -> torch.Tensor:
+    """Inverse frequencies [head_dim / 2], fp32 on the CPU, with the config's scaling applied.
+
+    context: the context length served (LongRoPE picks its factors from it; others ignore it).
+    """
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
     inv_freq = 1.0 / (theta**exponents)
     if scaling is None:
@@ -25,7 +34,36 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -
         return inv_freq / factors
     if rope_type == "llama3":
         return _llama3_inv_freq(inv_freq, scaling)
+    if rope_type == "longrope":
+        picked = longrope_factors(scaling, context)
+        factors = torch.tensor(picked, dtype=torch.float32, device="cpu")
+        return 1.0 / (factors * theta**exponents)
     raise ValueError(f"unknown rope type {rope_type!r}")
+
+
+def longrope_factors(scaling: dict[str, Any], context: int | None) -> list[float]:
+    """LongRoPE's per-frequency divisors: the long ones when the served context exceeds the
+    original (pre-training) one, else the short ones, for every position of every request.
+
+    transformers switches per forward pass, by the length of the sequence so far: a prefix
+    would then be rotated one way while short and another once the request grew past the
+    original context, and its cached keys (radix cache, KV pool) would depend on how long
+    the request later gets. Choosing once from the served context, as vLLM and llama.cpp do,
+    keeps every key a function of its position alone. Both agree with transformers for
+    sequences within the original context when it is the context served, and for sequences
+    past it when a longer one is.
+    """
+    if context is None:
+        raise ValueError("longrope needs the served context length to pick its factors")
+    long = context > scaling["original_max_position_embeddings"]
+    return [float(f) for f in scaling["long_factor" if long else "short_factor"]]
+
+
+def rope_attention_factor(scaling: dict[str, Any] | None) -> float:
+    """What cos and sin are multiplied by (LongRoPE's attention factor; 1 elsewhere)."""
+    if scaling is None or scaling["rope_type"] != "longrope":
+        return 1.0
+    return float(scaling["attention_factor"])
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:

@@ -1,10 +1,12 @@
 """Rotary embedding ("neox" rotate-half, as HF Llama) applied to q and k in place.
 
 The cos/sin of every position come from a cache built once per model (`build_cos_sin_cache`):
-row p is [cos(p * inv_freq), sin(p * inv_freq)], each half head_dim wide, computed exactly as
-the models' RotaryEmbedding does (the inv_freq of kernels/rope_freq.py, Llama-3 and linear
-scaling included). For dims i < head_dim / 2, with x1 = x[i], x2 = x[i + head_dim / 2]:
-x[i] <- x1 cos - x2 sin, x[i + head_dim / 2] <- x2 cos + x1 sin, in fp32, rounded once.
+row p is [cos(p * inv_freq), sin(p * inv_freq)] (times LongRoPE's attention factor), each
+rotary_dim / 2 wide, computed exactly as the models' RotaryEmbedding does (the inv_freq of
+kernels/rope_freq.py, Llama-3, linear and LongRoPE scaling included). rotary_dim is the cache's
+width: head_dim, or less where a model rotates only the first dims of each head (the rest pass
+through untouched). For i < rotary_dim / 2, with x1 = x[i], x2 = x[i + rotary_dim / 2]:
+x[i] <- x1 cos - x2 sin, x[i + rotary_dim / 2] <- x2 cos + x1 sin, in fp32, rounded once.
 
 Grid: (num_tokens,); a program rotates all q heads and all k heads of one token.
 """
@@ -18,7 +20,7 @@ import triton
 import triton.language as tl
 
 from kernels._checks import FLOAT_DTYPES, INDEX_DTYPES, check_device, check_tensor
-from kernels.rope_freq import rope_inv_freq
+from kernels.rope_freq import rope_attention_factor, rope_inv_freq
 
 
 @triton.jit
@@ -79,13 +81,19 @@ def build_cos_sin_cache(
 ) -> torch.Tensor:
     """[max_positions, head_dim] fp32: row p = cat(cos(p * inv_freq), sin(p * inv_freq)).
 
-    The same fp32 products as layers.RotaryEmbedding, so the cached values are bit-equal to
-    what it computes for the same positions on the same device.
+    head_dim: the width rotated (a model's rotary_dim); max_positions: the context served
+    (LongRoPE picks its factors from it). The same fp32 products as layers.RotaryEmbedding,
+    so the cached values are bit-equal to what it computes for the same positions on the
+    same device.
     """
-    inv_freq = rope_inv_freq(head_dim, theta, scaling).to(device)
+    inv_freq = rope_inv_freq(head_dim, theta, scaling, context=max_positions).to(device)
     positions = torch.arange(max_positions, dtype=torch.int64, device=device)
     freqs = positions.float()[:, None] * inv_freq[None, :]
-    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).contiguous()
+    cos, sin = freqs.cos(), freqs.sin()
+    factor = rope_attention_factor(scaling)
+    if factor != 1.0:
+        cos, sin = cos * factor, sin * factor
+    return torch.cat((cos, sin), dim=-1).contiguous()
 
 
 def apply_rotary(
@@ -95,7 +103,8 @@ def apply_rotary(
 
     Any token/head strides (q and k may be views of one fused qkv tensor). positions: [n]
     ints, each < cos_sin_cache.shape[0] (not checked: that would sync the host).
-    cos_sin_cache: [max_positions, head_dim] fp32 from `build_cos_sin_cache`.
+    cos_sin_cache: [max_positions, rotary_dim] fp32 from `build_cos_sin_cache`; rotary_dim
+    even and at most head_dim: dims from rotary_dim on are left as they are.
     """
     op = "apply_rotary"
     check_tensor(op, "q", q, shape=(None, None, None), dims="[n, heads, d]", dtypes=FLOAT_DTYPES)
@@ -120,14 +129,20 @@ def apply_rotary(
         op,
         "cos_sin_cache",
         cos_sin_cache,
-        shape=(None, head_dim),
-        dims="[max_positions, head_dim]",
+        shape=(None, None),
+        dims="[max_positions, rotary_dim]",
         dtypes=(torch.float32,),
         device=dev,
     )
+    rotary_dim = cos_sin_cache.shape[1]
+    if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
+        raise ValueError(
+            f"{op}: cos_sin_cache's rotary_dim must be even and in (0, head_dim = {head_dim}], "
+            f"got {rotary_dim}"
+        )
     if n == 0:
         return
-    half = head_dim // 2
+    half = rotary_dim // 2
     block_half = triton.next_power_of_2(half)
     _rotary_kernel[(n,)](
         q,
@@ -152,10 +167,10 @@ def apply_rotary_ref(
     *, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
 ) -> None:
     """The torch twin of `apply_rotary` (in place, fp32 math, rounded once)."""
-    half = q.shape[-1] // 2
+    half = cos_sin_cache.shape[1] // 2
     cos_sin = cos_sin_cache[positions]
     cos, sin = cos_sin[:, None, :half], cos_sin[:, None, half:]
     for x in (q, k):
-        x1, x2 = x[..., :half].float(), x[..., half:].float()
+        x1, x2 = x[..., :half].float(), x[..., half : 2 * half].float()
         rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-        x.copy_(rotated.to(x.dtype))
+        x[..., : 2 * half].copy_(rotated.to(x.dtype))

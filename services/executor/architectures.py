@@ -12,6 +12,7 @@ MODEL_CLASSES: dict[str, tuple[str, str]] = {
     "MistralForCausalLM": ("services.executor.models.llama", "LlamaForCausalLM"),
     "Qwen2ForCausalLM": ("services.executor.models.qwen2", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("services.executor.models.qwen3", "Qwen3ForCausalLM"),
+    "Phi3ForCausalLM": ("services.executor.models.phi3", "Phi3ForCausalLM"),
 }
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(MODEL_CLASSES))

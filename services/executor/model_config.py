@@ -6,6 +6,7 @@ Both sources end up in the same `ModelConfig`, so model code never looks at eith
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ GGUF_ARCHITECTURES: dict[str, str] = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
 }
 
 # HF `model_type` -> architecture, for config.json files without an `architectures` list.
@@ -26,10 +28,18 @@ _MODEL_TYPES: dict[str, str] = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
 }
 
 # "freq_factors" is llama.cpp's form of llama3 scaling: per-frequency divisors in a tensor.
-SUPPORTED_ROPE_TYPES = ("linear", "llama3", "freq_factors")
+SUPPORTED_ROPE_TYPES = ("linear", "llama3", "freq_factors", "longrope")
+# What ModelConfig.rope_scaling holds for LongRoPE (Phi-3), from config.json or GGUF alike.
+_LONGROPE_KEYS = (
+    "short_factor",
+    "long_factor",
+    "original_max_position_embeddings",
+    "attention_factor",
+)
 
 _HF_REQUIRED = (
     "vocab_size",
@@ -48,7 +58,8 @@ class ModelConfig:
     """Everything the model code and the KV pool need to know about a checkpoint.
 
     rope_scaling is None for plain RoPE, else a dict with "rope_type" in SUPPORTED_ROPE_TYPES
-    and that type's HF parameters ("factor", "low_freq_factor", ...).
+    and that type's HF parameters ("factor", "low_freq_factor", ...); for "longrope" exactly
+    _LONGROPE_KEYS, the attention factor resolved (kernels/rope_freq.py picks the factors).
     """
 
     architecture: str  # HF class name, e.g. "LlamaForCausalLM"
@@ -71,12 +82,22 @@ class ModelConfig:
     torch_dtype: str  # e.g. "bfloat16": the dtype the weights were published in
     o_proj_bias: bool = False  # HF's Llama/Qwen3 `attention_bias` covers o_proj too; Qwen2's not
     mlp_bias: bool = False  # Llama's `mlp_bias`: biases on gate/up/down
+    # RoPE rotates the first rotary_dim dims of each head (Phi-4-mini: 3/4 of them); 0 given
+    # means all of head_dim, which is what the field then holds.
+    rotary_dim: int = 0
 
     def __post_init__(self) -> None:
         check_architecture(self.architecture)
         if self.num_heads % self.num_kv_heads:
             raise ModelLoadError(
                 f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}"
+            )
+        if self.rotary_dim == 0:
+            object.__setattr__(self, "rotary_dim", self.head_dim)  # frozen: set once, here
+        if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
+            raise ModelLoadError(
+                f"rotary dims {self.rotary_dim} (partial_rotary_factor) must be even and at "
+                f"most head_dim {self.head_dim}"
             )
         if self.rope_scaling is not None:
             rope_type = self.rope_scaling.get("rope_type")
@@ -85,6 +106,8 @@ class ModelConfig:
                     f"unsupported rope scaling {rope_type!r} in {self.architecture}; "
                     f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
                 )
+            if rope_type == "longrope":
+                _check_longrope(self.rope_scaling, self.rotary_dim)
 
     @classmethod
     def from_hf_dir(cls, path: str | os.PathLike[str]) -> ModelConfig:
@@ -105,10 +128,11 @@ class ModelConfig:
         rope_theta, rope_scaling = _hf_rope(cfg)
         bias = bool(cfg.get("attention_bias", False))
         num_heads = cfg["num_attention_heads"]
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // num_heads
         context = cfg.get("max_position_embeddings", 2048)
         # We only do full attention: a sliding-window model is exact up to its window.
         window = cfg.get("sliding_window")
-        if window and (arch == "MistralForCausalLM" or cfg.get("use_sliding_window")):
+        if window and (arch in _SLIDING_ARCHS or cfg.get("use_sliding_window")):
             context = min(context, window)
         return cls(
             architecture=arch,
@@ -118,7 +142,7 @@ class ModelConfig:
             num_layers=cfg["num_hidden_layers"],
             num_heads=num_heads,
             num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // num_heads,
+            head_dim=head_dim,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
@@ -132,6 +156,7 @@ class ModelConfig:
             torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
             o_proj_bias=arch != "Qwen2ForCausalLM" and bias,
             mlp_bias=bool(cfg.get("mlp_bias", False)),
+            rotary_dim=int(head_dim * _partial_rotary_factor(cfg)),
         )
 
     @classmethod
@@ -160,6 +185,11 @@ class ModelConfig:
         a = gguf_arch
         hidden = need(f"{a}.embedding_length")
         num_heads = need(f"{a}.attention.head_count")
+        context = int(get(f"{a}.context_length", 2048))
+        served = context
+        window = int(get(f"{a}.attention.sliding_window", 0))
+        if a == "phi3" and window > 0:  # full attention, exact up to the window (as from HF)
+            served = min(context, window)
         return cls(
             architecture=GGUF_ARCHITECTURES[a],
             # ggml shapes list the fastest-varying dimension first: [hidden, vocab].
@@ -172,8 +202,8 @@ class ModelConfig:
             head_dim=int(get(f"{a}.attention.key_length", hidden // num_heads)),
             rms_norm_eps=float(get(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)),
             rope_theta=float(get(f"{a}.rope.freq_base", 10000.0)),
-            rope_scaling=_gguf_rope(get, a, tensors),
-            max_position_embeddings=int(get(f"{a}.context_length", 2048)),
+            rope_scaling=_gguf_rope(get, a, tensors, context),
+            max_position_embeddings=served,
             tie_word_embeddings="output.weight" not in tensors,
             attention_bias="blk.0.attn_q.bias" in tensors,
             qk_norm="blk.0.attn_q_norm.weight" in tensors,
@@ -184,6 +214,7 @@ class ModelConfig:
             torch_dtype=_GGUF_FILE_TYPES.get(get("general.file_type", 0), "float32"),
             o_proj_bias="blk.0.attn_output.bias" in tensors,
             mlp_bias="blk.0.ffn_up.bias" in tensors,
+            rotary_dim=int(get(f"{a}.rope.dimension_count", 0)),
         )
 
 
@@ -211,19 +242,92 @@ def _id_tuple(*sources: int | list[int] | None) -> tuple[int, ...]:
     return tuple(dict.fromkeys(out))
 
 
+# Architectures whose config's sliding_window always applies (Qwen2's only with a flag).
+_SLIDING_ARCHS = ("MistralForCausalLM", "Phi3ForCausalLM")
+
+
 def _hf_rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     """(theta, scaling) from transformers<5 (`rope_theta`, `rope_scaling`) or >=5 configs
     (`rope_parameters`, which holds theta, the type and its parameters together)."""
     params = dict(cfg.get("rope_scaling") or cfg.get("rope_parameters") or {})
     theta = float(cfg.get("rope_theta") or params.pop("rope_theta", None) or 10000.0)
     params.pop("rope_theta", None)
+    params.pop("partial_rotary_factor", None)  # not scaling: ModelConfig.rotary_dim
     rope_type = params.pop("rope_type", None) or params.pop("type", None)
+    params.pop("type", None)
     if rope_type in (None, "default"):
         return theta, None
+    # Phi-3's early configs call LongRoPE "su" (transformers reads "yarn" with factors so too).
+    if rope_type == "su" or (rope_type == "yarn" and "long_factor" in params):
+        rope_type = "longrope"
+    if rope_type == "longrope":
+        original = params.get("original_max_position_embeddings")
+        original = original or cfg.get("original_max_position_embeddings")
+        if not original:
+            raise ModelLoadError("longrope scaling needs original_max_position_embeddings")
+        context = cfg.get("max_position_embeddings", 2048)
+        return theta, _longrope(params, int(original), context)
     return theta, {"rope_type": rope_type, **params}
 
 
-def _gguf_rope(get: Any, arch: str, tensors: dict[str, Any]) -> dict[str, Any] | None:
+def _longrope(params: dict[str, Any], original: int, context: int) -> dict[str, Any]:
+    """rope_scaling for LongRoPE. The attention factor that scales cos and sin is the
+    config's, else transformers' default from the scale factor (the config's `factor`, else
+    max_position_embeddings / original; `context` is the unclamped max_position_embeddings).
+    """
+    missing = [k for k in ("short_factor", "long_factor") if k not in params]
+    if missing:
+        raise ModelLoadError(f"longrope scaling lacks {', '.join(missing)}")
+    factor = float(params.get("factor") or context / original)
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = (
+            math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1.0 else 1.0
+        )
+    return {
+        "rope_type": "longrope",
+        "short_factor": [float(f) for f in params["short_factor"]],
+        "long_factor": [float(f) for f in params["long_factor"]],
+        "original_max_position_embeddings": original,
+        "attention_factor": float(attention_factor),
+    }
+
+
+def _check_longrope(scaling: dict[str, Any], rotary_dim: int) -> None:
+    missing = [k for k in _LONGROPE_KEYS if k not in scaling]
+    if missing:
+        raise ModelLoadError(f"longrope scaling lacks {', '.join(missing)}")
+    for key in ("short_factor", "long_factor"):
+        if len(scaling[key]) != rotary_dim // 2:
+            raise ModelLoadError(
+                f"longrope {key} has {len(scaling[key])} entries; the {rotary_dim} rotary "
+                f"dims need {rotary_dim // 2}"
+            )
+
+
+def _partial_rotary_factor(cfg: dict[str, Any]) -> float:
+    """The share of each head RoPE rotates: top-level (transformers<5, Phi-4-mini's
+    config.json) or inside rope_parameters (transformers>=5)."""
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    factor = cfg.get("partial_rotary_factor") or params.get("partial_rotary_factor") or 1.0
+    return float(factor)
+
+
+def _gguf_rope(get: Any, arch: str, tensors: dict[str, Any], context: int) -> dict[str, Any] | None:
+    if "rope_factors_long.weight" in tensors:
+        # llama.cpp keeps Phi-3's LongRoPE factors as two [rotary_dim / 2] tensors.
+        key = f"{arch}.rope.scaling.original_context_length"
+        if get(key) is None:
+            raise ModelLoadError(f"GGUF file has rope_factors_long but no {key}")
+        params: dict[str, Any] = {
+            name: [float(x) for x in tensors[f"rope_factors_{kind}.weight"].data.reshape(-1)]
+            for name, kind in (("long_factor", "long"), ("short_factor", "short"))
+            if f"rope_factors_{kind}.weight" in tensors
+        }
+        attn_factor = get(f"{arch}.rope.scaling.attn_factor")
+        if attn_factor is not None:
+            params["attention_factor"] = float(attn_factor)
+        return _longrope(params, int(get(key)), context)
     if "rope_freqs.weight" in tensors:
         # llama.cpp bakes Llama-3 scaling into a [head_dim / 2] tensor of frequency divisors.
         factors = [float(x) for x in tensors["rope_freqs.weight"].data.reshape(-1)]

@@ -17,6 +17,7 @@ from transformers import (
     AutoModelForCausalLM,
     LlamaConfig,
     MistralConfig,
+    Phi3Config,
     PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerFast,
@@ -80,6 +81,7 @@ _CONFIG_CLASSES: dict[str, type[PretrainedConfig]] = {
     "mistral": MistralConfig,
     "qwen2": Qwen2Config,
     "qwen3": Qwen3Config,
+    "phi3": Phi3Config,
 }
 
 LLAMA3_ROPE = {
@@ -90,6 +92,19 @@ LLAMA3_ROPE = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 64,
 }
+
+
+def longrope(rotary_dim: int = 16, original: int = 64) -> dict[str, Any]:
+    """Phi-3's LongRoPE parameters for a tiny model: short and long factors that differ in
+    every frequency (rotary_dim / 2 of each), the original context `original`."""
+    n = rotary_dim // 2
+    return {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "short_factor": [1.0 + 0.05 * i for i in range(n)],
+        "long_factor": [1.5 + 0.5 * i for i in range(n)],
+        "original_max_position_embeddings": original,
+    }
 
 
 def make_hf_config(arch: str = "llama", **overrides: Any) -> PretrainedConfig:
@@ -132,7 +147,7 @@ def make_hf_model(arch: str = "llama", seed: int = 0, **overrides: Any) -> PreTr
 def write_tiny_model(tmp_path: Path, arch: str = "llama", seed: int = 0, **overrides: Any) -> Path:
     """Save a tiny random model (safetensors) plus tokenizer under tmp_path; return the dir.
 
-    arch: "llama", "mistral", "qwen2" or "qwen3"; overrides go to the HF config class.
+    arch: "llama", "mistral", "qwen2", "qwen3" or "phi3"; overrides go to the HF config class.
     """
     path = Path(tmp_path) / f"tiny-{arch}-{seed}"
     make_hf_model(arch, seed, **overrides).save_pretrained(path, safe_serialization=True)

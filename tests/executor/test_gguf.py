@@ -21,6 +21,7 @@ from .helpers import (
     greedy_generate,
     hf_greedy,
     hf_last_logits,
+    longrope,
     make_hf_model,
 )
 from .test_models import PROMPTS
@@ -34,6 +35,20 @@ CASES: dict[str, tuple[str, GGMLQuantizationType, dict[str, Any]]] = {
     "llama-biases": ("llama", F32, {"attention_bias": True, "mlp_bias": True}),
     "qwen2-f32-bias": ("qwen2", F32, {}),
     "qwen3-q8_0": ("qwen3", Q8_0, {}),
+    "phi3-f32-untied": ("phi3", F32, {"tie_word_embeddings": False}),
+    # LongRoPE's factors as rope_factors_long/short tensors (short ones taken: the sliding
+    # window clamps the context to the original 128), RoPE over 12 of 16 dims.
+    "phi3-longrope-q8_0": (
+        "phi3",
+        Q8_0,
+        {
+            "rope_scaling": longrope(rotary_dim=12, original=128),
+            "partial_rotary_factor": 0.75,
+            "max_position_embeddings": 1024,
+            "original_max_position_embeddings": 128,
+            "sliding_window": 128,
+        },
+    ),
 }
 
 

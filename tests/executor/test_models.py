@@ -20,6 +20,7 @@ from .helpers import (
     greedy_generate,
     hf_greedy,
     hf_last_logits,
+    longrope,
     write_tiny_model,
 )
 
@@ -31,6 +32,20 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "mistral": ("mistral", {"tie_word_embeddings": False}),
     "qwen2-bias": ("qwen2", {}),
     "qwen3-qknorm": ("qwen3", {"tie_word_embeddings": False}),
+    "phi3": ("phi3", {"tie_word_embeddings": False}),
+    # Served context 128 (the sliding window clamps it) = the original context: LongRoPE's
+    # short factors, as transformers takes them up to 128 tokens; its attention factor comes
+    # from 1024 / 128; RoPE over 12 of each head's 16 dims.
+    "phi3-longrope-short-partial": (
+        "phi3",
+        {
+            "rope_scaling": longrope(rotary_dim=12, original=128),
+            "partial_rotary_factor": 0.75,
+            "max_position_embeddings": 1024,
+            "original_max_position_embeddings": 128,
+            "sliding_window": 128,
+        },
+    ),
 }
 # Different lengths, so batches are ragged; the last one crosses the llama3 case's
 # original context of 64 during generation.

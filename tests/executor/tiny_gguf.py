@@ -1,12 +1,14 @@
 """Writing a tiny HF model as a GGUF file the way llama.cpp's convert_hf_to_gguf.py does:
 its tensor names, its metadata keys, Llama's Q/K rows permuted, Llama-3 RoPE scaling as a
-`rope_freqs` tensor, optionally Q8_0-quantised matrices.
+`rope_freqs` tensor, Phi-3's fused attn_qkv and ffn_up (gate and up) with its LongRoPE factors
+as `rope_factors_long/short` tensors, optionally Q8_0-quantised matrices.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -17,7 +19,13 @@ from transformers import PreTrainedModel
 
 from .helpers import BOS_ID, EOS_ID, MERGES, make_tokenizer
 
-_GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+_GGUF_ARCH = {
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "phi3": "phi3",
+}
 _TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 _LAYER = {
     "self_attn.q_proj": "attn_q",
@@ -31,6 +39,8 @@ _LAYER = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "self_attn.qkv_proj": "attn_qkv",  # Phi-3's, stacked [q; k; v]
+    "mlp.gate_up_proj": "ffn_up",  # Phi-3's, stacked [gate; up]
 }
 
 
@@ -75,7 +85,6 @@ def write_tiny_gguf(
     by their dequantised values, so it holds exactly the weights the file does."""
     cfg = model.config
     a = _GGUF_ARCH[arch]
-    head_dim = cfg.head_dim
     rope = cfg.rope_parameters
     writer = gguf.GGUFWriter(str(path), a)
     writer.add_block_count(cfg.num_hidden_layers)
@@ -84,9 +93,13 @@ def write_tiny_gguf(
     writer.add_feed_forward_length(cfg.intermediate_size)
     writer.add_head_count(cfg.num_attention_heads)
     writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    writer.add_rope_dimension_count(head_dim)
+    if a == "phi3":  # no key_length: the reader derives head_dim from the widths
+        _add_phi3(writer, cfg)
+    else:
+        head_dim = cfg.head_dim
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+        writer.add_rope_dimension_count(head_dim)
     writer.add_rope_freq_base(rope["rope_theta"])
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_vocab_size(cfg.vocab_size)
@@ -94,7 +107,7 @@ def write_tiny_gguf(
     _add_tokenizer(writer)
     if rope.get("rope_type") == "llama3":
         writer.add_tensor(
-            "rope_freqs.weight", _llama3_rope_factors(head_dim, rope["rope_theta"], rope)
+            "rope_freqs.weight", _llama3_rope_factors(cfg.head_dim, rope["rope_theta"], rope)
         )
     with torch.no_grad():
         for name, param in model.state_dict().items():
@@ -117,6 +130,24 @@ def write_tiny_gguf(
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def _add_phi3(writer: gguf.GGUFWriter, cfg: Any) -> None:
+    """Phi-3's metadata and LongRoPE tensors as llama.cpp's Phi3MiniModel writes them."""
+    rope = cfg.rope_parameters
+    original = rope.get("original_max_position_embeddings", cfg.original_max_position_embeddings)
+    rope_dims = int(rope.get("partial_rotary_factor", 1.0) * cfg.hidden_size)
+    writer.add_rope_dimension_count(rope_dims // cfg.num_attention_heads)
+    writer.add_rope_scaling_orig_ctx_len(original)
+    writer.add_sliding_window(cfg.sliding_window or 0)
+    if rope.get("rope_type") != "longrope":
+        return
+    scale = cfg.max_position_embeddings / original
+    attn_factor = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1.0 else 1.0
+    writer.add_rope_scaling_attn_factors(attn_factor)
+    for kind in ("long", "short"):
+        factors = np.array(rope[f"{kind}_factor"], dtype=np.float32)
+        writer.add_tensor(f"rope_factors_{kind}.weight", factors)
 
 
 def _add_tokenizer(writer: gguf.GGUFWriter) -> None:

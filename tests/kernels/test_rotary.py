@@ -10,7 +10,7 @@ import torch
 
 from kernels.rotary import apply_rotary, apply_rotary_ref, build_cos_sin_cache
 from services.executor.models import layers
-from tests.executor.helpers import LLAMA3_ROPE
+from tests.executor.helpers import LLAMA3_ROPE, longrope
 from tests.kernels.helpers import ALL_DTYPES, DEVICE, TOLERANCES, Tol, randn
 
 # fp32 math rounded once on both sides; a GPU may fuse x1 * cos - x2 * sin into one FMA,
@@ -26,6 +26,9 @@ SCALINGS = [
     pytest.param({"rope_type": "linear", "factor": 4.0}, id="linear"),
     pytest.param(LLAMA3_ROPE, id="llama3"),
 ]
+# LongRoPE with an original context of 64 (the caches here serve 4096: long factors) and an
+# attention factor that scales cos and sin.
+LONGROPE = {**longrope(rotary_dim=64, original=64), "attention_factor": 1.25}
 
 
 @pytest.mark.parametrize("scaling", SCALINGS)
@@ -41,6 +44,53 @@ def test_cache_matches_the_model(head_dim: int, scaling: dict[str, Any] | None) 
     assert cache.shape == (4096, head_dim) and cache.dtype == torch.float32
     torch.testing.assert_close(cache[positions, :half], cos[:, :half], rtol=0, atol=0)
     torch.testing.assert_close(cache[positions, half:], sin[:, :half], rtol=0, atol=0)
+
+
+def test_longrope_cache_matches_the_model_and_takes_the_long_factors() -> None:
+    served = {
+        n: build_cos_sin_cache(
+            head_dim=64, theta=10000.0, scaling=LONGROPE, max_positions=n, device=DEVICE
+        )
+        for n in (64, 4096)
+    }
+    positions = torch.tensor([0, 1, 63], device=DEVICE)
+    for n, cache in served.items():
+        cos, sin = layers.RotaryEmbedding(64, 10000.0, LONGROPE, n)(positions)
+        torch.testing.assert_close(cache[positions, :32], cos[:, :32], rtol=0, atol=0)
+        torch.testing.assert_close(cache[positions, 32:], sin[:, :32], rtol=0, atol=0)
+    # Position 1's angles: inv_freq over the short factors within the original context,
+    # over the long ones past it; both scaled by the attention factor.
+    exponents = torch.arange(0, 64, 2).float() / 64
+    for n, key in ((64, "short_factor"), (4096, "long_factor")):
+        inv_freq = 1.0 / (torch.tensor(LONGROPE[key]) * 10000.0**exponents)
+        want = torch.cat((inv_freq.cos(), inv_freq.sin())) * 1.25
+        torch.testing.assert_close(served[n][1].cpu(), want)
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize(("head_dim", "rotary_dim"), [(16, 12), (128, 96), (80, 32)])
+def test_partial_rotary_leaves_the_other_dims(
+    head_dim: int, rotary_dim: int, dtype: torch.dtype
+) -> None:
+    gen = torch.Generator().manual_seed(rotary_dim)
+    cache = build_cos_sin_cache(
+        head_dim=rotary_dim, theta=10000.0, scaling=None, max_positions=128, device=DEVICE
+    )
+    q = randn(5, 4, head_dim, dtype=dtype, gen=gen)
+    k = randn(5, 2, head_dim, dtype=dtype, gen=gen)
+    positions = torch.tensor([0, 3, 64, 127, 9], device=DEVICE)
+    q0, k0 = q.clone(), k.clone()
+    q_ref, k_ref = q.clone(), k.clone()
+    apply_rotary(q=q, k=k, positions=positions, cos_sin_cache=cache)
+    apply_rotary_ref(q=q_ref, k=k_ref, positions=positions, cos_sin_cache=cache)
+    torch.testing.assert_close(q, q_ref, **ONE_ULP[dtype])
+    torch.testing.assert_close(k, k_ref, **ONE_ULP[dtype])
+    assert torch.equal(q[..., rotary_dim:], q0[..., rotary_dim:])
+    assert torch.equal(k[..., rotary_dim:], k0[..., rotary_dim:])
+    assert not torch.equal(q[1:, :, :rotary_dim], q0[1:, :, :rotary_dim])
+    if dtype == torch.float32:  # the model's CPU path rotates the same dims the same way
+        cos, sin = layers.RotaryEmbedding(rotary_dim, 10000.0, None, 128)(positions)
+        torch.testing.assert_close(layers.apply_rotary(q0, cos, sin), q, **ONE_ULP[dtype])
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
@@ -105,7 +155,8 @@ def test_views_of_a_fused_qkv_tensor() -> None:
         ("k_dim", ValueError, r"k must have shape \[n, kv_heads, d\] = \(3, \*, 8\)"),
         ("positions", ValueError, r"positions must have shape \[n\] = \(3\)"),
         ("cache_dtype", TypeError, r"cos_sin_cache must be one of float32"),
-        ("cache_width", ValueError, r"cos_sin_cache must have shape"),
+        ("cache_width", ValueError, r"rotary_dim must be even and in \(0, head_dim = 8\], got 10"),
+        ("cache_odd", ValueError, r"rotary_dim must be even and in \(0, head_dim = 8\], got 5"),
     ],
 )
 def test_rejects_bad_arguments(what: str, error: type[Exception], match: str) -> None:
@@ -122,7 +173,8 @@ def test_rejects_bad_arguments(what: str, error: type[Exception], match: str) ->
             "k_dim": {"k": torch.zeros(3, 1, 6)},
             "positions": {"positions": torch.zeros(4, dtype=torch.int64)},
             "cache_dtype": {"cos_sin_cache": torch.zeros(16, 8, dtype=torch.float16)},
-            "cache_width": {"cos_sin_cache": torch.zeros(16, 4)},
+            "cache_width": {"cos_sin_cache": torch.zeros(16, 10)},
+            "cache_odd": {"cos_sin_cache": torch.zeros(16, 5)},
         }[what]
     )
     with pytest.raises(error, match=match):

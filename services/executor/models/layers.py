@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.rope_freq import rope_inv_freq
+from kernels.rope_freq import rope_attention_factor, rope_inv_freq
 from services.executor.distributed.group import SINGLE, TPGroup
 from services.executor.distributed.layers import ColumnParallelLinear, RowParallelLinear
 
@@ -84,7 +84,11 @@ class SiluAndMulMLP(nn.Module):
 class RotaryEmbedding(nn.Module):
     """RoPE for the positions of one batch. On the CPU: cos/sin tables computed per batch and
     shared by all layers; on CUDA: one cos/sin cache for every position, applied in place by
-    a kernel (graph-friendly: no per-batch tables)."""
+    a kernel (graph-friendly: no per-batch tables).
+
+    head_dim is the width rotated: the model's rotary_dim, the first dims of each head (all
+    of them but where a partial_rotary_factor says otherwise). max_positions is the context
+    served (LongRoPE picks its factors from it: kernels/rope_freq.py says why)."""
 
     def __init__(
         self,
@@ -98,7 +102,8 @@ class RotaryEmbedding(nn.Module):
         # `to_empty`-ed, which would wipe a buffer; weights never contain them either.
         self.head_dim, self.theta, self.scaling = head_dim, theta, scaling
         self.max_positions = max_positions
-        self.inv_freq = rope_inv_freq(head_dim, theta, scaling)
+        self.inv_freq = rope_inv_freq(head_dim, theta, scaling, context=max_positions)
+        self.attention_factor = rope_attention_factor(scaling)
         self.cos_sin_cache: torch.Tensor | None = None
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,6 +112,8 @@ class RotaryEmbedding(nn.Module):
             self.inv_freq = self.inv_freq.to(positions.device)
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
+        if self.attention_factor != 1.0:
+            return emb.cos() * self.attention_factor, emb.sin() * self.attention_factor
         return emb.cos(), emb.sin()
 
     def prepare(self, positions: torch.Tensor) -> Rope:
@@ -132,9 +139,9 @@ class RotaryEmbedding(nn.Module):
 
 class Rope(NamedTuple):
     positions: torch.Tensor  # [num_tokens]
-    cos: torch.Tensor | None  # CPU path: [num_tokens, head_dim] fp32
+    cos: torch.Tensor | None  # CPU path: [num_tokens, rotary_dim] fp32
     sin: torch.Tensor | None
-    cos_sin_cache: torch.Tensor | None  # CUDA path: [max_positions, head_dim] fp32
+    cos_sin_cache: torch.Tensor | None  # CUDA path: [max_positions, rotary_dim] fp32
 
     def apply(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q [n, heads, head_dim], k [n, kv_heads, head_dim] -> rotated (in place on CUDA)."""
@@ -148,7 +155,11 @@ class Rope(NamedTuple):
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half ("neox") RoPE. x: [num_tokens, num_heads, head_dim]; cos/sin from above."""
+    """Rotate-half ("neox") RoPE. x: [num_tokens, num_heads, head_dim]; cos/sin from above,
+    rotary_dim wide: x's dims from rotary_dim on pass through."""
+    rotary_dim = cos.shape[-1]
+    if rotary_dim < x.shape[-1]:
+        return torch.cat((apply_rotary(x[..., :rotary_dim], cos, sin), x[..., rotary_dim:]), -1)
     cos = cos.to(x.dtype)[:, None, :]
     sin = sin.to(x.dtype)[:, None, :]
     half = x.shape[-1] // 2

@@ -140,7 +140,7 @@ class LlamaModel(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(
-            config.head_dim,
+            config.rotary_dim,
             config.rope_theta,
             config.rope_scaling,
             config.max_position_embeddings,
@@ -180,6 +180,12 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(config, backend, self.attention_cls, tp)
         self.lm_head = ParallelLMHead(config.hidden_size, config.vocab_size, tp)
         self.tie_weights()
+
+    def checkpoint_splits(self) -> dict[str, list[tuple[str, int]]]:
+        """Checkpoint modules that stack several of the ones `STACKED` names, along rows:
+        fused name -> [(module, full rows)] in order (the loader splits them). Llama's
+        checkpoints keep every projection apart."""
+        return {}
 
     def tie_weights(self) -> None:
         """Share embed_tokens' weight with lm_head if the config says so; call again after

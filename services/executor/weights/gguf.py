@@ -28,9 +28,13 @@ _PER_LAYER = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_qkv": "self_attn.qkv_proj",  # Phi-3's stacked [q; k; v], split by the loader
 }
+# Where an architecture's tensor of that name holds something else: Phi-3's ffn_up is its
+# stacked [gate; up] (llama.cpp has no ffn_gate for it).
+_PER_LAYER_BY_ARCH = {"Phi3ForCausalLM": {"ffn_up": "mlp.gate_up_proj"}}
 # Read into ModelConfig.rope_scaling rather than loaded as a weight.
-_CONFIG_TENSORS = {"rope_freqs.weight"}
+_CONFIG_TENSORS = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
 
 
 def open_gguf(path: str) -> GGUFReader:
@@ -41,15 +45,16 @@ def open_gguf(path: str) -> GGUFReader:
         raise ModelLoadError(f"cannot read GGUF file {path}: {e}") from e
 
 
-def hf_name(gguf_name: str) -> str:
-    """HF parameter name of a GGUF tensor; unknown names come back unchanged (and are then
-    reported as unexpected weights)."""
+def hf_name(gguf_name: str, architecture: str = "") -> str:
+    """HF parameter name of a GGUF tensor of a model of `architecture` (HF's name); unknown
+    names come back unchanged (and are then reported as unexpected weights)."""
     base, _, kind = gguf_name.rpartition(".")  # kind: weight / bias
     if base in _TOP_LEVEL:
         return f"{_TOP_LEVEL[base]}.{kind}"
     parts = base.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _PER_LAYER:
-        return f"model.layers.{parts[1]}.{_PER_LAYER[parts[2]]}.{kind}"
+    per_layer = {**_PER_LAYER, **_PER_LAYER_BY_ARCH.get(architecture, {})}
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in per_layer:
+        return f"model.layers.{parts[1]}.{per_layer[parts[2]]}.{kind}"
     return gguf_name
 
 
@@ -72,7 +77,7 @@ def iter_gguf_weights(
         arr = np.ascontiguousarray(arr).reshape([int(d) for d in reversed(t.shape)])
         # F32 data is a read-only view of the mmap; torch wants a writable array.
         tensor = torch.from_numpy(arr if arr.flags.writeable else arr.copy())
-        name = hf_name(t.name)
+        name = hf_name(t.name, config.architecture)
         if unpermute and t.name.split(".")[-2] == "attn_q":
             tensor = unpermute_qk(tensor, config.num_heads)
         elif unpermute and t.name.split(".")[-2] == "attn_k":

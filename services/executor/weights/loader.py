@@ -9,7 +9,7 @@ holds the whole model in host memory.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple, Protocol
 
 import torch
@@ -44,6 +44,25 @@ class InMemory:
 
     def read(self, index: tuple[slice, ...]) -> torch.Tensor:
         return self.tensor[index]
+
+
+class RowSlice:
+    """Rows [start, start + rows) of a checkpoint tensor that stacks several of the model's
+    (Phi-3's qkv_proj): a tensor of its own, read (in part) from the whole one."""
+
+    def __init__(self, whole: TensorSource, start: int, rows: int) -> None:
+        self.whole, self.start, self.rows = whole, start, rows
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.rows, *self.whole.shape[1:])
+
+    def read(self, index: tuple[slice, ...]) -> torch.Tensor:
+        first = index[0] if index else slice(None)
+        assert first.step is None, "checkpoint reads are contiguous"
+        lo = self.start + (first.start or 0)
+        hi = self.start + (self.rows if first.stop is None else first.stop)
+        return self.whole.read((slice(lo, hi), *index[1:]))
 
 
 class Target(NamedTuple):
@@ -105,7 +124,46 @@ def hf_state_dict(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
     """The model's weights under checkpoint names and shapes (views, no copies); a model of
     one rank only: a shard is not the checkpoint's tensor."""
     assert model.tp.size == 1, "hf_state_dict of a tensor-parallel shard"
-    return {name: t.param[t.start : t.end] for name, t in checkpoint_layout(model).items()}
+    layout = checkpoint_layout(model)
+    out = {name: t.param[t.start : t.end] for name, t in layout.items()}
+    # A checkpoint that stacks modules (Phi-3's qkv_proj) stacks them as our fused ones do.
+    for fused, parts in model.checkpoint_splits().items():
+        for name in [n for n in layout if n.split(".")[-2] == parts[0][0]]:
+            *prefix, _, kind = name.split(".")
+            names = [".".join([*prefix, part, kind]) for part, _ in parts]
+            first, last = layout[names[0]], layout[names[-1]]
+            for n in names:
+                del out[n]
+            out[".".join([*prefix, fused, kind])] = first.param[first.start : last.end]
+    return out
+
+
+def split_fused(
+    model: LlamaForCausalLM,
+    weights: Iterable[tuple[str, TensorSource | torch.Tensor]],
+    source: str,
+) -> Iterator[tuple[str, TensorSource | torch.Tensor]]:
+    """The checkpoint's tensors, each one that stacks several of the model's modules
+    (`model.checkpoint_splits()`) yielded as its parts, row slices read only when asked for:
+    under tensor parallelism each rank then reads its own q/k/v heads and gate/up rows."""
+    splits = model.checkpoint_splits()
+    for name, raw in weights:
+        *prefix, module, kind = name.split(".")
+        parts = splits.get(module)
+        if parts is None:
+            yield name, raw
+            continue
+        whole = InMemory(raw) if isinstance(raw, torch.Tensor) else raw
+        rows = sum(n for _, n in parts)
+        if whole.shape[0] != rows:
+            raise ModelLoadError(
+                f"{source}: weight {name} has shape {whole.shape}; the config implies {rows} rows "
+                f"({' + '.join(f'{part} {n}' for part, n in parts)})"
+            )
+        start = 0
+        for part, n in parts:
+            yield ".".join([*prefix, part, kind]), RowSlice(whole, start, n)
+            start += n
 
 
 def load_weights(
@@ -124,7 +182,7 @@ def load_weights(
     tied = model.config.tie_word_embeddings
     loaded: set[str] = set()
     unexpected: list[str] = []
-    for name, raw in weights:
+    for name, raw in split_fused(model, weights, source):
         if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
             continue
         target = layout.get(name)
@@ -136,7 +194,7 @@ def load_weights(
         loaded.add(name)
         if progress is not None:
             progress(len(loaded) / len(layout))
-    missing = sorted(set(layout) - loaded)
+    missing = _fused_names(model, sorted(set(layout) - loaded))
     if missing or unexpected:
         raise ModelLoadError(
             f"{source}: weights do not match the {model.config.architecture} config; "
@@ -168,6 +226,20 @@ def init_dummy_weights(model: LlamaForCausalLM, seed: int = 0) -> None:
             param.fill_(1.0)
         else:
             param.normal_(0.0, 0.02, generator=gen)
+
+
+def _fused_names(model: LlamaForCausalLM, names: list[str]) -> list[str]:
+    """Missing weights as the checkpoint names them: a stacked part as its fused tensor."""
+    splits = model.checkpoint_splits()
+    part_of = {part: fused for fused, parts in splits.items() for part, _ in parts}
+    out: list[str] = []
+    for name in names:
+        *prefix, module, kind = name.split(".")
+        if module in part_of:
+            name = ".".join([*prefix, part_of[module], kind])
+        if name not in out:
+            out.append(name)
+    return out
 
 
 def _names(names: list[str], limit: int = 10) -> str:
