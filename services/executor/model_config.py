@@ -12,6 +12,7 @@ from typing import Any
 
 from services.executor.architectures import check_architecture
 from services.executor.errors import ModelLoadError, UnsupportedModelError
+from services.executor.mla_config import MLAConfig
 
 # GGUF `general.architecture` -> HF architecture name.
 GGUF_ARCHITECTURES: dict[str, str] = {
@@ -26,10 +27,13 @@ _MODEL_TYPES: dict[str, str] = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
 }
+_MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 
 # "freq_factors" is llama.cpp's form of llama3 scaling: per-frequency divisors in a tensor.
-SUPPORTED_ROPE_TYPES = ("linear", "llama3", "freq_factors")
+SUPPORTED_ROPE_TYPES = ("linear", "llama3", "freq_factors", "yarn", "deepseek_yarn")
 
 _HF_REQUIRED = (
     "vocab_size",
@@ -71,6 +75,9 @@ class ModelConfig:
     torch_dtype: str  # e.g. "bfloat16": the dtype the weights were published in
     o_proj_bias: bool = False  # HF's Llama/Qwen3 `attention_bias` covers o_proj too; Qwen2's not
     mlp_bias: bool = False  # Llama's `mlp_bias`: biases on gate/up/down
+    # DeepSeek's latent attention; then head_dim is a query/key head's width (nope + rope)
+    # and num_kv_heads == num_heads, as HF's config says, though the pool holds one latent.
+    mla: MLAConfig | None = None
 
     def __post_init__(self) -> None:
         check_architecture(self.architecture)
@@ -110,6 +117,7 @@ class ModelConfig:
         window = cfg.get("sliding_window")
         if window and (arch == "MistralForCausalLM" or cfg.get("use_sliding_window")):
             context = min(context, window)
+        mla = MLAConfig.from_hf(cfg, rope_scaling) if arch in _MLA_ARCHITECTURES else None
         return cls(
             architecture=arch,
             vocab_size=cfg["vocab_size"],
@@ -118,7 +126,9 @@ class ModelConfig:
             num_layers=cfg["num_hidden_layers"],
             num_heads=num_heads,
             num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // num_heads,
+            head_dim=mla.qk_head_dim
+            if mla
+            else cfg.get("head_dim") or cfg["hidden_size"] // num_heads,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
@@ -132,6 +142,7 @@ class ModelConfig:
             torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
             o_proj_bias=arch != "Qwen2ForCausalLM" and bias,
             mlp_bias=bool(cfg.get("mlp_bias", False)),
+            mla=mla,
         )
 
     @classmethod
