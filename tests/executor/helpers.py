@@ -85,6 +85,16 @@ _CONFIG_CLASSES: dict[str, type[PretrainedConfig]] = {
     "deepseek_v2": DeepseekV2Config,
     "deepseek_v3": DeepseekV3Config,
 }
+DEEPSEEK_YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 8.0,
+    "original_max_position_embeddings": 64,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "mscale": 0.9,
+    "mscale_all_dim": 0.7,
+}
 # DeepSeek's latent attention, every layer dense (first_k_dense_replace >= the layers): 4
 # heads of 12 + 8 (rotated), values of 16, a latent of 32; V3's tests add q_lora_rank.
 DEEPSEEK_TINY: dict[str, Any] = {
