@@ -1,6 +1,7 @@
 """RoPE's inverse frequencies from a model's config: plain, linear, per-dimension factors,
-Llama 3's scaling and YaRN's (DeepSeek's "yarn"/"deepseek_yarn"). Pure torch, on the CPU: the model's rotary layer and the rotary kernel's
-cos/sin cache both start from it (so this module imports neither Triton nor the services).
+Llama 3's scaling and YaRN's (DeepSeek's "yarn"/"deepseek_yarn"). Pure torch, on the CPU:
+the model's rotary layer and the rotary kernel's cos/sin cache both start from it (so this
+module imports neither Triton nor the services).
 """
 
 from __future__ import annotations

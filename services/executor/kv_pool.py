@@ -45,9 +45,8 @@ class KVPool:
         self.device = torch.device(device)
         shape = (num_slots + 1, num_kv_heads, head_dim)
         self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_buffers = [
-            torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers if values else 0)
-        ]
+        v_layers = num_layers if values else 0
+        self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(v_layers)]
         self.latent = not values
         # Popped from the end; kept on the CPU because allocation is bookkeeping, not math.
         self._free: list[int] = list(range(num_slots - 1, -1, -1))

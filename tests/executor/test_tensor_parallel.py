@@ -2,9 +2,10 @@
 
 Each rank loads only its shard of the checkpoint; rank 0 runs the engine (plans, samples) and
 rank 1 follows each step's tables. Against the same model on one rank: the logits agree to
-float32 rounding, and greedy generation gives the same tokens, for Llama, Qwen2 (biases) and
-Qwen3 (q/k norms) and DeepSeek-V3 (latent attention), with KV heads that the ranks divide and with fewer KV heads than ranks
-(replicated), and an odd vocabulary (padded slices).
+float32 rounding, and greedy generation gives the same tokens, for Llama, Qwen2 (biases),
+Qwen3 (q/k norms) and DeepSeek-V3 (latent attention: heads sharded, the latent replicated),
+with KV heads that the ranks divide and with fewer KV heads than ranks (replicated), and an
+odd vocabulary (padded slices).
 """
 
 from __future__ import annotations

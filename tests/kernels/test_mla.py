@@ -4,6 +4,8 @@ prefixes, poisoned outputs and workspaces."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -57,7 +59,9 @@ def run_decode(
     poison(ws.partial_lse)
     out = poison(q.new_empty(len(seq_lens), heads, rank))
     scale = (rank + rope) ** -0.5
-    args = {"q": q, "buffer": buf, "rank": rank, "req_to_token": table, "req_rows": rows}
+    args: dict[str, Any] = {
+        "q": q, "buffer": buf, "rank": rank, "req_to_token": table, "req_rows": rows
+    }  # fmt: skip
     mla_decode(
         **args, seq_lens=lens, num_kv_splits=num_splits, workspace=ws, sm_scale=scale, out=out,
         block_n=16,
@@ -113,7 +117,7 @@ def run_extend(
         return torch.tensor(values, dtype=torch.int32, device=DEVICE)
 
     scale = (rank + rope) ** -0.5
-    args = {
+    args: dict[str, Any] = {
         "q": q,
         "buffer": buf,
         "rank": rank,
@@ -146,9 +150,7 @@ def test_extend_matches_reference(
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize(
-    ("prefix_lens", "extend_lens", "heads", "rank", "rope"), GPU_EXTEND_CASES
-)
+@pytest.mark.parametrize(("prefix_lens", "extend_lens", "heads", "rank", "rope"), GPU_EXTEND_CASES)
 def test_extend_matches_reference_at_deepseek_shapes(
     prefix_lens: list[int],
     extend_lens: list[int],

@@ -3,8 +3,9 @@
 EXTEND loops over requests (prefills are few and long). DECODE is one padded SDPA call over
 the whole batch, since a decode step is many short requests and per-request calls would
 dominate a CPU step. MLA (`forward_mla`) is the same attention with one KV head whose values
-are the first `v_dim` elements of its keys. An fp8 pool (--kv-cache-dtype) is widened to the query's dtype as it is
-gathered, exactly (kernels/fp8_kv.py); KVPool.set_kv does the saturating store.
+are the first `v_dim` elements of its keys. An fp8 pool (--kv-cache-dtype) is widened to the
+query's dtype as it is gathered, exactly (kernels/fp8_kv.py); KVPool.set_kv does the
+saturating store.
 """
 
 from __future__ import annotations

@@ -80,9 +80,7 @@ class MLAttention(nn.Module):
         else:
             self.q_a_proj = Linear(hidden, m.q_lora_rank, bias=bias)
             self.q_a_layernorm = RMSNorm(m.q_lora_rank, config.rms_norm_eps)
-            self.q_b_proj = ColumnParallelLinear(
-                m.q_lora_rank, per_head(m.qk_head_dim), False, tp
-            )
+            self.q_b_proj = ColumnParallelLinear(m.q_lora_rank, per_head(m.qk_head_dim), False, tp)
         self.kv_a_proj_with_mqa = Linear(hidden, m.cache_dim, bias=bias)
         self.kv_a_layernorm = RMSNorm(m.kv_lora_rank, config.rms_norm_eps)
         # Never applied as a projection: its halves are absorbed (w_uk, w_uv).
