@@ -19,6 +19,7 @@ GGUF_ARCHITECTURES: dict[str, str] = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "deepseek2": "DeepseekV2ForCausalLM",  # V3 too: llama.cpp converts both to deepseek2
 }
 
 # HF `model_type` -> architecture, for config.json files without an `architectures` list.
@@ -171,6 +172,8 @@ class ModelConfig:
         a = gguf_arch
         hidden = need(f"{a}.embedding_length")
         num_heads = need(f"{a}.attention.head_count")
+        rope_scaling = _gguf_rope(get, a, tensors)
+        mla = _gguf_mla(get, need, a, rope_scaling) if a == "deepseek2" else None
         return cls(
             architecture=GGUF_ARCHITECTURES[a],
             # ggml shapes list the fastest-varying dimension first: [hidden, vocab].
@@ -179,11 +182,14 @@ class ModelConfig:
             intermediate_size=need(f"{a}.feed_forward_length"),
             num_layers=need(f"{a}.block_count"),
             num_heads=num_heads,
-            num_kv_heads=int(get(f"{a}.attention.head_count_kv", num_heads)),
-            head_dim=int(get(f"{a}.attention.key_length", hidden // num_heads)),
+            # MLA: HF's view (every head has its K/V), not llama.cpp's MQA over the latent.
+            num_kv_heads=num_heads if mla else int(get(f"{a}.attention.head_count_kv", num_heads)),
+            head_dim=mla.qk_head_dim
+            if mla
+            else int(get(f"{a}.attention.key_length", hidden // num_heads)),
             rms_norm_eps=float(get(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)),
             rope_theta=float(get(f"{a}.rope.freq_base", 10000.0)),
-            rope_scaling=_gguf_rope(get, a, tensors),
+            rope_scaling=rope_scaling,
             max_position_embeddings=int(get(f"{a}.context_length", 2048)),
             tie_word_embeddings="output.weight" not in tensors,
             attention_bias="blk.0.attn_q.bias" in tensors,
@@ -195,6 +201,7 @@ class ModelConfig:
             torch_dtype=_GGUF_FILE_TYPES.get(get("general.file_type", 0), "float32"),
             o_proj_bias="blk.0.attn_output.bias" in tensors,
             mlp_bias="blk.0.ffn_up.bias" in tensors,
+            mla=mla,
         )
 
 
@@ -242,4 +249,42 @@ def _gguf_rope(get: Any, arch: str, tensors: dict[str, Any]) -> dict[str, Any] |
     rope_type = get(f"{arch}.rope.scaling.type")
     if rope_type in (None, "none"):
         return None
-    return {"rope_type": rope_type, "factor": float(get(f"{arch}.rope.scaling.factor", 1.0))}
+    scaling = {"rope_type": rope_type, "factor": float(get(f"{arch}.rope.scaling.factor", 1.0))}
+    if rope_type == "yarn":
+        old = get(f"{arch}.rope.scaling.original_context_length")
+        if old is None:
+            raise ModelLoadError(
+                f"GGUF YaRN scaling without {arch}.rope.scaling.original_context_length"
+            )
+        scaling["original_max_position_embeddings"] = int(old)
+        for key, name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
+            if get(f"{arch}.rope.scaling.{key}") is not None:
+                scaling[name] = float(get(f"{arch}.rope.scaling.{key}"))
+        # llama.cpp keeps DeepSeek's 0.1 * mscale_all_dim, and assumes mscale equals it.
+        log_mul = get(f"{arch}.rope.scaling.yarn_log_multiplier")
+        if log_mul:
+            scaling["mscale"] = scaling["mscale_all_dim"] = float(log_mul) / 0.1
+    return scaling
+
+
+def _gguf_mla(get: Any, need: Any, arch: str, rope_scaling: dict[str, Any] | None) -> MLAConfig:
+    """llama.cpp's deepseek2 metadata. Newer converters describe MLA as MQA over the latent
+    (key_length = kv_lora_rank + rope, value_length = kv_lora_rank) and give the per-head
+    widths as key_length_mla / value_length_mla; older ones give those as key_length and
+    value_length."""
+    rope = need(f"{arch}.rope.dimension_count")
+    key = get(f"{arch}.attention.key_length_mla") or need(f"{arch}.attention.key_length")
+    value = get(f"{arch}.attention.value_length_mla") or need(f"{arch}.attention.value_length")
+    q_lora = get(f"{arch}.attention.q_lora_rank")
+    return MLAConfig.build(
+        q_lora_rank=int(q_lora) if q_lora else None,
+        kv_lora_rank=need(f"{arch}.attention.kv_lora_rank"),
+        qk_nope_head_dim=int(key) - rope,
+        qk_rope_head_dim=rope,
+        v_head_dim=int(value),
+        rope_interleave=True,  # llama.cpp runs deepseek2 with interleaved ("norm") RoPE
+        rope_scaling=rope_scaling,
+        first_k_dense_replace=int(get(f"{arch}.leading_dense_block_count", 0)),
+        moe_layer_freq=1,
+        n_routed_experts=get(f"{arch}.expert_count"),
+    )
