@@ -12,15 +12,28 @@ import torch
 from kernels.decode_attention import DecodeWorkspace, num_kv_splits_for
 from kernels.mla_decode import mla_decode, mla_decode_ref
 from kernels.mla_extend import mla_extend, mla_extend_ref
-from tests.kernels.helpers import DEVICE, DOT_DTYPES, TOLERANCES, make_context, poison, randn
+from tests.kernels.helpers import (
+    DEVICE,
+    DOT_DTYPES,
+    FP8_KV_DTYPES,
+    TOLERANCES,
+    make_context,
+    poison,
+    randn,
+)
 
 
 def latent_context(
-    seq_lens: list[int], rank: int, rope: int, dtype: torch.dtype, gen: torch.Generator
+    seq_lens: list[int],
+    rank: int,
+    rope: int,
+    dtype: torch.dtype,
+    gen: torch.Generator,
+    kv_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(buffer [slots, 1, rank + rope], req_to_token, req_rows, seq_lens): make_context's
-    shuffled slots among junk, with its K buffer as the latent pool."""
-    ctx = make_context(seq_lens, 1, rank + rope, dtype, gen)
+    shuffled slots among junk, with its K buffer as the latent pool (in kv_dtype: fp8)."""
+    ctx = make_context(seq_lens, 1, rank + rope, dtype, gen, kv_dtype=kv_dtype)
     return ctx.k_buffer, ctx.req_to_token, ctx.req_rows, ctx.seq_lens
 
 
@@ -39,10 +52,16 @@ GPU_DECODE_CASES = [
 
 
 def run_decode(
-    seq_lens: list[int], heads: int, rank: int, rope: int, splits: int | str, dtype: torch.dtype
+    seq_lens: list[int],
+    heads: int,
+    rank: int,
+    rope: int,
+    splits: int | str,
+    dtype: torch.dtype,
+    kv_dtype: torch.dtype | None = None,
 ) -> None:
     gen = torch.Generator().manual_seed(sum(seq_lens) + heads * 7 + rank)
-    buf, table, rows, lens = latent_context(seq_lens, rank, rope, dtype, gen)
+    buf, table, rows, lens = latent_context(seq_lens, rank, rope, dtype, gen, kv_dtype)
     q = randn(len(seq_lens), heads, rank + rope, dtype=dtype, gen=gen)
     if splits == "auto":
         max_splits = 4
@@ -103,10 +122,11 @@ def run_extend(
     rank: int,
     rope: int,
     dtype: torch.dtype,
+    kv_dtype: torch.dtype | None = None,
 ) -> None:
     seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
     gen = torch.Generator().manual_seed(sum(seq_lens) + heads + rank)
-    buf, table, rows, _ = latent_context(seq_lens, rank, rope, dtype, gen)
+    buf, table, rows, _ = latent_context(seq_lens, rank, rope, dtype, gen, kv_dtype)
     total = sum(extend_lens)
     q = randn(total + 3, heads, rank + rope, dtype=dtype, gen=gen)  # 3 rows of no request
     starts = [0]
@@ -160,6 +180,14 @@ def test_extend_matches_reference_at_deepseek_shapes(
     dtype: torch.dtype,
 ) -> None:
     run_extend(prefix_lens, extend_lens, heads, rank, rope, dtype)
+
+
+@pytest.mark.parametrize("kv_dtype", FP8_KV_DTYPES)
+def test_fp8_latent_pool_matches_reference(kv_dtype: torch.dtype) -> None:
+    """--kv-cache-dtype fp8: the kernels widen each latent element to the query's dtype
+    exactly, as the reference does (so fp32's tolerance holds)."""
+    run_decode([70, 1, 33], 4, 32, 8, 3, torch.float32, kv_dtype)
+    run_extend([0, 7], [20, 3], 2, 32, 8, torch.float32, kv_dtype)
 
 
 def test_decode_refuses_a_workspace_of_the_wrong_width() -> None:
