@@ -12,7 +12,7 @@ from typing import Any
 
 from services.executor.architectures import check_architecture
 from services.executor.errors import ModelLoadError, UnsupportedModelError
-from services.executor.mla_config import MLAConfig
+from services.executor.mla_config import YARN_TYPES, MLAConfig
 
 # GGUF `general.architecture` -> HF architecture name.
 GGUF_ARCHITECTURES: dict[str, str] = {
@@ -92,6 +92,12 @@ class ModelConfig:
                 raise UnsupportedModelError(
                     f"unsupported rope scaling {rope_type!r} in {self.architecture}; "
                     f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+                )
+            if rope_type in YARN_TYPES and self.mla is None:
+                # YaRN's attention factor on cos/sin is applied by the MLA layer only.
+                raise UnsupportedModelError(
+                    f"rope scaling {rope_type!r} in {self.architecture}: supported for "
+                    "DeepSeek's latent attention only"
                 )
 
     @classmethod
