@@ -1,5 +1,5 @@
-"""DeepSeek-V2/V3 (latent attention) in the engine: the config's MLA fields, the latent KV
-pool's layout and sizing, and greedy tokens equal to transformers' under continuous
+"""DeepSeek-V2/V3 (latent attention) in the engine: the config's MLA fields, MoE layers
+refused, and greedy tokens equal to transformers' under continuous
 batching, chunked prefill, retraction and prefix reuse (tiny all-dense models)."""
 
 from __future__ import annotations
@@ -11,9 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.executor.builder import kv_pool_tokens
 from services.executor.errors import UnsupportedModelError
-from services.executor.kv_pool import kv_bytes_per_token, make_kv_pool
 from services.executor.model_config import ModelConfig
 from services.executor.weights import load_model
 from tests.executor.helpers import (
@@ -68,38 +66,6 @@ def test_a_config_json_without_experts_is_all_dense(tmp_path: Path) -> None:
     (path / "config.json").write_text(json.dumps(cfg))
     config = ModelConfig.from_hf_dir(path)
     assert config.mla is not None and not config.mla.is_moe_layer(1)
-
-
-def test_the_pool_holds_one_latent_row_per_token_per_layer(tiny_dir: Path) -> None:
-    config = ModelConfig.from_hf_dir(tiny_dir)
-    # 2 layers x (32 + 8) elements, where K and V of 4 heads of 20 would take 2 x 2 x 4 x 20.
-    assert kv_bytes_per_token(config, torch.float32) == 2 * 40 * 4
-    assert kv_bytes_per_token(config, torch.bfloat16, kv_heads=2) == 2 * 40 * 2  # replicated
-    assert kv_bytes_per_token(config, torch.float8_e4m3fn) == 2 * 40
-    pool = make_kv_pool(config, 10, torch.float32, "cpu")
-    assert pool.latent and pool.v_buffers == []
-    assert [tuple(b.shape) for b in pool.k_buffers] == [(11, 1, 40)] * 2  # + the padding slot
-    assert pool.nbytes() == 11 * kv_bytes_per_token(config, torch.float32)
-    slots = pool.allocate(3)
-    assert slots == [0, 1, 2] and pool.num_free() == 7
-    rows = torch.arange(3 * 40, dtype=torch.float32).view(3, 1, 40)
-    pool.set_latent(1, torch.tensor([2, 0, 1]), rows)
-    assert torch.equal(pool.k_buffers[1][[2, 0, 1]], rows)
-    assert pool.k_buffers[0].eq(0).all()  # the other layer untouched
-    pool.free(slots)
-    assert pool.num_free() == 10
-
-
-def test_cpu_pool_gets_the_default_bytes_in_latent_rows(tiny_dir: Path) -> None:
-    from services.executor.builder import CPU_DEFAULT_KV_TOKENS, EngineSettings
-    from shared.model_files import resolve_model
-
-    config = ModelConfig.from_hf_dir(tiny_dir)
-    s = EngineSettings(model=resolve_model(str(tiny_dir)), name="e", stream="s", device="cpu")
-    fp32, fp8 = torch.float32, torch.float8_e5m2
-    cpu = torch.device("cpu")
-    assert kv_pool_tokens(s, config, fp32, fp32, cpu) == CPU_DEFAULT_KV_TOKENS
-    assert kv_pool_tokens(s, config, fp32, fp8, cpu) == 4 * CPU_DEFAULT_KV_TOKENS
 
 
 @pytest.mark.parametrize("overlap", [False, True])
