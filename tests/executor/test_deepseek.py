@@ -22,6 +22,7 @@ from tests.executor.helpers import (
 )
 from tests.executor.test_engine import Run, make_engine, make_request, prompts
 from tests.executor.test_engine_cache import CachedRun, prompt
+from tests.executor.test_kv_cache_dtype import FP8, forced_logits
 
 SEED = 5
 V3 = {"q_lora_rank": 24, "rope_parameters": DEEPSEEK_YARN}
@@ -112,3 +113,18 @@ def test_second_turn_reuses_the_first(tiny_dir: Path, hf_model: torch.nn.Module)
     assert run.cached["t2"] == len(p1) + len(out1) - 1
     assert run.tokens["t2"] == hf_argmax_continuation(hf_model, p2, 10)
     engine.policy.check_integrity()
+
+
+@pytest.mark.parametrize(("name", "bound"), [("fp8_e4m3", 2.0**-4), ("fp8_e5m2", 2.0**-3)])
+def test_fp8_latent_pool_stays_close_to_full_precision(
+    tiny_dir: Path, name: str, bound: float
+) -> None:
+    """--kv-cache-dtype fp8 on the latent rows: the bound of test_kv_cache_dtype.py (the
+    format's relative rounding error) along the full-precision greedy path."""
+    model, config = load_model(tiny_dir, device="cpu", attention_backend="torch")
+    g = torch.Generator().manual_seed(0)
+    ps = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (2, 7, 23, 60)]
+    full, path = forced_logits(model, config, ps, 12, None)
+    fp8, _ = forced_logits(model, config, ps, 12, FP8[name], forced=path)
+    rel = ((fp8 - full).pow(2).mean().sqrt() / full.pow(2).mean().sqrt()).item()
+    assert 0 < rel <= bound, f"relative RMS logit error {rel:.4f}"
