@@ -1,7 +1,7 @@
 """RoPE's inverse frequencies from a model's config: plain, linear, per-dimension factors,
-Llama 3's scaling and Phi-3's LongRoPE. Pure torch, on the CPU: the model's rotary layer and the
-rotary kernel's cos/sin cache both start from it (so this module imports neither Triton nor the
-services).
+Llama 3's scaling, Phi-3's LongRoPE and YaRN's (DeepSeek's "yarn"/"deepseek_yarn"). Pure
+torch, on the CPU: the model's rotary layer and the rotary kernel's cos/sin cache both start
+from it (so this module imports neither Triton nor the services).
 
 `head_dim` here is the rotated width: all of a head, or its first `rotary_dim` dims where a
 model rotates only part of each head (Phi-4-mini's partial_rotary_factor).
@@ -38,6 +38,8 @@ def rope_inv_freq(
         picked = longrope_factors(scaling, context)
         factors = torch.tensor(picked, dtype=torch.float32, device="cpu")
         return 1.0 / (factors * theta**exponents)
+    if rope_type in ("yarn", "deepseek_yarn"):
+        return _yarn_inv_freq(inv_freq, head_dim, theta, scaling)
     raise ValueError(f"unknown rope type {rope_type!r}")
 
 
@@ -78,3 +80,28 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
     return torch.where(is_medium, smoothed, scaled)
+
+
+def _yarn_inv_freq(
+    inv_freq: torch.Tensor, head_dim: int, theta: float, s: dict[str, Any]
+) -> torch.Tensor:
+    # High frequencies (many turns over the old context) are kept, low ones divided by
+    # `factor`, with a linear ramp between the dims turning beta_fast and beta_slow times.
+    # YaRN's attention factor (mscale) is not a frequency: the model applies it.
+    factor = float(s["factor"])
+    old_context = s["original_max_position_embeddings"]
+    beta_fast, beta_slow = s.get("beta_fast") or 32, s.get("beta_slow") or 1
+
+    def dim_for(turns: float) -> float:
+        return head_dim * math.log(old_context / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dim_for(beta_fast), dim_for(beta_slow)
+    if s.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001
+    dims = torch.arange(head_dim // 2, dtype=torch.float32, device="cpu")
+    ramp = ((dims - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1: extrapolate (keep the frequency), 0: interpolate
+    return inv_freq / factor * (1 - keep) + inv_freq * keep

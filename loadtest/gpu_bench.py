@@ -13,7 +13,9 @@ protocols (HTTP against gRPC on one `radixserve serve`: gpu/protocols.py) and dp
 on the one GPU, the shared-prefix workload routed cache_aware and round_robin, and one executor
 for reference: gpu/dp.py), tools (tool_choice required against plain chat: gpu/tools.py) and
 tp (TP=1 against TP=2 on two GPUs: gpu/tp.py), tp70b (Llama-3.1-70B's shapes on TP=2 through
-the stack) and tp_kill (a TP=2 group losing a rank under load: gpu/tp_stack.py).
+the stack) and tp_kill (a TP=2 group losing a rank under load: gpu/tp_stack.py), mla_kernel
+(the MLA decode kernel's latent-cache bandwidth at DeepSeek-V2-Lite's shapes against the copy
+bandwidth: gpu/mla_kernel.py).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ SECTIONS = [
 # Seconds per section; together they fit one ten-minute command.
 TIME_LIMITS = {
     "roofline": 30,
-    "correctness": 90,
+    "correctness": 130,  # four tiny models, DeepSeek's MLA kernels compiled for the last
     "decode1": 60,
     "peer": 90,
     "heavy": 60,
@@ -62,6 +64,7 @@ TIME_LIMITS = {
     "tp": 560,
     "tp70b": 580,
     "tp_kill": 400,
+    "mla_kernel": 240,
 }
 OFFLINE_RUN_S = 130  # the 500-prompt run stops here and reports what it finished
 
@@ -133,8 +136,12 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         from loadtest.gpu.observability import observability_section
 
         return observability_section(str(out_dir))
+    if name == "mla_kernel":
+        from loadtest.gpu.mla_kernel import mla_kernel_section
+
+        return mla_kernel_section()
     extra = ["burst", "engine_ab", "protocols", "dp", "observability", "tools"]
-    extra += ["tp", "tp70b", "tp_kill"]
+    extra += ["tp", "tp70b", "tp_kill", "mla_kernel"]
     raise SystemExit(f"unknown section {name!r}; known: {', '.join([*SECTIONS, *extra])}")
 
 
@@ -242,7 +249,7 @@ def table(results: dict[str, Any]) -> str:
                 from loadtest.stack_scrape import summary
 
                 rows.append((f"  where {run}'s time went", summary(r["services"])))
-    for arch in ("llama", "qwen2", "qwen3"):
+    for arch in ("llama", "qwen2", "qwen3", "deepseek_v2"):
         c = get("correctness", arch)
         if c is not None:
             rows.append(
@@ -252,6 +259,14 @@ def table(results: dict[str, Any]) -> str:
                     f"graph==eager {c['graph_equals_eager']}, flips {c['flips']}",
                 )
             )
+    for point in get("mla_kernel", "points") or []:
+        rows.append(
+            (
+                f"MLA decode bs {point['bs']}, {point['context']} keys: latent TB/s",
+                f"{point['backend_TBps']:.2f} = {100 * point['backend_of_copy']:.0f}% of copy"
+                + (f" (best {point['best_TBps']:.2f})" if "best_TBps" in point else ""),
+            )
+        )
     width = max((len(k) for k, _ in rows), default=10)
     lines = [f"GPU: {gpu}"] + [f"{k:<{width}}  {v}" for k, v in rows]
     return "\n".join(lines)

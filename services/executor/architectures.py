@@ -13,6 +13,8 @@ MODEL_CLASSES: dict[str, tuple[str, str]] = {
     "Qwen2ForCausalLM": ("services.executor.models.qwen2", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("services.executor.models.qwen3", "Qwen3ForCausalLM"),
     "Phi3ForCausalLM": ("services.executor.models.phi3", "Phi3ForCausalLM"),
+    "DeepseekV2ForCausalLM": ("services.executor.models.deepseek", "DeepseekV2ForCausalLM"),
+    "DeepseekV3ForCausalLM": ("services.executor.models.deepseek", "DeepseekV3ForCausalLM"),
 }
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(MODEL_CLASSES))

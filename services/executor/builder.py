@@ -17,7 +17,7 @@ from services.executor.cuda_graph import CudaGraphRunner
 from services.executor.distributed.group import SINGLE, TPGroup
 from services.executor.engine.loop import Engine
 from services.executor.grammar.backend import GrammarBackend
-from services.executor.kv_pool import KVPool, ReqToTokenPool
+from services.executor.kv_pool import ReqToTokenPool, kv_bytes_per_token, make_kv_pool
 from services.executor.memory import KVManager
 from services.executor.model_config import ModelConfig
 from services.executor.model_runner import ModelRunner
@@ -132,13 +132,6 @@ def pick_kv_dtype(
     return kv_dtype
 
 
-def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype, kv_heads: int = 0) -> int:
-    """K and V of every layer for one token, in the pool's dtype; `kv_heads`: the heads this
-    rank holds (0: all of them)."""
-    elem = torch.tensor([], dtype=dtype).element_size()
-    return 2 * config.num_layers * (kv_heads or config.num_kv_heads) * config.head_dim * elem
-
-
 def kv_pool_tokens(
     s: EngineSettings,
     config: ModelConfig,
@@ -210,7 +203,7 @@ def build_runner(
     slots = tp.min_int(
         kv_pool_tokens(s, config, dtype, kv_dtype, device, model.num_kv_heads), device
     )
-    kv = KVPool(slots, config.num_layers, model.num_kv_heads, config.head_dim, kv_dtype, device)
+    kv = make_kv_pool(config, slots, kv_dtype, device, model.num_kv_heads)
     context = config.max_position_embeddings
     rows = ReqToTokenPool(s.max_running_requests, context, device, pad_slot=kv.pad_slot)
     cache: PrefixCache = (

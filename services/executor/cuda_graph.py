@@ -53,7 +53,9 @@ class CudaGraphRunner:
         backend = getattr(model, "backend", None)
         reserve = getattr(backend, "reserve_decode", None)
         if reserve is not None:  # this rank's heads (all of them without tensor parallelism)
-            heads, head_dim = model.num_heads, model.config.head_dim
+            # What attention returns per head: head_dim, or MLA's latent width.
+            heads = model.num_heads
+            head_dim = getattr(model, "decode_value_dim", model.config.head_dim)
             reserve(max_batch_size=n, num_heads=heads, head_dim=head_dim, device=device)
 
     def _static_batch(self, bs: int) -> ForwardBatch:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from kernels.fp8_kv import store_into
+from services.executor.model_config import ModelConfig
 from services.executor.packing import pack_aligned
 
 
@@ -22,6 +23,8 @@ class KVPool:
     read back by a cast (kernels/fp8_kv.py).
     Slot `num_slots` (one past the end) is a padding slot that is never handed out: padded
     batches write their junk there.
+    values=False (MLA's latent cache): k_buffers[layer] is [num_slots, 1, cache_dim], holding
+    each token's latent then its rotated key part, and v_buffers is empty.
     """
 
     def __init__(
@@ -32,6 +35,8 @@ class KVPool:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        *,
+        values: bool = True,
     ) -> None:
         if num_slots <= 0:
             raise ValueError(f"KV pool needs at least one slot, got {num_slots}")
@@ -40,7 +45,9 @@ class KVPool:
         self.device = torch.device(device)
         shape = (num_slots + 1, num_kv_heads, head_dim)
         self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        v_layers = num_layers if values else 0
+        self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(v_layers)]
+        self.latent = not values
         # Popped from the end; kept on the CPU because allocation is bookkeeping, not math.
         self._free: list[int] = list(range(num_slots - 1, -1, -1))
 
@@ -72,9 +79,39 @@ class KVPool:
         store_into(self.k_buffers[layer], slots, k)
         store_into(self.v_buffers[layer], slots, v)
 
+    def set_latent(self, layer: int, slots: torch.Tensor, latent: torch.Tensor) -> None:
+        """Store new tokens' MLA cache rows. slots: [n] int64; latent: [n, 1, cache_dim]."""
+        assert self.latent, "set_latent on a K/V pool"
+        store_into(self.k_buffers[layer], slots, latent)
+
     def nbytes(self) -> int:
         """Bytes of every K and V buffer (the padding slot included)."""
         return sum(b.numel() * b.element_size() for b in (*self.k_buffers, *self.v_buffers))
+
+
+def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype, kv_heads: int = 0) -> int:
+    """The pool's bytes for one token over every layer, in `dtype`: K and V of `kv_heads`
+    (0: all of the model's), or MLA's one latent row (replicated on every rank)."""
+    elem = torch.tensor([], dtype=dtype).element_size()
+    if config.mla is not None:
+        return config.num_layers * config.mla.cache_dim * elem
+    return 2 * config.num_layers * (kv_heads or config.num_kv_heads) * config.head_dim * elem
+
+
+def make_kv_pool(
+    config: ModelConfig,
+    num_slots: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    kv_heads: int = 0,
+) -> KVPool:
+    """The pool layout the model's attention reads: K/V of `kv_heads` heads per rank (0: all
+    of them), or MLA's latent rows."""
+    if config.mla is not None:
+        mla = config.mla
+        return KVPool(num_slots, config.num_layers, 1, mla.cache_dim, dtype, device, values=False)
+    heads = kv_heads or config.num_kv_heads
+    return KVPool(num_slots, config.num_layers, heads, config.head_dim, dtype, device)
 
 
 class ReqToTokenPool:

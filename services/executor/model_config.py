@@ -13,6 +13,7 @@ from typing import Any
 
 from services.executor.architectures import check_architecture
 from services.executor.errors import ModelLoadError, UnsupportedModelError
+from services.executor.mla_config import YARN_TYPES, MLAConfig
 
 # GGUF `general.architecture` -> HF architecture name.
 GGUF_ARCHITECTURES: dict[str, str] = {
@@ -20,6 +21,7 @@ GGUF_ARCHITECTURES: dict[str, str] = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "deepseek2": "DeepseekV2ForCausalLM",  # V3 too: llama.cpp converts both to deepseek2
 }
 
 # HF `model_type` -> architecture, for config.json files without an `architectures` list.
@@ -29,10 +31,13 @@ _MODEL_TYPES: dict[str, str] = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
 }
+_MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 
 # "freq_factors" is llama.cpp's form of llama3 scaling: per-frequency divisors in a tensor.
-SUPPORTED_ROPE_TYPES = ("linear", "llama3", "freq_factors", "longrope")
+SUPPORTED_ROPE_TYPES = ("linear", "llama3", "freq_factors", "longrope", "yarn", "deepseek_yarn")
 # What ModelConfig.rope_scaling holds for LongRoPE (Phi-3), from config.json or GGUF alike.
 _LONGROPE_KEYS = (
     "short_factor",
@@ -85,6 +90,9 @@ class ModelConfig:
     # RoPE rotates the first rotary_dim dims of each head (Phi-4-mini: 3/4 of them); 0 given
     # means all of head_dim, which is what the field then holds.
     rotary_dim: int = 0
+    # DeepSeek's latent attention; then head_dim is a query/key head's width (nope + rope)
+    # and num_kv_heads == num_heads, as HF's config says, though the pool holds one latent.
+    mla: MLAConfig | None = None
 
     def __post_init__(self) -> None:
         check_architecture(self.architecture)
@@ -108,6 +116,12 @@ class ModelConfig:
                 )
             if rope_type == "longrope":
                 _check_longrope(self.rope_scaling, self.rotary_dim)
+            if rope_type in YARN_TYPES and self.mla is None:
+                # YaRN's attention factor on cos/sin is applied by the MLA layer only.
+                raise UnsupportedModelError(
+                    f"rope scaling {rope_type!r} in {self.architecture}: supported for "
+                    "DeepSeek's latent attention only"
+                )
 
     @classmethod
     def from_hf_dir(cls, path: str | os.PathLike[str]) -> ModelConfig:
@@ -134,6 +148,7 @@ class ModelConfig:
         window = cfg.get("sliding_window")
         if window and (arch in _SLIDING_ARCHS or cfg.get("use_sliding_window")):
             context = min(context, window)
+        mla = MLAConfig.from_hf(cfg, rope_scaling) if arch in _MLA_ARCHITECTURES else None
         return cls(
             architecture=arch,
             vocab_size=cfg["vocab_size"],
@@ -142,7 +157,7 @@ class ModelConfig:
             num_layers=cfg["num_hidden_layers"],
             num_heads=num_heads,
             num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
-            head_dim=head_dim,
+            head_dim=mla.qk_head_dim if mla else head_dim,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
@@ -156,7 +171,9 @@ class ModelConfig:
             torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
             o_proj_bias=arch != "Qwen2ForCausalLM" and bias,
             mlp_bias=bool(cfg.get("mlp_bias", False)),
-            rotary_dim=int(head_dim * _partial_rotary_factor(cfg)),
+            # MLA rotates its own rope part (MLAConfig); the dense layers' RoPE is not used.
+            rotary_dim=mla.qk_rope_head_dim if mla else int(head_dim * _partial_rotary_factor(cfg)),
+            mla=mla,
         )
 
     @classmethod
@@ -190,6 +207,8 @@ class ModelConfig:
         window = int(get(f"{a}.attention.sliding_window", 0))
         if a == "phi3" and window > 0:  # full attention, exact up to the window (as from HF)
             served = min(context, window)
+        rope_scaling = _gguf_rope(get, a, tensors, context)
+        mla = _gguf_mla(get, need, a, rope_scaling) if a == "deepseek2" else None
         return cls(
             architecture=GGUF_ARCHITECTURES[a],
             # ggml shapes list the fastest-varying dimension first: [hidden, vocab].
@@ -198,11 +217,14 @@ class ModelConfig:
             intermediate_size=need(f"{a}.feed_forward_length"),
             num_layers=need(f"{a}.block_count"),
             num_heads=num_heads,
-            num_kv_heads=int(get(f"{a}.attention.head_count_kv", num_heads)),
-            head_dim=int(get(f"{a}.attention.key_length", hidden // num_heads)),
+            # MLA: HF's view (every head has its K/V), not llama.cpp's MQA over the latent.
+            num_kv_heads=num_heads if mla else int(get(f"{a}.attention.head_count_kv", num_heads)),
+            head_dim=mla.qk_head_dim
+            if mla
+            else int(get(f"{a}.attention.key_length", hidden // num_heads)),
             rms_norm_eps=float(get(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)),
             rope_theta=float(get(f"{a}.rope.freq_base", 10000.0)),
-            rope_scaling=_gguf_rope(get, a, tensors, context),
+            rope_scaling=rope_scaling,
             max_position_embeddings=served,
             tie_word_embeddings="output.weight" not in tensors,
             attention_bias="blk.0.attn_q.bias" in tensors,
@@ -215,6 +237,7 @@ class ModelConfig:
             o_proj_bias="blk.0.attn_output.bias" in tensors,
             mlp_bias="blk.0.ffn_up.bias" in tensors,
             rotary_dim=int(get(f"{a}.rope.dimension_count", 0)),
+            mla=mla,
         )
 
 
@@ -335,4 +358,42 @@ def _gguf_rope(get: Any, arch: str, tensors: dict[str, Any], context: int) -> di
     rope_type = get(f"{arch}.rope.scaling.type")
     if rope_type in (None, "none"):
         return None
-    return {"rope_type": rope_type, "factor": float(get(f"{arch}.rope.scaling.factor", 1.0))}
+    scaling = {"rope_type": rope_type, "factor": float(get(f"{arch}.rope.scaling.factor", 1.0))}
+    if rope_type == "yarn":
+        old = get(f"{arch}.rope.scaling.original_context_length")
+        if old is None:
+            raise ModelLoadError(
+                f"GGUF YaRN scaling without {arch}.rope.scaling.original_context_length"
+            )
+        scaling["original_max_position_embeddings"] = int(old)
+        for key, name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
+            if get(f"{arch}.rope.scaling.{key}") is not None:
+                scaling[name] = float(get(f"{arch}.rope.scaling.{key}"))
+        # llama.cpp keeps DeepSeek's 0.1 * mscale_all_dim, and assumes mscale equals it.
+        log_mul = get(f"{arch}.rope.scaling.yarn_log_multiplier")
+        if log_mul:
+            scaling["mscale"] = scaling["mscale_all_dim"] = float(log_mul) / 0.1
+    return scaling
+
+
+def _gguf_mla(get: Any, need: Any, arch: str, rope_scaling: dict[str, Any] | None) -> MLAConfig:
+    """llama.cpp's deepseek2 metadata. Newer converters describe MLA as MQA over the latent
+    (key_length = kv_lora_rank + rope, value_length = kv_lora_rank) and give the per-head
+    widths as key_length_mla / value_length_mla; older ones give those as key_length and
+    value_length."""
+    rope = need(f"{arch}.rope.dimension_count")
+    key = get(f"{arch}.attention.key_length_mla") or need(f"{arch}.attention.key_length")
+    value = get(f"{arch}.attention.value_length_mla") or need(f"{arch}.attention.value_length")
+    q_lora = get(f"{arch}.attention.q_lora_rank")
+    return MLAConfig.build(
+        q_lora_rank=int(q_lora) if q_lora else None,
+        kv_lora_rank=need(f"{arch}.attention.kv_lora_rank"),
+        qk_nope_head_dim=int(key) - rope,
+        qk_rope_head_dim=rope,
+        v_head_dim=int(value),
+        rope_interleave=True,  # llama.cpp runs deepseek2 with interleaved ("norm") RoPE
+        rope_scaling=rope_scaling,
+        first_k_dense_replace=int(get(f"{arch}.leading_dense_block_count", 0)),
+        moe_layer_freq=1,
+        n_routed_experts=get(f"{arch}.expert_count"),
+    )

@@ -15,6 +15,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     AutoModelForCausalLM,
+    DeepseekV2Config,
+    DeepseekV3Config,
     LlamaConfig,
     MistralConfig,
     Phi3Config,
@@ -26,7 +28,7 @@ from transformers import (
 )
 
 from services.executor.forward_batch import ForwardBatch, ForwardMode
-from services.executor.kv_pool import KVPool, ReqToTokenPool
+from services.executor.kv_pool import ReqToTokenPool, make_kv_pool
 from services.executor.model_config import ModelConfig
 
 # --- tokenizer: 256 byte tokens (id = byte value), 4 merges, 4 special tokens = 264 ---------
@@ -82,6 +84,32 @@ _CONFIG_CLASSES: dict[str, type[PretrainedConfig]] = {
     "qwen2": Qwen2Config,
     "qwen3": Qwen3Config,
     "phi3": Phi3Config,
+    "deepseek_v2": DeepseekV2Config,
+    "deepseek_v3": DeepseekV3Config,
+}
+DEEPSEEK_YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 8.0,
+    "original_max_position_embeddings": 64,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "mscale": 0.9,
+    "mscale_all_dim": 0.7,
+}
+# DeepSeek's latent attention, every layer dense (first_k_dense_replace >= the layers): 4
+# heads of 12 + 8 (rotated), values of 16, a latent of 32; V3's tests add q_lora_rank.
+DEEPSEEK_TINY: dict[str, Any] = {
+    "kv_lora_rank": 32,
+    "qk_nope_head_dim": 12,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    "q_lora_rank": None,
+    "first_k_dense_replace": 2,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "head_dim": 8,  # transformers: the rotated part's width
 }
 
 LLAMA3_ROPE = {
@@ -126,6 +154,8 @@ def make_hf_config(arch: str = "llama", **overrides: Any) -> PretrainedConfig:
     }
     if arch == "mistral":
         kwargs["sliding_window"] = None
+    if arch.startswith("deepseek"):
+        kwargs.update(DEEPSEEK_TINY, num_key_value_heads=4)
     kwargs.update(overrides)
     return _CONFIG_CLASSES[arch](**kwargs)
 
@@ -210,9 +240,7 @@ class BatchDriver:
         self.model = model
         self.device = torch.device(device)
         dtype = kv_dtype or next(model.parameters()).dtype  # None: the model's
-        self.kv_pool = KVPool(
-            num_slots, config.num_layers, config.num_kv_heads, config.head_dim, dtype, device
-        )
+        self.kv_pool = make_kv_pool(config, num_slots, dtype, device)
         self.req_to_token = ReqToTokenPool(max_reqs, max_context, device)
         self.cached: dict[int, int] = {}  # row -> tokens already in the KV pool
         self.slots: dict[int, list[int]] = {}  # row -> its KV slots, in order

@@ -15,6 +15,7 @@ from services.executor.weights import load_model
 from services.executor.weights.gguf import open_gguf, unpermute_qk
 
 from .helpers import (
+    DEEPSEEK_YARN,
     EOS_ID,
     LLAMA3_ROPE,
     BatchDriver,
@@ -108,3 +109,57 @@ def test_gguf_config_reads_llama_cpp_metadata(tmp_path: Path) -> None:
         eos_token_ids=(263,),
         torch_dtype="float32",
     )
+
+
+DEEPSEEK_CASES: dict[str, tuple[str, GGMLQuantizationType, bool, dict[str, Any]]] = {
+    # V2-Lite's plain attn_q, the newer converter's attn_k_b / attn_v_b, Q8_0 matrices
+    "deepseek2-v2-q8_0-split": ("deepseek_v2", Q8_0, True, {}),
+    # V3's attn_q_a / attn_q_b, one attn_kv_b (older converters), YaRN in the metadata
+    # (llama.cpp keeps one mscale: mscale == mscale_all_dim)
+    "deepseek2-v3-yarn-kv_b": (
+        "deepseek_v3",
+        F32,
+        False,
+        {"q_lora_rank": 24, "rope_parameters": {**DEEPSEEK_YARN, "mscale": 0.7}},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(DEEPSEEK_CASES))
+def test_deepseek2_gguf_matches_transformers(tmp_path: Path, case: str) -> None:
+    arch, qtype, split, overrides = DEEPSEEK_CASES[case]
+    hf = make_hf_model(arch, seed=2, **overrides)
+    path = tmp_path / "model.gguf"
+    write_tiny_gguf(path, hf, arch, qtype, split_kv_b=split)
+    reader = open_gguf(str(path))
+    assert ("blk.0.attn_k_b.weight" in {t.name for t in reader.tensors}) == split
+    model, config = load_model(path, "cpu", torch.float32)
+    assert config.architecture == "DeepseekV2ForCausalLM"  # V3 converts to deepseek2 too
+    mla = config.mla
+    assert mla is not None and mla.cache_dim == 40 and mla.rope_interleave
+    assert (mla.q_lora_rank, mla.qk_nope_head_dim, mla.v_head_dim) == (
+        overrides.get("q_lora_rank"),
+        12,
+        16,
+    )
+    assert config.num_kv_heads == config.num_heads == 4 and config.head_dim == 20
+    driver = BatchDriver(model, config)
+    logits = driver.extend([driver.new_request() for _ in PROMPTS], PROMPTS)
+    expected = torch.stack([hf_last_logits(hf, p) for p in PROMPTS])
+    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
+    ours = greedy_generate(model, config, PROMPTS, max_new_tokens=16)
+    assert ours == [hf_greedy(hf, p, 16) for p in PROMPTS]
+
+
+def test_merge_kv_b_inverts_the_converter_split() -> None:
+    from types import SimpleNamespace
+
+    from services.executor.weights.gguf import merge_kv_b
+
+    from .tiny_gguf import _split_kv_b
+
+    cfg = SimpleNamespace(num_attention_heads=3, qk_nope_head_dim=5, v_head_dim=4)
+    w = torch.randn(3 * 9, 7)
+    k_b, v_b = _split_kv_b(w.numpy(), cfg)
+    assert k_b.shape == (3, 7, 5) and v_b.shape == (3, 4, 7)
+    assert torch.equal(merge_kv_b(torch.from_numpy(k_b), torch.from_numpy(v_b)), w)

@@ -1,10 +1,18 @@
-"""The request-to-slot table: writes are batched until the next flush, in order."""
+"""The request-to-slot table: writes are batched until the next flush, in order; the latent
+(MLA) pool's layout and sizing."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import torch
 
-from services.executor.kv_pool import ReqToTokenPool
+from services.executor.builder import CPU_DEFAULT_KV_TOKENS, EngineSettings, kv_pool_tokens
+from services.executor.kv_pool import ReqToTokenPool, kv_bytes_per_token, make_kv_pool
+from services.executor.model_config import ModelConfig
+from shared.model_files import resolve_model
+from tests.executor.helpers import write_tiny_model
 
 
 def test_writes_reach_the_table_at_flush_in_one_scatter() -> None:
@@ -38,3 +46,45 @@ def test_flush_without_writes_is_free() -> None:
     before = table.req_to_token.clone()
     table.flush()
     assert torch.equal(table.req_to_token, before)
+
+
+@pytest.fixture(scope="module")
+def latent_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny DeepSeek-V3: 2 layers, latent 32 + rotated 8 per token, 4 heads of 12 + 8."""
+    return write_tiny_model(tmp_path_factory.mktemp("mla"), "deepseek_v3")
+
+
+@pytest.fixture(scope="module")
+def latent_config(latent_dir: Path) -> ModelConfig:
+    return ModelConfig.from_hf_dir(latent_dir)
+
+
+def test_the_pool_holds_one_latent_row_per_token_per_layer(latent_config: ModelConfig) -> None:
+    config = latent_config
+    # 2 layers x (32 + 8) elements, where K and V of 4 heads of 20 would take 2 x 2 x 4 x 20.
+    assert kv_bytes_per_token(config, torch.float32) == 2 * 40 * 4
+    assert kv_bytes_per_token(config, torch.bfloat16, kv_heads=2) == 2 * 40 * 2  # replicated
+    assert kv_bytes_per_token(config, torch.float8_e4m3fn) == 2 * 40
+    pool = make_kv_pool(config, 10, torch.float32, "cpu")
+    assert pool.latent and pool.v_buffers == []
+    assert [tuple(b.shape) for b in pool.k_buffers] == [(11, 1, 40)] * 2  # + the padding slot
+    assert pool.nbytes() == 11 * kv_bytes_per_token(config, torch.float32)
+    slots = pool.allocate(3)
+    assert slots == [0, 1, 2] and pool.num_free() == 7
+    rows = torch.arange(3 * 40, dtype=torch.float32).view(3, 1, 40)
+    pool.set_latent(1, torch.tensor([2, 0, 1]), rows)
+    assert torch.equal(pool.k_buffers[1][[2, 0, 1]], rows)
+    assert pool.k_buffers[0].eq(0).all()  # the other layer untouched
+    pool.free(slots)
+    assert pool.num_free() == 10
+
+
+def test_cpu_pool_gets_the_default_bytes_in_latent_rows(
+    latent_dir: Path, latent_config: ModelConfig
+) -> None:
+    config = latent_config
+    s = EngineSettings(model=resolve_model(str(latent_dir)), name="e", stream="s", device="cpu")
+    fp32, fp8 = torch.float32, torch.float8_e5m2
+    cpu = torch.device("cpu")
+    assert kv_pool_tokens(s, config, fp32, fp32, cpu) == CPU_DEFAULT_KV_TOKENS
+    assert kv_pool_tokens(s, config, fp32, fp8, cpu) == 4 * CPU_DEFAULT_KV_TOKENS

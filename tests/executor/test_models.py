@@ -15,6 +15,7 @@ from services.executor.weights import load_model
 from services.executor.weights.loader import hf_state_dict
 
 from .helpers import (
+    DEEPSEEK_YARN,
     LLAMA3_ROPE,
     BatchDriver,
     greedy_generate,
@@ -45,6 +46,13 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
             "original_max_position_embeddings": 128,
             "sliding_window": 128,
         },
+    ),
+    # Latent attention, every layer dense: V2-Lite's plain q_proj; V3's q_lora_rank with
+    # YaRN (mscale != mscale_all_dim: both corrections matter) and un-interleaved rope.
+    "deepseek-v2": ("deepseek_v2", {}),
+    "deepseek-v3-yarn": (
+        "deepseek_v3",
+        {"q_lora_rank": 24, "rope_parameters": DEEPSEEK_YARN, "rope_interleave": False},
     ),
 }
 # Different lengths, so batches are ragged; the last one crosses the llama3 case's

@@ -3,9 +3,10 @@
 Each rank loads only its shard of the checkpoint; rank 0 runs the engine (plans, samples) and
 rank 1 follows each step's tables. Against the same model on one rank: the logits agree to
 float32 rounding, and greedy generation gives the same tokens, for Llama, Qwen2 (biases),
-Qwen3 (q/k norms) and Phi-3 (q/k/v and gate/up stacked in the checkpoint), with KV heads
-that the ranks divide and with fewer KV heads than ranks (replicated), and an odd vocabulary
-(padded slices).
+Qwen3 (q/k norms) and DeepSeek-V3 (latent attention: heads sharded, the latent replicated),
+with KV heads that the ranks divide and with fewer KV heads than ranks (replicated), and an
+odd vocabulary (padded slices). Phi-3's stacked q/k/v and gate/up rows per rank are tested in
+one process (tests/executor/test_phi3.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from services.executor.distributed.follower import Follower
 from services.executor.distributed.group import SINGLE, TPGroup, init_group
 from shared.model_files import resolve_model
 from tests.conftest import free_port
-from tests.executor.helpers import TINY_VOCAB_SIZE, longrope, write_tiny_model
+from tests.executor.helpers import TINY_VOCAB_SIZE, write_tiny_model
 from tests.executor.test_engine import make_request
 
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -31,17 +32,8 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-kv1": ("llama", {"num_key_value_heads": 1}),  # fewer KV heads than ranks
     "qwen2-odd-vocab": ("qwen2", {"vocab_size": TINY_VOCAB_SIZE + 1}),
     "qwen3": ("qwen3", {"tie_word_embeddings": False}),
-    # The checkpoint's stacked qkv_proj and gate_up_proj: each rank reads its own q/k/v
-    # heads and gate/up rows out of them. LongRoPE (long factors) over 12 of 16 dims.
-    "phi3-fused-longrope": (
-        "phi3",
-        {
-            "tie_word_embeddings": False,
-            "rope_scaling": longrope(rotary_dim=12, original=8),
-            "partial_rotary_factor": 0.75,
-            "original_max_position_embeddings": 8,
-        },
-    ),
+    # MLA: heads sharded, the latent cache replicated on both ranks.
+    "deepseek-v3": ("deepseek_v3", {"q_lora_rank": 24}),
 }
 PROMPTS = [[11, 12, 13, 14, 15], [30, 31], [40, 41, 42, 43, 44, 45, 46, 47, 48], [7]]
 MAX_NEW = 12

@@ -1,7 +1,9 @@
 """Writing a tiny HF model as a GGUF file the way llama.cpp's convert_hf_to_gguf.py does:
 its tensor names, its metadata keys, Llama's Q/K rows permuted, Llama-3 RoPE scaling as a
 `rope_freqs` tensor, Phi-3's fused attn_qkv and ffn_up (gate and up) with its LongRoPE factors
-as `rope_factors_long/short` tensors, optionally Q8_0-quantised matrices.
+as `rope_factors_long/short` tensors, optionally Q8_0-quantised matrices; DeepSeek as
+`deepseek2`, its kv_b_proj split into attn_k_b / attn_v_b (newer converters) or whole (older
+ones).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ _GGUF_ARCH = {
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "phi3": "phi3",
+    "deepseek_v2": "deepseek2",
+    "deepseek_v3": "deepseek2",
 }
 _TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 _LAYER = {
@@ -41,6 +45,12 @@ _LAYER = {
     "mlp.down_proj": "ffn_down",
     "self_attn.qkv_proj": "attn_qkv",  # Phi-3's, stacked [q; k; v]
     "mlp.gate_up_proj": "ffn_up",  # Phi-3's, stacked [gate; up]
+    "self_attn.q_a_proj": "attn_q_a",
+    "self_attn.q_a_layernorm": "attn_q_a_norm",
+    "self_attn.q_b_proj": "attn_q_b",
+    "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa",
+    "self_attn.kv_a_layernorm": "attn_kv_a_norm",
+    "self_attn.kv_b_proj": "attn_kv_b",
 }
 
 
@@ -78,13 +88,55 @@ def _llama3_rope_factors(head_dim: int, theta: float, rope: dict[str, float]) ->
     return np.array(out, dtype=np.float32)
 
 
+def _add_deepseek2_metadata(writer: gguf.GGUFWriter, cfg: Any, split_kv_b: bool) -> None:
+    """llama.cpp's deepseek2 keys: split_kv_b, the newer converter's MQA view (one KV head of
+    kv_lora_rank + rope, per-head widths under *_mla); else the older per-head one."""
+    rope, nope, v = cfg.qk_rope_head_dim, cfg.qk_nope_head_dim, cfg.v_head_dim
+    if split_kv_b:
+        writer.add_head_count_kv(1)
+        writer.add_key_length(cfg.kv_lora_rank + rope)
+        writer.add_value_length(cfg.kv_lora_rank)
+        writer.add_key_length_mla(nope + rope)
+        writer.add_value_length_mla(v)
+    else:
+        writer.add_head_count_kv(cfg.num_attention_heads)
+        writer.add_key_length(nope + rope)
+        writer.add_value_length(v)
+    if cfg.q_lora_rank:
+        writer.add_q_lora_rank(cfg.q_lora_rank)
+    writer.add_kv_lora_rank(cfg.kv_lora_rank)
+    writer.add_rope_dimension_count(rope)
+    writer.add_leading_dense_block_count(cfg.first_k_dense_replace)
+    writer.add_expert_count(cfg.n_routed_experts)
+    params = cfg.rope_parameters
+    if params.get("rope_type") == "yarn":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(params["factor"])
+        writer.add_rope_scaling_orig_ctx_len(params["original_max_position_embeddings"])
+        writer.add_rope_scaling_yarn_log_mul(0.1 * params["mscale_all_dim"])
+
+
+def _split_kv_b(w: np.ndarray, cfg: Any) -> tuple[np.ndarray, np.ndarray]:
+    """kv_b_proj [heads * (nope + v), rank] -> (k_b [heads, rank, nope], v_b [heads, v, rank])."""
+    nope = cfg.qk_nope_head_dim
+    per_head = w.reshape(cfg.num_attention_heads, nope + cfg.v_head_dim, w.shape[1])
+    k_b = np.ascontiguousarray(per_head[:, :nope].transpose(0, 2, 1))
+    return k_b, np.ascontiguousarray(per_head[:, nope:])
+
+
 def write_tiny_gguf(
-    path: Path, model: PreTrainedModel, arch: str, qtype: GGMLQuantizationType
+    path: Path,
+    model: PreTrainedModel,
+    arch: str,
+    qtype: GGMLQuantizationType,
+    split_kv_b: bool = True,
 ) -> None:
     """Write `model` to `path`. With a quantised qtype, the model's own matrices are replaced
-    by their dequantised values, so it holds exactly the weights the file does."""
+    by their dequantised values, so it holds exactly the weights the file does. split_kv_b:
+    DeepSeek's kv_b_proj as attn_k_b + attn_v_b (else one attn_kv_b)."""
     cfg = model.config
     a = _GGUF_ARCH[arch]
+    mla = a == "deepseek2"
     rope = cfg.rope_parameters
     writer = gguf.GGUFWriter(str(path), a)
     writer.add_block_count(cfg.num_hidden_layers)
@@ -92,10 +144,13 @@ def write_tiny_gguf(
     writer.add_embedding_length(cfg.hidden_size)
     writer.add_feed_forward_length(cfg.intermediate_size)
     writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
-    if a == "phi3":  # no key_length: the reader derives head_dim from the widths
+    if mla:
+        _add_deepseek2_metadata(writer, cfg, split_kv_b)
+    elif a == "phi3":  # no key_length: the reader derives head_dim from the widths
+        writer.add_head_count_kv(cfg.num_key_value_heads)
         _add_phi3(writer, cfg)
     else:
+        writer.add_head_count_kv(cfg.num_key_value_heads)
         head_dim = cfg.head_dim
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
@@ -114,6 +169,12 @@ def write_tiny_gguf(
             if cfg.tie_word_embeddings and name == "lm_head.weight":
                 continue
             data = param.float().numpy()
+            if mla and split_kv_b and ".kv_b_proj." in name:
+                k_b, v_b = _split_kv_b(data, cfg)
+                layer = gguf_name(name).split(".")[1]
+                writer.add_tensor(f"blk.{layer}.attn_k_b.weight", k_b)
+                writer.add_tensor(f"blk.{layer}.attn_v_b.weight", v_b)
+                continue
             stored = data
             if a == "llama" and ".q_proj." in name:
                 stored = llama_cpp_permute(data, cfg.num_attention_heads)

@@ -38,7 +38,8 @@ def test_sampling_a_mixed_batch_never_synchronises() -> None:
 
 
 @pytest.mark.gpu
-def test_launching_steps_never_synchronises(tmp_path: Path) -> None:
+@pytest.mark.parametrize("arch", ["llama", "deepseek_v3"])
+def test_launching_steps_never_synchronises(tmp_path: Path, arch: str) -> None:
     """Planning and launching a step, an eager EXTEND and a graphed DECODE alike, queues its
     work without waiting for the device: a blocking copy in the forward pass held the host
     until every layer ran, so the next step launched only once the device sat idle. The
@@ -46,7 +47,7 @@ def test_launching_steps_never_synchronises(tmp_path: Path) -> None:
     from loadtest import offline
     from tests.executor.helpers import write_tiny_model
 
-    path = write_tiny_model(tmp_path, "llama", seed=1, max_position_embeddings=1024)
+    path = write_tiny_model(tmp_path, arch, seed=1, max_position_embeddings=1024)
     args = offline.parse_args(["throughput", "--model", str(path), "--max-total-tokens", "16384"])
     engine = offline.make_engine(args)
     modes: list[bool] = []

@@ -40,6 +40,25 @@ class AttentionBackend(ABC):
         Returns [num_tokens, num_heads, head_dim] in q's dtype.
         """
 
+    def forward_mla(
+        self,
+        q: torch.Tensor,
+        latent: torch.Tensor,
+        layer_id: int,
+        batch: ForwardBatch,
+        sm_scale: float,
+        v_dim: int,
+    ) -> torch.Tensor:
+        """DeepSeek's latent attention with the projections absorbed: write `latent` to the
+        pool's latent rows (`KVPool.set_latent`) at `batch.out_cache_loc`, then attend, MQA.
+
+        q: [num_tokens, num_heads, cache_dim]; latent: [num_tokens, 1, cache_dim], both the
+        latent part (`v_dim` = kv_lora_rank wide) then the rotated part. Keys are the cached
+        rows, values their first `v_dim` elements; masks as in `forward`, scale `sm_scale`.
+        Returns [num_tokens, num_heads, v_dim] in q's dtype.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no latent (MLA) attention")
+
 
 # name -> (module, class)
 _BACKENDS: dict[str, tuple[str, str]] = {

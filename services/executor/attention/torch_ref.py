@@ -2,8 +2,10 @@
 
 EXTEND loops over requests (prefills are few and long). DECODE is one padded SDPA call over
 the whole batch, since a decode step is many short requests and per-request calls would
-dominate a CPU step. An fp8 pool (--kv-cache-dtype) is widened to the query's dtype as it is
-gathered, exactly (kernels/fp8_kv.py); KVPool.set_kv does the saturating store.
+dominate a CPU step. MLA (`forward_mla`) is the same attention with one KV head whose values
+are the first `v_dim` elements of its keys. An fp8 pool (--kv-cache-dtype) is widened to the
+query's dtype as it is gathered, exactly (kernels/fp8_kv.py); KVPool.set_kv does the
+saturating store.
 """
 
 from __future__ import annotations
@@ -61,6 +63,25 @@ class TorchRefBackend(AttentionBackend):
             return _decode(q, k_buf, v_buf, self._meta)
         return _extend(q, k_buf, v_buf, self._meta)
 
+    def forward_mla(
+        self,
+        q: torch.Tensor,
+        latent: torch.Tensor,
+        layer_id: int,
+        batch: ForwardBatch,
+        sm_scale: float,
+        v_dim: int,
+    ) -> torch.Tensor:
+        if self._meta is None or self._meta.batch is not batch:
+            self.init_forward_metadata(batch)
+        assert self._meta is not None
+        batch.kv_pool.set_latent(layer_id, batch.out_cache_loc, latent)
+        buf = batch.kv_pool.k_buffers[layer_id]  # [slots, 1, cache_dim]
+        # Values are the latent part of the same rows: a view, nothing copied.
+        if batch.mode is ForwardMode.DECODE:
+            return _decode(q, buf, buf[..., :v_dim], self._meta, sm_scale)
+        return _extend(q, buf, buf[..., :v_dim], self._meta, sm_scale)
+
 
 def _build_metadata(batch: ForwardBatch) -> _Metadata:
     table = batch.req_to_token.req_to_token
@@ -88,29 +109,37 @@ def _build_metadata(batch: ForwardBatch) -> _Metadata:
 
 
 def _extend(
-    q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, meta: _Metadata
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    meta: _Metadata,
+    scale: float | None = None,
 ) -> torch.Tensor:
-    out = torch.empty_like(q)
+    out = q.new_empty(*q.shape[:2], v_buf.shape[-1])
     for r in meta.extend:
         qi = q[r.start : r.start + r.extend].transpose(0, 1)  # [num_heads, extend, head_dim]
         # [num_kv_heads, seq_len, head_dim]
         ki = gather_kv(k_buf, r.slots).transpose(0, 1).to(q.dtype)
         vi = gather_kv(v_buf, r.slots).transpose(0, 1).to(q.dtype)
         oi = F.scaled_dot_product_attention(
-            qi, ki, vi, attn_mask=r.mask, is_causal=r.mask is None, enable_gqa=True
+            qi, ki, vi, attn_mask=r.mask, is_causal=r.mask is None, scale=scale, enable_gqa=True
         )
         out[r.start : r.start + r.extend] = oi.transpose(0, 1)
     return out
 
 
 def _decode(
-    q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, meta: _Metadata
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    meta: _Metadata,
+    scale: float | None = None,
 ) -> torch.Tensor:
     assert meta.decode_slots is not None
     # [bs, num_kv_heads, max_len, head_dim]; padded columns are masked out.
     keys = gather_kv(k_buf, meta.decode_slots).transpose(1, 2).to(q.dtype)
     values = gather_kv(v_buf, meta.decode_slots).transpose(1, 2).to(q.dtype)
     out = F.scaled_dot_product_attention(
-        q.unsqueeze(2), keys, values, attn_mask=meta.decode_mask, enable_gqa=True
+        q.unsqueeze(2), keys, values, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True
     )  # [bs, num_heads, 1, head_dim]
     return out.squeeze(2)

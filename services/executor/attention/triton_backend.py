@@ -21,6 +21,8 @@ import triton
 
 from kernels.decode_attention import DecodeWorkspace, decode_attention, num_kv_splits_for
 from kernels.extend_attention import extend_attention
+from kernels.mla_decode import mla_decode
+from kernels.mla_extend import mla_extend
 from kernels.store_kv import store_kv
 from services.executor.attention import AttentionBackend
 from services.executor.forward_batch import ForwardBatch, ForwardMode
@@ -145,6 +147,57 @@ class TritonBackend(AttentionBackend):
             q=q,
             k_buffer=k_buffer,
             v_buffer=v_buffer,
+            req_to_token=table,
+            req_rows=batch.req_rows,
+            prefix_lens=meta.extend.prefix_lens,
+            extend_lens=meta.extend.extend_lens,
+            extend_starts=meta.extend.extend_starts,
+            max_extend_len=meta.extend.max_extend_len,
+            sm_scale=sm_scale,
+        )
+
+    def forward_mla(
+        self,
+        q: torch.Tensor,
+        latent: torch.Tensor,
+        layer_id: int,
+        batch: ForwardBatch,
+        sm_scale: float,
+        v_dim: int,
+    ) -> torch.Tensor:
+        """kernels/mla_decode and mla_extend over the latent pool, the same metadata and
+        decode workspace as `forward` (its head dim is `v_dim`: reserve_decode with it)."""
+        if self._meta is None or self._meta.batch is not batch:
+            self.init_forward_metadata(batch)
+        meta = self._meta
+        assert meta is not None
+        buffer = batch.kv_pool.k_buffers[layer_id]
+        # One latent row per new token: a plain row copy (store_kv takes K and V pairs).
+        batch.kv_pool.set_latent(layer_id, batch.out_cache_loc, latent)
+        table = batch.req_to_token.req_to_token
+        if meta.num_kv_splits is not None:
+            ws = self._decode_workspace(q.shape[0], q.shape[1], v_dim, q.device)
+            workspace = DecodeWorkspace(
+                partial_out=ws.partial_out[:, :, : meta.split_cap],
+                partial_lse=ws.partial_lse[:, :, : meta.split_cap],
+            )
+            return mla_decode(
+                q=q,
+                buffer=buffer,
+                rank=v_dim,
+                req_to_token=table,
+                req_rows=batch.req_rows,
+                seq_lens=batch.seq_lens,
+                num_kv_splits=meta.num_kv_splits,
+                workspace=workspace,
+                sm_scale=sm_scale,
+                num_stages=meta.num_stages,
+            )
+        assert meta.extend is not None
+        return mla_extend(
+            q=q,
+            buffer=buffer,
+            rank=v_dim,
             req_to_token=table,
             req_rows=batch.req_rows,
             prefix_lens=meta.extend.prefix_lens,

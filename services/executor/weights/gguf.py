@@ -1,5 +1,6 @@
 """Reading GGUF files (llama.cpp's format): tensor names mapped to HF's, every tensor
-dequantised to fp32 with the `gguf` package, Llama's Q/K rows put back in HF order.
+dequantised to fp32 with the `gguf` package, Llama's Q/K rows put back in HF order, and
+DeepSeek's kv_b_proj put back together where newer converters split it (attn_k_b, attn_v_b).
 """
 
 from __future__ import annotations
@@ -29,10 +30,20 @@ _PER_LAYER = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
     "attn_qkv": "self_attn.qkv_proj",  # Phi-3's stacked [q; k; v], split by the loader
+    # deepseek2 (MLA); its V2-Lite form has a plain attn_q
+    "attn_q_a": "self_attn.q_a_proj",
+    "attn_q_a_norm": "self_attn.q_a_layernorm",
+    "attn_q_b": "self_attn.q_b_proj",
+    "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
+    "attn_kv_a_norm": "self_attn.kv_a_layernorm",
+    "attn_kv_b": "self_attn.kv_b_proj",
 }
 # Where an architecture's tensor of that name holds something else: Phi-3's ffn_up is its
 # stacked [gate; up] (llama.cpp has no ffn_gate for it).
 _PER_LAYER_BY_ARCH = {"Phi3ForCausalLM": {"ffn_up": "mlp.gate_up_proj"}}
+# Halves of kv_b_proj, per head: k_b [heads, kv_lora_rank, nope] (transposed) and
+# v_b [heads, v_head_dim, kv_lora_rank].
+_KV_B_HALVES = ("attn_k_b", "attn_v_b")
 # Read into ModelConfig.rope_scaling rather than loaded as a weight.
 _CONFIG_TENSORS = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
 
@@ -64,9 +75,15 @@ def iter_gguf_weights(
     """(HF name, fp32 CPU tensor) for every weight, dequantised one tensor at a time."""
     # llama.cpp permutes Llama's Q/K rows for its interleaved RoPE; Qwen's are left alone.
     unpermute = config.architecture == "LlamaForCausalLM"
+    names = {t.name for t in reader.tensors}
+    halves: dict[tuple[str, str], torch.Tensor] = {}  # (block, half) -> tensor
     for t in reader.tensors:
         if t.name in _CONFIG_TENSORS:
             continue
+        parts = t.name.split(".")
+        half = parts[2] if len(parts) == 4 and parts[0] == "blk" else ""
+        if half in _KV_B_HALVES and f"blk.{parts[1]}.attn_kv_b.weight" in names:
+            continue  # the file has the whole kv_b too (some converters keep both)
         try:
             arr = dequantize(t.data, t.tensor_type)
         except NotImplementedError as e:
@@ -77,12 +94,25 @@ def iter_gguf_weights(
         arr = np.ascontiguousarray(arr).reshape([int(d) for d in reversed(t.shape)])
         # F32 data is a read-only view of the mmap; torch wants a writable array.
         tensor = torch.from_numpy(arr if arr.flags.writeable else arr.copy())
+        if half in _KV_B_HALVES:
+            halves[(parts[1], half)] = tensor
+            if all((parts[1], h) in halves for h in _KV_B_HALVES):
+                k_b, v_b = (halves.pop((parts[1], h)) for h in _KV_B_HALVES)
+                yield f"model.layers.{parts[1]}.self_attn.kv_b_proj.weight", merge_kv_b(k_b, v_b)
+            continue
         name = hf_name(t.name, config.architecture)
         if unpermute and t.name.split(".")[-2] == "attn_q":
             tensor = unpermute_qk(tensor, config.num_heads)
         elif unpermute and t.name.split(".")[-2] == "attn_k":
             tensor = unpermute_qk(tensor, config.num_kv_heads)
         yield name, tensor
+
+
+def merge_kv_b(k_b: torch.Tensor, v_b: torch.Tensor) -> torch.Tensor:
+    """HF's kv_b_proj [heads * (nope + v), kv_lora_rank] from llama.cpp's halves k_b
+    [heads, kv_lora_rank, nope] and v_b [heads, v, kv_lora_rank]."""
+    rank = k_b.shape[1]
+    return torch.cat([k_b.transpose(1, 2), v_b], dim=1).reshape(-1, rank)
 
 
 def unpermute_qk(w: torch.Tensor, num_heads: int) -> torch.Tensor:

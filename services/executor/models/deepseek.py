@@ -1,0 +1,186 @@
+"""DeepSeek-V2 and V3: multi-head latent attention (MLA) over a Llama-style decoder.
+
+Keys and values of every head are expanded from one latent per token (`kv_lora_rank` wide,
+after kv_a_layernorm) plus a rotated key part shared by all heads (`qk_rope_head_dim`). The
+KV pool caches exactly that (kv_pool.py's latent layout), and attention never expands it:
+W_UK (the key half of kv_b_proj) is absorbed into each head's query and W_UV (the value
+half) applied after attention, so every step is MQA over `kv_lora_rank + qk_rope_head_dim`
+wide keys whose first `kv_lora_rank` elements are the values. Prefill takes the same absorbed
+path as decode (one attention kernel pair, one cache layout; SGLang expands K/V for long
+prefills instead, which costs less compute there: a later optimisation).
+
+Rotary pairs are interleaved, (x0, x1), (x2, x3)...: we de-interleave the rotated part of q
+and k (the same permutation for both, so q.k is unchanged) and apply the usual rotate-half
+RoPE, which is what transformers' V3 does. YaRN's attention factor multiplies the rotated
+parts; its mscale correction is in the softmax scale (mla_config.py).
+
+Tensor parallelism shards the heads (q_proj / q_b_proj, kv_b_proj, o_proj); q_a_proj and
+kv_a_proj_with_mqa are replicated, and so is the latent cache, on every rank.
+
+MoE layers (`MLAConfig.is_moe_layer`) are not in this build: the decoder layer's `mlp` is
+the one line that will build them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from services.executor.attention import AttentionBackend
+from services.executor.distributed.group import SINGLE, TPGroup
+from services.executor.distributed.layers import (
+    ColumnParallelLinear,
+    ParallelLMHead,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+)
+from services.executor.errors import UnsupportedModelError
+from services.executor.forward_batch import ForwardBatch
+from services.executor.mla_config import MLAConfig
+from services.executor.model_config import ModelConfig
+from services.executor.models.layers import RMSNorm, Rope, RotaryEmbedding, SiluAndMulMLP
+from services.executor.models.linear import Linear
+from services.executor.models.llama import (
+    HeadShards,
+    LlamaDecoderLayer,
+    LlamaForCausalLM,
+    LlamaModel,
+)
+
+
+def mla_of(config: ModelConfig) -> MLAConfig:
+    if config.mla is None:
+        raise ValueError(f"{config.architecture}: the config has no latent attention fields")
+    return config.mla
+
+
+def deinterleave(x: torch.Tensor) -> torch.Tensor:
+    """[..., d] with pairs (x0, x1), (x2, x3)... -> [x0, x2, ..., x1, x3, ...], contiguous."""
+    return x.unflatten(-1, (-1, 2)).transpose(-1, -2).flatten(-2).contiguous()
+
+
+class MLAttention(nn.Module):
+    def __init__(
+        self, config: ModelConfig, layer_id: int, backend: AttentionBackend, tp: TPGroup = SINGLE
+    ) -> None:
+        super().__init__()
+        self.mla = m = mla_of(config)
+        self.layer_id, self.backend = layer_id, backend
+        heads = HeadShards(config, tp)
+        self.num_heads = h = heads.q  # this rank's
+        hidden, bias = config.hidden_size, config.attention_bias
+        full_h = config.num_heads
+        self.q_lora_rank = m.q_lora_rank
+
+        def per_head(width: int) -> list[tuple[int, int, int]]:
+            return [(full_h * width, heads.q_start * width, h * width)]
+
+        if m.q_lora_rank is None:
+            self.q_proj = ColumnParallelLinear(hidden, per_head(m.qk_head_dim), False, tp)
+        else:
+            self.q_a_proj = Linear(hidden, m.q_lora_rank, bias=bias)
+            self.q_a_layernorm = RMSNorm(m.q_lora_rank, config.rms_norm_eps)
+            self.q_b_proj = ColumnParallelLinear(m.q_lora_rank, per_head(m.qk_head_dim), False, tp)
+        self.kv_a_proj_with_mqa = Linear(hidden, m.cache_dim, bias=bias)
+        self.kv_a_layernorm = RMSNorm(m.kv_lora_rank, config.rms_norm_eps)
+        # Never applied as a projection: its halves are absorbed (w_uk, w_uv).
+        self.kv_b_proj = ColumnParallelLinear(
+            m.kv_lora_rank, per_head(m.qk_nope_head_dim + m.v_head_dim), False, tp
+        )
+        self.o_proj = RowParallelLinear(full_h * m.v_head_dim, hidden, bias, tp)
+
+    def absorbed(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(W_UK [heads, nope, rank], W_UV^T [heads, rank, v]): views of kv_b_proj's weight."""
+        m = self.mla
+        w = self.kv_b_proj.weight.view(self.num_heads, -1, m.kv_lora_rank)
+        return w[:, : m.qk_nope_head_dim], w[:, m.qk_nope_head_dim :].transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, rope: Rope, batch: ForwardBatch) -> torch.Tensor:
+        m, n, h = self.mla, x.shape[0], self.num_heads
+        if self.q_lora_rank is None:
+            q = self.q_proj(x)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q_nope, q_pe = q.view(n, h, m.qk_head_dim).split(
+            [m.qk_nope_head_dim, m.qk_rope_head_dim], dim=-1
+        )
+        latent, k_pe = self.kv_a_proj_with_mqa(x).split([m.kv_lora_rank, m.qk_rope_head_dim], -1)
+        latent = self.kv_a_layernorm(latent)
+        k_pe = k_pe.reshape(n, 1, m.qk_rope_head_dim)
+        if m.rope_interleave:
+            q_pe, k_pe = deinterleave(q_pe), deinterleave(k_pe)
+        else:
+            q_pe, k_pe = q_pe.contiguous(), k_pe.contiguous()
+        q_pe, k_pe = rope.apply(q_pe, k_pe)
+        if m.rope_mscale != 1.0:
+            q_pe, k_pe = q_pe * m.rope_mscale, k_pe * m.rope_mscale
+        w_uk, w_uv = self.absorbed()
+        # [heads, n, nope] @ [heads, nope, rank]: each head's query in latent space.
+        q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)
+        query = torch.cat([q_latent, q_pe], dim=-1)  # [n, heads, cache_dim]
+        cache_row = torch.cat([latent, k_pe.view(n, -1)], dim=-1).view(n, 1, m.cache_dim)
+        out = self.backend.forward_mla(
+            query, cache_row, self.layer_id, batch, m.softmax_scale, m.kv_lora_rank
+        )  # [n, heads, rank]
+        out = torch.bmm(out.transpose(0, 1), w_uv)  # [heads, n, v]
+        return self.o_proj(out.transpose(0, 1).reshape(n, h * m.v_head_dim))
+
+
+class DeepseekDecoderLayer(LlamaDecoderLayer):
+    """Llama's pre-norm layer (its forward) with MLA and, past the first dense layers, MoE."""
+
+    def __init__(
+        self, config: ModelConfig, layer_id: int, backend: AttentionBackend, tp: TPGroup = SINGLE
+    ) -> None:
+        nn.Module.__init__(self)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = MLAttention(config, layer_id, backend, tp)  # type: ignore[assignment]
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        if mla_of(config).is_moe_layer(layer_id):
+            # With the MoE layer: self.mlp = SparseMoE(config, layer_id, tp)
+            raise UnsupportedModelError(
+                f"DeepSeek MoE layers: not in this build (layer {layer_id} of "
+                f"{config.architecture} is one)"
+            )
+        self.mlp = SiluAndMulMLP(config.hidden_size, config.intermediate_size, config.mlp_bias, tp)
+
+
+class DeepseekModel(LlamaModel):
+    def __init__(
+        self, config: ModelConfig, backend: AttentionBackend, tp: TPGroup = SINGLE
+    ) -> None:
+        nn.Module.__init__(self)
+        mla = mla_of(config)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
+        self.layers = nn.ModuleList(
+            DeepseekDecoderLayer(config, i, backend, tp) for i in range(config.num_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = RotaryEmbedding(
+            mla.qk_rope_head_dim,
+            config.rope_theta,
+            config.rope_scaling,
+            config.max_position_embeddings,
+        )
+
+
+class DeepseekV2ForCausalLM(LlamaForCausalLM):
+    """`forward(batch)` -> last-token logits, as Llama's; the pool it reads is the latent one
+    (kv_pool.make_kv_pool), and decode buffers are per head `kv_lora_rank` wide."""
+
+    def __init__(
+        self, config: ModelConfig, backend: AttentionBackend, tp: TPGroup = SINGLE
+    ) -> None:
+        nn.Module.__init__(self)
+        mla = mla_of(config)
+        self.config, self.backend, self.tp = config, backend, tp
+        self.num_heads = HeadShards(config, tp).q  # this rank's
+        self.num_kv_heads = 1  # one latent row per token, on every rank
+        self.decode_value_dim = mla.kv_lora_rank  # what attention returns per head
+        self.model = DeepseekModel(config, backend, tp)
+        self.lm_head = ParallelLMHead(config.hidden_size, config.vocab_size, tp)
+        self.tie_weights()
+
+
+class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
+    """V3's attention and dense layers are V2's (its MoE router differs: not in this build)."""
