@@ -12,6 +12,10 @@ MODEL_CLASSES: dict[str, tuple[str, str]] = {
     "MistralForCausalLM": ("services.executor.models.llama", "LlamaForCausalLM"),
     "Qwen2ForCausalLM": ("services.executor.models.qwen2", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("services.executor.models.qwen3", "Qwen3ForCausalLM"),
+    # MoE families: the same attention, SparseMoE MLPs where ModelConfig.moe says so.
+    "Qwen2MoeForCausalLM": ("services.executor.models.qwen2", "Qwen2ForCausalLM"),
+    "Qwen3MoeForCausalLM": ("services.executor.models.qwen3", "Qwen3ForCausalLM"),
+    "MixtralForCausalLM": ("services.executor.models.mixtral", "MixtralForCausalLM"),
 }
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(MODEL_CLASSES))

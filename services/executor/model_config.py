@@ -12,13 +12,18 @@ from typing import Any
 
 from services.executor.architectures import check_architecture
 from services.executor.errors import ModelLoadError, UnsupportedModelError
+from services.executor.moe_config import MoEConfig
 
 # GGUF `general.architecture` -> HF architecture name.
 GGUF_ARCHITECTURES: dict[str, str] = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen2moe": "Qwen2MoeForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
 }
+# A llama GGUF with routed experts (ffn_gate_exps) is Mixtral.
+_GGUF_MOE_ARCHITECTURES = {"LlamaForCausalLM": "MixtralForCausalLM"}
 
 # HF `model_type` -> architecture, for config.json files without an `architectures` list.
 _MODEL_TYPES: dict[str, str] = {
@@ -26,7 +31,14 @@ _MODEL_TYPES: dict[str, str] = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
 }
+# Architectures with q/k/v biases (HF has no flag for Qwen2's; Qwen2-MoE's is `qkv_bias`)
+# and with per-head q/k norms.
+_QKV_BIAS = {"Qwen2ForCausalLM", "Qwen2MoeForCausalLM"}
+_QK_NORM = {"Qwen3ForCausalLM", "Qwen3MoeForCausalLM"}
 
 # "freq_factors" is llama.cpp's form of llama3 scaling: per-frequency divisors in a tensor.
 SUPPORTED_ROPE_TYPES = ("linear", "llama3", "freq_factors")
@@ -71,6 +83,7 @@ class ModelConfig:
     torch_dtype: str  # e.g. "bfloat16": the dtype the weights were published in
     o_proj_bias: bool = False  # HF's Llama/Qwen3 `attention_bias` covers o_proj too; Qwen2's not
     mlp_bias: bool = False  # Llama's `mlp_bias`: biases on gate/up/down
+    moe: MoEConfig | None = None  # routed experts (moe_config.py); None: a dense model
 
     def __post_init__(self) -> None:
         check_architecture(self.architecture)
@@ -108,7 +121,8 @@ class ModelConfig:
         context = cfg.get("max_position_embeddings", 2048)
         # We only do full attention: a sliding-window model is exact up to its window.
         window = cfg.get("sliding_window")
-        if window and (arch == "MistralForCausalLM" or cfg.get("use_sliding_window")):
+        sliding = arch in ("MistralForCausalLM", "MixtralForCausalLM")
+        if window and (sliding or cfg.get("use_sliding_window")):
             context = min(context, window)
         return cls(
             architecture=arch,
@@ -125,13 +139,14 @@ class ModelConfig:
             max_position_embeddings=context,
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
             # HF's Qwen2 always has q/k/v biases (never o_proj's) and has no flag for them.
-            attention_bias=arch == "Qwen2ForCausalLM" or bias,
-            qk_norm=arch == "Qwen3ForCausalLM",
+            attention_bias=bool(cfg.get("qkv_bias", True)) if arch in _QKV_BIAS else bias,
+            qk_norm=arch in _QK_NORM,
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=_id_tuple(cfg.get("eos_token_id"), gen.get("eos_token_id")),
             torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
-            o_proj_bias=arch != "Qwen2ForCausalLM" and bias,
+            o_proj_bias=arch not in _QKV_BIAS and bias,
             mlp_bias=bool(cfg.get("mlp_bias", False)),
+            moe=MoEConfig.from_hf(cfg),
         )
 
     @classmethod
@@ -160,13 +175,21 @@ class ModelConfig:
         a = gguf_arch
         hidden = need(f"{a}.embedding_length")
         num_heads = need(f"{a}.attention.head_count")
+        num_layers = need(f"{a}.block_count")
+        moe = MoEConfig.from_gguf(get, a, tensors, num_layers)
+        # MoE GGUFs may leave out the dense size when every layer is sparse.
+        ffn = f"{a}.feed_forward_length"
+        dense_inter = int(get(ffn, 0)) if moe is not None else need(ffn)
+        arch = GGUF_ARCHITECTURES[a]
+        if moe is not None:
+            arch = _GGUF_MOE_ARCHITECTURES.get(arch, arch)
         return cls(
-            architecture=GGUF_ARCHITECTURES[a],
+            architecture=arch,
             # ggml shapes list the fastest-varying dimension first: [hidden, vocab].
             vocab_size=int(tensors["token_embd.weight"].shape[1]),
             hidden_size=hidden,
-            intermediate_size=need(f"{a}.feed_forward_length"),
-            num_layers=need(f"{a}.block_count"),
+            intermediate_size=dense_inter,
+            num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=int(get(f"{a}.attention.head_count_kv", num_heads)),
             head_dim=int(get(f"{a}.attention.key_length", hidden // num_heads)),
@@ -184,6 +207,7 @@ class ModelConfig:
             torch_dtype=_GGUF_FILE_TYPES.get(get("general.file_type", 0), "float32"),
             o_proj_bias="blk.0.attn_output.bias" in tensors,
             mlp_bias="blk.0.ffn_up.bias" in tensors,
+            moe=moe,
         )
 
 

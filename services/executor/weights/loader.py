@@ -80,8 +80,10 @@ def checkpoint_layout(model: LlamaForCausalLM) -> dict[str, Target]:
     this rank reads.
 
     Fused projections (qkv_proj, gate_up_proj) are filled by several checkpoint tensors,
-    stacked along rows in the order of `STACKED`; everything else maps one to one. Sharded
-    modules say what their rank reads (`load_plan`, distributed/layers.py).
+    stacked along rows in the order of `STACKED`; stacked experts ([experts, ...] parameters)
+    list the per-expert tensors that fill them (`checkpoint_parts`, models/moe.py);
+    everything else maps one to one. Sharded modules say what their rank reads (`load_plan`,
+    distributed/layers.py).
     """
     layout: dict[str, Target] = {}
     fused_into: dict[str, list[tuple[int, str]]] = {}
@@ -91,6 +93,11 @@ def checkpoint_layout(model: LlamaForCausalLM) -> dict[str, Target]:
         *prefix, module_name, kind = name.split(".")
         module = model.get_submodule(".".join([*prefix, module_name]))
         plan = getattr(module, "load_plan", None)
+        parts = getattr(module, "checkpoint_parts", None)
+        if parts is not None:
+            for suffix, view, start, end, shard in parts(kind):
+                layout[".".join([*prefix, module_name, suffix])] = Target(view, start, end, shard)
+            continue
         if module_name not in fused_into:
             start, end, shard = plan(kind, None) if plan else (0, param.shape[0], WHOLE)
             layout[name] = Target(param, start, end, shard)
@@ -124,7 +131,10 @@ def load_weights(
     tied = model.config.tie_word_embeddings
     loaded: set[str] = set()
     unexpected: list[str] = []
+    renames = model.checkpoint_renames
     for name, raw in weights:
+        for theirs, ours in renames:
+            name = name.replace(theirs, ours)
         if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
             continue
         target = layout.get(name)

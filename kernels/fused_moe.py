@@ -1,0 +1,290 @@
+"""Fused mixture-of-experts MLP: every token's top-k experts, SiLU-gated, weighted and summed,
+in two grouped GEMM launches for the whole batch.
+
+1. `moe_align` sorts the (token, slot) pairs by expert and pads each expert's run to a
+   multiple of BLOCK_M, so that every BLOCK_M rows of the sorted order belong to one expert
+   (`expert_ids[block]`). Padding rows hold the index `tokens * top_k` (past every real pair).
+   Shapes depend only on (tokens, top_k, experts, BLOCK_M), never on the routing, and nothing
+   is read back to the host: the step stays capturable in a CUDA graph.
+2. gate_up launch: rows of x (pair // top_k) times the expert's gate and up rows, both in one
+   program (two accumulators), silu(gate) * up written per pair: [pairs, I].
+3. down launch: those rows times the expert's down weight, scaled by the pair's routing weight:
+   [pairs, hidden]; the top_k rows of a token are then summed.
+
+Grid of each launch: (max_blocks * cdiv(N, BLOCK_N),); programs whose block lies past the padded
+total (read from the device) return at once, so experts with no tokens cost nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from kernels._checks import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_device,
+    check_launch,
+    check_tensor,
+    check_tile,
+    dot_precision,
+)
+
+
+@triton.jit
+def _fused_moe_kernel(
+    a_ptr,  # [rows of A, K]
+    b_ptr,  # [experts, N (x2 with SILU_MUL), K]
+    c_ptr,  # [pairs, N]
+    weights_ptr,  # [pairs] fp32 routing weights (MUL_WEIGHT)
+    sorted_ids_ptr,  # [max_padded] int32: pair index, or num_pairs for padding
+    expert_ids_ptr,  # [max_blocks] int32
+    num_post_padded_ptr,  # [1] int32
+    num_pairs,
+    N,
+    K,
+    stride_am,
+    stride_be,
+    stride_bn,
+    stride_cm,
+    A_ROW_DIV: tl.constexpr,  # A's row of a pair: pair // A_ROW_DIV (top_k for x, 1 after)
+    SILU_MUL: tl.constexpr,  # B holds [gate; up] rows: write silu(x.gate) * (x.up)
+    MUL_WEIGHT: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    if pid_m * BLOCK_M >= tl.load(num_post_padded_ptr):
+        return
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.load(sorted_ids_ptr + offs_m)
+    m_mask = pairs < num_pairs
+    a_rows = (pairs // A_ROW_DIV).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    b_base = b_ptr + expert * stride_be + offs_n.to(tl.int64)[None, :] * stride_bn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < K
+        a = tl.load(
+            a_ptr + a_rows[:, None] * stride_am + offs_k[None, :],
+            mask=m_mask[:, None] & k_mask[None, :],
+            other=0.0,
+        )
+        b_mask = k_mask[:, None] & n_mask[None, :]
+        b = tl.load(b_base + offs_k[:, None], mask=b_mask, other=0.0)  # [BLOCK_K, BLOCK_N]
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        if SILU_MUL:
+            up = tl.load(b_base + N * stride_bn + offs_k[:, None], mask=b_mask, other=0.0)
+            acc_up = tl.dot(a, up, acc_up, input_precision=PRECISION)
+    if SILU_MUL:
+        acc = acc / (1.0 + tl.exp(-acc)) * acc_up
+    if MUL_WEIGHT:
+        w = tl.load(weights_ptr + pairs, mask=m_mask, other=0.0)
+        acc = acc * w[:, None]
+    c = c_ptr + pairs.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
+    tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+def moe_align(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sort the (token, slot) pairs of topk_ids [tokens, top_k] by expert, each expert's run
+    padded to a multiple of block_m. Returns (sorted_ids [max_padded] int32: pair index
+    token * top_k + slot, or tokens * top_k for padding; expert_ids [max_padded // block_m]
+    int32: the expert of each block, -1 past the end; num_post_padded [1] int32).
+
+    Torch ops with shapes fixed by the arguments and no host sync (graph-capturable)."""
+    device = topk_ids.device
+    flat = topk_ids.reshape(-1).long()
+    n = flat.numel()
+    max_padded = triton.cdiv(n + num_experts * (block_m - 1), block_m) * block_m
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    padded_end = padded.cumsum(0)
+    order = torch.argsort(flat, stable=True)  # pairs grouped by expert, in pair order
+    expert_of = flat[order]
+    rank = torch.arange(n, device=device) - (counts.cumsum(0) - counts)[expert_of]
+    dest = (padded_end - padded)[expert_of] + rank
+    sorted_ids = torch.full((max_padded,), n, dtype=torch.int32, device=device)
+    sorted_ids.index_copy_(0, dest, order.to(torch.int32))
+    starts = torch.arange(0, max_padded, block_m, device=device)
+    expert_ids = torch.searchsorted(padded_end, starts, right=True)
+    expert_ids = torch.where(expert_ids < num_experts, expert_ids, -1).to(torch.int32)
+    return sorted_ids, expert_ids, padded_end[-1:].to(torch.int32)
+
+
+def choose_block_m(num_pairs: int, num_experts: int) -> int:
+    """Rows per block: small when experts get few tokens each (decode), so padding is cheap."""
+    per_expert = num_pairs / num_experts
+    return 16 if per_expert <= 16 else 32 if per_expert <= 48 else 64
+
+
+def fused_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    block_m: int | None = None,
+    block_n: int = 64,
+    block_k: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 3,
+) -> torch.Tensor:
+    """sum over j of topk_weights[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t])), e =
+    topk_ids[t, j]; returns [tokens, hidden] in x's dtype.
+
+    x: [tokens, hidden]; w13: [experts, 2 * I, hidden] (rows [0, I) gate, [I, 2I) up);
+    w2: [experts, hidden, I]; topk_weights: [tokens, top_k] fp32; topk_ids: [tokens, top_k]
+    int32/int64 in [0, experts). block_m: None chooses from the tokens per expert.
+    """
+    op = "fused_moe"
+    check_tensor(op, "x", x, shape=(None, None), dims="[tokens, hidden]", dtypes=FLOAT_DTYPES)
+    check_device(op, x)
+    tokens, hidden = x.shape
+    check_tensor(
+        op,
+        "w13",
+        w13,
+        shape=(None, None, hidden),
+        dims="[experts, 2 * I, hidden]",
+        dtypes=(x.dtype,),
+        device=x.device,
+    )
+    num_experts, two_i, _ = w13.shape
+    if two_i % 2:
+        raise ValueError(f"{op}: w13's rows must be even (gate, up), got {two_i}")
+    inter = two_i // 2
+    check_tensor(
+        op,
+        "w2",
+        w2,
+        shape=(num_experts, hidden, inter),
+        dims="[experts, hidden, I]",
+        dtypes=(x.dtype,),
+        device=x.device,
+    )
+    check_tensor(
+        op,
+        "topk_ids",
+        topk_ids,
+        shape=(tokens, None),
+        dims="[tokens, top_k]",
+        dtypes=INDEX_DTYPES,
+        device=x.device,
+    )
+    top_k = topk_ids.shape[1]
+    check_tensor(
+        op,
+        "topk_weights",
+        topk_weights,
+        shape=(tokens, top_k),
+        dims="[tokens, top_k]",
+        dtypes=(torch.float32,),
+        device=x.device,
+    )
+    for name, size in (("block_n", block_n), ("block_k", block_k)):
+        check_tile(op, name, size)
+    check_launch(op, num_warps, num_stages)
+    if x.stride(0) != hidden or w13.stride(1) != hidden or w2.stride(1) != inter:
+        raise ValueError(f"{op}: x, w13 and w2 must have contiguous rows")
+    out = torch.empty((tokens, hidden), dtype=x.dtype, device=x.device)
+    if tokens == 0:
+        return out
+    num_pairs = tokens * top_k
+    bm = block_m or choose_block_m(num_pairs, num_experts)
+    check_tile(op, "block_m", bm)
+    sorted_ids, expert_ids, num_post_padded = moe_align(topk_ids, num_experts, bm)
+    act = torch.empty((num_pairs, inter), dtype=x.dtype, device=x.device)
+    per_pair = torch.empty((num_pairs, hidden), dtype=x.dtype, device=x.device)
+    weights = topk_weights.contiguous().view(-1)
+    common = dict(
+        PRECISION=dot_precision(x.dtype),
+        BLOCK_M=bm,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    blocks = expert_ids.shape[0]
+    # gate_up with silu_mul: x [tokens, hidden] -> act [pairs, I]
+    _fused_moe_kernel[(blocks * triton.cdiv(inter, block_n),)](
+        x,
+        w13,
+        act,
+        weights,
+        sorted_ids,
+        expert_ids,
+        num_post_padded,
+        num_pairs,
+        inter,
+        hidden,
+        x.stride(0),
+        w13.stride(0),
+        w13.stride(1),
+        act.stride(0),
+        A_ROW_DIV=top_k,
+        SILU_MUL=True,
+        MUL_WEIGHT=False,
+        **common,
+    )
+    # down, weighted: act [pairs, I] -> per_pair [pairs, hidden]
+    _fused_moe_kernel[(blocks * triton.cdiv(hidden, block_n),)](
+        act,
+        w2,
+        per_pair,
+        weights,
+        sorted_ids,
+        expert_ids,
+        num_post_padded,
+        num_pairs,
+        hidden,
+        inter,
+        act.stride(0),
+        w2.stride(0),
+        w2.stride(1),
+        per_pair.stride(0),
+        A_ROW_DIV=1,
+        SILU_MUL=False,
+        MUL_WEIGHT=True,
+        **common,
+    )
+    return torch.sum(per_pair.view(tokens, top_k, hidden), dim=1, out=out)
+
+
+def fused_moe_ref(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> torch.Tensor:
+    """The torch twin of `fused_moe` (and the CPU path): a loop over the experts that have
+    tokens, each one's pairs gathered, computed and scattered back. Syncs the host (it asks
+    which experts are used): not for CUDA graphs."""
+    tokens, top_k = topk_ids.shape
+    inter = w13.shape[1] // 2
+    out = torch.zeros((tokens, x.shape[1]), dtype=torch.float32, device=x.device)
+    flat = topk_ids.reshape(-1)
+    for expert in torch.unique(flat).tolist():
+        pairs = (flat == expert).nonzero().squeeze(1)
+        rows = pairs // top_k
+        gate_up = x[rows].float() @ w13[expert].float().T
+        act = (F.silu(gate_up[:, :inter]) * gate_up[:, inter:]).to(x.dtype).float()
+        down = act @ w2[expert].float().T
+        w = topk_weights.reshape(-1)[pairs].float()
+        out.index_add_(0, rows, (down * w[:, None]).to(x.dtype).float())
+    return out.to(x.dtype)
