@@ -94,13 +94,15 @@ class MoEConfig:
         shared = int(cfg.get("shared_expert_intermediate_size") or 0)
         n_shared = int(cfg.get("n_shared_experts") or 0)
         moe_inter = int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"])
-        topk_method = cfg.get("topk_method") or "greedy"
+        # transformers' DeepseekV3Config drops these two keys (its router hard-codes them).
+        v3 = model_type == "deepseek_v3"
+        topk_method = cfg.get("topk_method") or ("noaux_tc" if v3 else "greedy")
         return cls(
             num_experts=int(num_experts),
             top_k=int(cfg.get("num_experts_per_tok") or 2),
             intermediate_size=moe_inter,
             sparse_layers=tuple(sparse),
-            scoring=cfg.get("scoring_func") or "softmax",
+            scoring=cfg.get("scoring_func") or ("sigmoid" if v3 else "softmax"),
             # Mixtral always renormalises and has no key for it.
             norm_topk_prob=bool(cfg.get("norm_topk_prob", model_type == "mixtral")),
             topk_method=topk_method,

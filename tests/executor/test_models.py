@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from services.executor.model_config import ModelConfig
 from services.executor.models.llama import LlamaForCausalLM
+from services.executor.models.moe import FusedExperts
 from services.executor.weights import load_model
 from services.executor.weights.loader import hf_state_dict
 
@@ -31,6 +32,11 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "mistral": ("mistral", {"tie_word_embeddings": False}),
     "qwen2-bias": ("qwen2", {}),
     "qwen3-qknorm": ("qwen3", {"tie_word_embeddings": False}),
+    # MoE: gated shared expert; a dense layer among sparse ones, renormalised top-3; Mixtral's
+    # checkpoint names
+    "qwen2-moe": ("qwen2_moe", {}),
+    "qwen3-moe-mlp-only-layer": ("qwen3_moe", {"mlp_only_layers": [0]}),
+    "mixtral": ("mixtral", {"tie_word_embeddings": False}),
 }
 # Different lengths, so batches are ragged; the last one crosses the llama3 case's
 # original context of 64 during generation.
@@ -115,6 +121,23 @@ def test_dummy_weights_have_config_shapes(tmp_path: Path) -> None:
     driver = BatchDriver(model, config)
     logits = driver.extend([driver.new_request()], [PROMPTS[0]])
     assert logits.shape == (1, config.vocab_size)
+    assert torch.isfinite(logits).all()
+
+
+def test_dummy_moe_weights_have_config_shapes(tmp_path: Path) -> None:
+    path = write_tiny_model(tmp_path, "qwen2_moe")
+    model, config = load_model(path, "cpu", torch.float32, load_format="dummy")
+    assert config.moe is not None
+    moe = config.moe
+    experts = model.get_submodule("model.layers.1.mlp.experts")
+    assert isinstance(experts, FusedExperts)
+    assert experts.w13_weight.shape == (moe.num_experts, 2 * moe.intermediate_size, 64)
+    assert abs(experts.w2_weight.std().item() - 0.02) < 0.002
+    state = hf_state_dict(model)
+    assert state["model.layers.1.mlp.experts.7.down_proj.weight"].shape == (64, 32)
+    assert state["model.layers.1.mlp.shared_expert_gate.weight"].shape == (1, 64)
+    driver = BatchDriver(model, config)
+    logits = driver.extend([driver.new_request()], [PROMPTS[0]])
     assert torch.isfinite(logits).all()
 
 

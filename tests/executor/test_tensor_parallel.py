@@ -2,9 +2,9 @@
 
 Each rank loads only its shard of the checkpoint; rank 0 runs the engine (plans, samples) and
 rank 1 follows each step's tables. Against the same model on one rank: the logits agree to
-float32 rounding, and greedy generation gives the same tokens, for Llama, Qwen2 (biases) and
-Qwen3 (q/k norms), with KV heads that the ranks divide and with fewer KV heads than ranks
-(replicated), and an odd vocabulary (padded slices).
+float32 rounding, and greedy generation gives the same tokens, for Llama, Qwen2 (biases),
+Qwen3 (q/k norms) and Qwen2-MoE (sharded experts), with KV heads that the ranks divide and
+with fewer KV heads than ranks (replicated), and an odd vocabulary (padded slices).
 """
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-kv1": ("llama", {"num_key_value_heads": 1}),  # fewer KV heads than ranks
     "qwen2-odd-vocab": ("qwen2", {"vocab_size": TINY_VOCAB_SIZE + 1}),
     "qwen3": ("qwen3", {"tie_word_embeddings": False}),
+    # experts split along their intermediate size; the gated shared expert's sum and the
+    # routed experts' share one all-reduce
+    "qwen2-moe": ("qwen2_moe", {}),
 }
 PROMPTS = [[11, 12, 13, 14, 15], [30, 31], [40, 41, 42, 43, 44, 45, 46, 47, 48], [7]]
 MAX_NEW = 12
