@@ -17,7 +17,15 @@ from transformers import PreTrainedModel
 
 from .helpers import BOS_ID, EOS_ID, MERGES, make_tokenizer
 
-_GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+_GGUF_ARCH = {
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "qwen2_moe": "qwen2moe",
+    "qwen3_moe": "qwen3moe",
+    "mixtral": "llama",  # llama.cpp converts Mixtral as a Llama with experts
+}
 _TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 _LAYER = {
     "self_attn.q_proj": "attn_q",
@@ -31,7 +39,13 @@ _LAYER = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "mlp.gate": "ffn_gate_inp",
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp",
 }
+# Kept in F32 whatever the file type, as llama.cpp's converter keeps them.
+_ALWAYS_F32 = ("mlp.gate.weight", "mlp.shared_expert_gate.weight")
 
 
 def gguf_name(hf_name: str) -> str:
@@ -91,6 +105,15 @@ def write_tiny_gguf(
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_vocab_size(cfg.vocab_size)
     writer.add_file_type(0 if qtype == GGMLQuantizationType.F32 else 7)  # ALL_F32 / MOSTLY_Q8_0
+    experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
+    if experts:
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(cfg.num_experts_per_tok)
+        if a != "llama":
+            writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+        shared = getattr(cfg, "shared_expert_intermediate_size", 0)
+        if shared:
+            writer.add_expert_shared_feed_forward_length(shared)
     _add_tokenizer(writer)
     if rope.get("rope_type") == "llama3":
         writer.add_tensor(
@@ -101,12 +124,16 @@ def write_tiny_gguf(
             if cfg.tie_word_embeddings and name == "lm_head.weight":
                 continue
             data = param.float().numpy()
+            if ".mlp.experts." in name or name.endswith("shared_expert_gate.weight"):
+                _write_moe_tensor(writer, name, param, qtype)
+                continue
             stored = data
             if a == "llama" and ".q_proj." in name:
                 stored = llama_cpp_permute(data, cfg.num_attention_heads)
             elif a == "llama" and ".k_proj." in name:
                 stored = llama_cpp_permute(data, cfg.num_key_value_heads)
-            if data.ndim == 2 and qtype != GGMLQuantizationType.F32:
+            quantized = data.ndim == 2 and not name.endswith(_ALWAYS_F32)
+            if quantized and qtype != GGMLQuantizationType.F32:
                 writer.add_tensor(gguf_name(name), quantize(stored, qtype), raw_dtype=qtype)
                 # Blocks run along rows and the permutation only moves whole rows, so
                 # this is the file's tensor in HF row order.
@@ -117,6 +144,35 @@ def write_tiny_gguf(
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def _write_moe_tensor(
+    writer: gguf.GGUFWriter, name: str, param: torch.Tensor, qtype: GGMLQuantizationType
+) -> None:
+    """transformers' stacked experts (gate_up_proj [E, 2I, H], down_proj [E, H, I]) as
+    llama.cpp's ffn_{gate,up,down}_exps; Qwen2-MoE's shared_expert_gate [1, H] as the 1-D
+    ffn_gate_inp_shexp. `param` takes the values the file holds."""
+    layer = name.split(".")[2]  # model.layers.N....
+    data = param.float().numpy()
+    if name.endswith("shared_expert_gate.weight"):
+        writer.add_tensor(f"blk.{layer}.ffn_gate_inp_shexp.weight", data.reshape(-1))
+        return
+
+    def put(kind: str, array: np.ndarray) -> np.ndarray:
+        array = np.ascontiguousarray(array)
+        if qtype == GGMLQuantizationType.F32:
+            writer.add_tensor(f"blk.{layer}.{kind}.weight", array)
+            return array
+        writer.add_tensor(f"blk.{layer}.{kind}.weight", quantize(array, qtype), raw_dtype=qtype)
+        return dequantize(quantize(array, qtype), qtype).reshape(array.shape)
+
+    if name.endswith("gate_up_proj"):
+        inter = data.shape[1] // 2
+        gate = put("ffn_gate_exps", data[:, :inter])
+        up = put("ffn_up_exps", data[:, inter:])
+        param.copy_(torch.from_numpy(np.concatenate([gate, up], axis=1)))
+    else:
+        param.copy_(torch.from_numpy(put("ffn_down_exps", data)))
 
 
 def _add_tokenizer(writer: gguf.GGUFWriter) -> None:

@@ -28,7 +28,17 @@ _PER_LAYER = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    # MoE (qwen2moe, qwen3moe, Mixtral as llama): the router and Qwen2-MoE's shared expert
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
+# blk.N.<key> [experts, ...] -> model.layers.N.mlp.experts.E.<value>, one tensor per expert
+_EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
+# architectures whose Q/K rows llama.cpp permutes (Mixtral goes through its Llama converter)
+_PERMUTED_QK = ("LlamaForCausalLM", "MixtralForCausalLM")
 # Read into ModelConfig.rope_scaling rather than loaded as a weight.
 _CONFIG_TENSORS = {"rope_freqs.weight"}
 
@@ -56,9 +66,10 @@ def hf_name(gguf_name: str) -> str:
 def iter_gguf_weights(
     reader: GGUFReader, config: ModelConfig
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, fp32 CPU tensor) for every weight, dequantised one tensor at a time."""
+    """(HF name, fp32 CPU tensor) for every weight, dequantised one tensor at a time; a
+    stacked experts tensor is given as HF's per-expert tensors (views of it)."""
     # llama.cpp permutes Llama's Q/K rows for its interleaved RoPE; Qwen's are left alone.
-    unpermute = config.architecture == "LlamaForCausalLM"
+    unpermute = config.architecture in _PERMUTED_QK
     for t in reader.tensors:
         if t.name in _CONFIG_TENSORS:
             continue
@@ -72,6 +83,14 @@ def iter_gguf_weights(
         arr = np.ascontiguousarray(arr).reshape([int(d) for d in reversed(t.shape)])
         # F32 data is a read-only view of the mmap; torch wants a writable array.
         tensor = torch.from_numpy(arr if arr.flags.writeable else arr.copy())
+        parts = t.name.split(".")
+        if len(parts) == 4 and parts[2] in _EXPERTS:  # blk.N.ffn_*_exps.weight
+            prefix = f"model.layers.{parts[1]}.mlp.experts"
+            for e, expert in enumerate(tensor):
+                yield f"{prefix}.{e}.{_EXPERTS[parts[2]]}.weight", expert
+            continue
+        if len(parts) == 4 and parts[2] == "ffn_gate_inp_shexp":  # stored as [hidden]
+            tensor = tensor.reshape(1, -1)
         name = hf_name(t.name)
         if unpermute and t.name.split(".")[-2] == "attn_q":
             tensor = unpermute_qk(tensor, config.num_heads)
