@@ -86,8 +86,8 @@ def iter_gguf_weights(
         parts = t.name.split(".")
         if len(parts) == 4 and parts[2] in _EXPERTS:  # blk.N.ffn_*_exps.weight
             prefix = f"model.layers.{parts[1]}.mlp.experts"
-            for e, expert in enumerate(tensor):
-                yield f"{prefix}.{e}.{_EXPERTS[parts[2]]}.weight", expert
+            for index, expert in enumerate(tensor):
+                yield f"{prefix}.{index}.{_EXPERTS[parts[2]]}.weight", expert
             continue
         if len(parts) == 4 and parts[2] == "ffn_gate_inp_shexp":  # stored as [hidden]
             tensor = tensor.reshape(1, -1)
