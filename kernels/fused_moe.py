@@ -125,10 +125,15 @@ def moe_align(
     return sorted_ids, expert_ids, padded_end[-1:].to(torch.int32)
 
 
-def choose_block_m(num_pairs: int, num_experts: int) -> int:
-    """Rows per block: small when experts get few tokens each (decode), so padding is cheap."""
+def choose_tiles(num_pairs: int, num_experts: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K) from the tokens per expert. Few (decode): 16 rows, so
+    padding is cheap, and narrow, deep tiles, so the few experts in use are read by many
+    programs at once (the step is bound by reading their weights). Many (prefill): 64 x 64.
+    A starting point, not tuned per GPU."""
     per_expert = num_pairs / num_experts
-    return 16 if per_expert <= 16 else 32 if per_expert <= 48 else 64
+    if per_expert <= 16:
+        return 16, 32, 128
+    return (32, 64, 64) if per_expert <= 48 else (64, 64, 64)
 
 
 def fused_moe(
@@ -139,8 +144,8 @@ def fused_moe(
     topk_ids: torch.Tensor,
     *,
     block_m: int | None = None,
-    block_n: int = 64,
-    block_k: int = 64,
+    block_n: int | None = None,
+    block_k: int | None = None,
     num_warps: int = 4,
     num_stages: int = 3,
 ) -> torch.Tensor:
@@ -149,7 +154,8 @@ def fused_moe(
 
     x: [tokens, hidden]; w13: [experts, 2 * I, hidden] (rows [0, I) gate, [I, 2I) up);
     w2: [experts, hidden, I]; topk_weights: [tokens, top_k] fp32; topk_ids: [tokens, top_k]
-    int32/int64 in [0, experts). block_m: None chooses from the tokens per expert.
+    int32/int64 in [0, experts). block_m/block_n/block_k: the tiles (powers of two >= 16);
+    None takes `choose_tiles`'s.
     """
     op = "fused_moe"
     check_tensor(op, "x", x, shape=(None, None), dims="[tokens, hidden]", dtypes=FLOAT_DTYPES)
@@ -196,7 +202,9 @@ def fused_moe(
         dtypes=(torch.float32,),
         device=x.device,
     )
-    for name, size in (("block_n", block_n), ("block_k", block_k)):
+    auto_m, auto_n, auto_k = choose_tiles(tokens * top_k, num_experts)
+    bm, bn, bk = block_m or auto_m, block_n or auto_n, block_k or auto_k
+    for name, size in (("block_m", bm), ("block_n", bn), ("block_k", bk)):
         check_tile(op, name, size)
     check_launch(op, num_warps, num_stages)
     if x.stride(0) != hidden or w13.stride(1) != hidden or w2.stride(1) != inter:
@@ -205,8 +213,6 @@ def fused_moe(
     if tokens == 0:
         return out
     num_pairs = tokens * top_k
-    bm = block_m or choose_block_m(num_pairs, num_experts)
-    check_tile(op, "block_m", bm)
     sorted_ids, expert_ids, num_post_padded = moe_align(topk_ids, num_experts, bm)
     act = torch.empty((num_pairs, inter), dtype=x.dtype, device=x.device)
     per_pair = torch.empty((num_pairs, hidden), dtype=x.dtype, device=x.device)
@@ -214,14 +220,14 @@ def fused_moe(
     common = dict(
         PRECISION=dot_precision(x.dtype),
         BLOCK_M=bm,
-        BLOCK_N=block_n,
-        BLOCK_K=block_k,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
         num_warps=num_warps,
         num_stages=num_stages,
     )
     blocks = expert_ids.shape[0]
     # gate_up with silu_mul: x [tokens, hidden] -> act [pairs, I]
-    _fused_moe_kernel[(blocks * triton.cdiv(inter, block_n),)](
+    _fused_moe_kernel[(blocks * triton.cdiv(inter, bn),)](
         x,
         w13,
         act,
@@ -242,7 +248,7 @@ def fused_moe(
         **common,
     )
     # down, weighted: act [pairs, I] -> per_pair [pairs, hidden]
-    _fused_moe_kernel[(blocks * triton.cdiv(hidden, block_n),)](
+    _fused_moe_kernel[(blocks * triton.cdiv(hidden, bn),)](
         act,
         w2,
         per_pair,

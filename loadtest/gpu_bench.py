@@ -13,7 +13,9 @@ protocols (HTTP against gRPC on one `radixserve serve`: gpu/protocols.py) and dp
 on the one GPU, the shared-prefix workload routed cache_aware and round_robin, and one executor
 for reference: gpu/dp.py), tools (tool_choice required against plain chat: gpu/tools.py) and
 tp (TP=1 against TP=2 on two GPUs: gpu/tp.py), tp70b (Llama-3.1-70B's shapes on TP=2 through
-the stack) and tp_kill (a TP=2 group losing a rank under load: gpu/tp_stack.py).
+the stack) and tp_kill (a TP=2 group losing a rank under load: gpu/tp_stack.py), moe_kernel
+(the fused MoE kernel against a torch loop over experts) and qwen3moe (Qwen3-30B-A3B's shapes:
+batch-1 decode against its roofline, the 500-prompt offline workload: gpu/moe.py).
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ TIME_LIMITS = {
     "tp": 560,
     "tp70b": 580,
     "tp_kill": 400,
+    "moe_kernel": 150,
+    "qwen3moe": 480,
 }
 OFFLINE_RUN_S = 130  # the 500-prompt run stops here and reports what it finished
 
@@ -133,8 +137,16 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         from loadtest.gpu.observability import observability_section
 
         return observability_section(str(out_dir))
+    if name == "moe_kernel":
+        from loadtest.gpu.moe import moe_kernel_section
+
+        return moe_kernel_section()
+    if name == "qwen3moe":
+        from loadtest.gpu.moe import qwen3moe_section
+
+        return qwen3moe_section()
     extra = ["burst", "engine_ab", "protocols", "dp", "observability", "tools"]
-    extra += ["tp", "tp70b", "tp_kill"]
+    extra += ["tp", "tp70b", "tp_kill", "moe_kernel", "qwen3moe"]
     raise SystemExit(f"unknown section {name!r}; known: {', '.join([*SECTIONS, *extra])}")
 
 
@@ -248,6 +260,26 @@ def table(results: dict[str, Any]) -> str:
                     f"graph==eager {c['graph_equals_eager']}, flips {c['flips']}",
                 )
             )
+    for tokens, r in (get("moe_kernel", "tokens") or {}).items():
+        rows.append(
+            (
+                f"fused MoE vs torch loop, {tokens} tokens (Qwen3-30B-A3B)",
+                f"{r['fused_ms']:.3f} ms (graph {r['fused_graph_ms']:.3f}) vs "
+                f"{r['torch_loop_ms']:.3f} ms = {r['speedup']:.1f}x",
+            )
+        )
+    moe_share = get("qwen3moe", "decode_share_of_roofline")
+    if moe_share is not None:
+        rows.append(
+            (
+                "Qwen3-30B-A3B batch-1 decode tok/s",
+                f"{get('qwen3moe', 'decode1', 'decode_tok_s'):.1f} = {100 * moe_share:.0f}% of "
+                f"roofline {get('qwen3moe', 'decode_roofline_tok_s'):.0f} (target 70%)",
+            )
+        )
+    moe_off = get("qwen3moe", "offline", "output_tok_s")
+    if moe_off is not None:
+        rows.append(("Qwen3-30B-A3B offline 500 prompts output tok/s", f"{moe_off:.0f}"))
     width = max((len(k) for k, _ in rows), default=10)
     lines = [f"GPU: {gpu}"] + [f"{k:<{width}}  {v}" for k, v in rows]
     return "\n".join(lines)
