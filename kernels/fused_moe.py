@@ -1,11 +1,12 @@
 """Fused mixture-of-experts MLP: every token's top-k experts, SiLU-gated, weighted and summed,
 in two grouped GEMM launches for the whole batch.
 
-1. `moe_align` sorts the (token, slot) pairs by expert and pads each expert's run to a
-   multiple of BLOCK_M, so that every BLOCK_M rows of the sorted order belong to one expert
-   (`expert_ids[block]`). Padding rows hold the index `tokens * top_k` (past every real pair).
-   Shapes depend only on (tokens, top_k, experts, BLOCK_M), never on the routing, and nothing
-   is read back to the host: the step stays capturable in a CUDA graph.
+1. `moe_align` (kernels/moe_align.py) groups the (token, slot) pairs by expert and pads each
+   expert's run to a multiple of BLOCK_M, so that every BLOCK_M rows of the sorted order
+   belong to one expert (`expert_ids[block]`). Padding rows hold the index `tokens * top_k`
+   (past every real pair). Shapes depend only on (tokens, top_k, experts, BLOCK_M), never on
+   the routing, and nothing is read back to the host: the step stays capturable in a CUDA
+   graph.
 2. gate_up launch: rows of x (pair // top_k) times the expert's gate and up rows, both in one
    program (two accumulators), silu(gate) * up written per pair: [pairs, I].
 3. down launch: those rows times the expert's down weight, scaled by the pair's routing weight:
@@ -31,6 +32,7 @@ from kernels._checks import (
     check_tile,
     dot_precision,
 )
+from kernels.moe_align import moe_align
 
 
 @triton.jit
@@ -94,35 +96,6 @@ def _fused_moe_kernel(
         acc = acc * w[:, None]
     c = c_ptr + pairs.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
     tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
-
-
-def moe_align(
-    topk_ids: torch.Tensor, num_experts: int, block_m: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sort the (token, slot) pairs of topk_ids [tokens, top_k] by expert, each expert's run
-    padded to a multiple of block_m. Returns (sorted_ids [max_padded] int32: pair index
-    token * top_k + slot, or tokens * top_k for padding; expert_ids [max_padded // block_m]
-    int32: the expert of each block, -1 past the end; num_post_padded [1] int32).
-
-    Torch ops with shapes fixed by the arguments and no host sync (graph-capturable)."""
-    device = topk_ids.device
-    flat = topk_ids.reshape(-1).long()
-    n = flat.numel()
-    max_padded = triton.cdiv(n + num_experts * (block_m - 1), block_m) * block_m
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat))
-    padded = (counts + block_m - 1) // block_m * block_m
-    padded_end = padded.cumsum(0)
-    order = torch.argsort(flat, stable=True)  # pairs grouped by expert, in pair order
-    expert_of = flat[order]
-    rank = torch.arange(n, device=device) - (counts.cumsum(0) - counts)[expert_of]
-    dest = (padded_end - padded)[expert_of] + rank
-    sorted_ids = torch.full((max_padded,), n, dtype=torch.int32, device=device)
-    sorted_ids.index_copy_(0, dest, order.to(torch.int32))
-    starts = torch.arange(0, max_padded, block_m, device=device)
-    expert_ids = torch.searchsorted(padded_end, starts, right=True)
-    expert_ids = torch.where(expert_ids < num_experts, expert_ids, -1).to(torch.int32)
-    return sorted_ids, expert_ids, padded_end[-1:].to(torch.int32)
 
 
 def choose_tiles(num_pairs: int, num_experts: int) -> tuple[int, int, int]:

@@ -1,4 +1,4 @@
-"""fused_moe against its torch twin (a loop over experts), and moe_align's layout."""
+"""fused_moe against its torch twin (a loop over experts), and moe_align against its own."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 import torch
 
-from kernels.fused_moe import fused_moe, fused_moe_ref, moe_align
+from kernels.fused_moe import fused_moe, fused_moe_ref
+from kernels.moe_align import moe_align, moe_align_ref
 from tests.kernels.helpers import DEVICE, DOT_DTYPES, TOLERANCES, Tol, randn
 
 MOE_TOL: dict[torch.dtype, Tol] = {
@@ -92,22 +93,45 @@ def test_no_tokens_gives_an_empty_output() -> None:
     assert out.shape == (0, 32)
 
 
+def runs(sorted_ids: torch.Tensor, block_m: int, total: int) -> list[list[int]]:
+    """Each block's pairs, sorted: the order inside an expert's run is unspecified."""
+    ids = sorted_ids.tolist()
+    return [sorted(ids[b : b + block_m]) for b in range(0, total, block_m)]
+
+
 def test_align_groups_pairs_by_expert_in_padded_blocks() -> None:
     ids = torch.tensor([[0, 2], [2, 3], [0, 2]], device=DEVICE)  # pairs 0..5
     sorted_ids, expert_ids, total = moe_align(ids, num_experts=5, block_m=4)
     pad = 6
     # expert 0: pairs 0, 4; expert 2: 1, 2, 5; expert 3: 3; experts 1 and 4: none
-    assert sorted_ids.tolist() == [0, 4, pad, pad, 1, 2, 5, pad, 3, pad, pad, pad] + [pad] * 12
+    assert runs(sorted_ids, 4, 12) == [[0, 4, pad, pad], [1, 2, 5, pad], [3, pad, pad, pad]]
+    assert sorted_ids[12:].tolist() == [pad] * 12
     assert expert_ids.tolist() == [0, 2, 3, -1, -1, -1]
     assert total.tolist() == [12]
+
+
+ALIGN_CASES = [(1, 128, 8, 16), (9, 16, 4, 16), (40, 6, 2, 64), (300, 60, 6, 32), (2, 3, 3, 16)]
+
+
+@pytest.mark.parametrize(("tokens", "experts", "top_k", "block_m"), ALIGN_CASES)
+def test_align_matches_reference(tokens: int, experts: int, top_k: int, block_m: int) -> None:
+    gen = torch.Generator().manual_seed(tokens + experts)
+    _, ids = routing(tokens, experts, top_k, gen, used=max(top_k, experts // 2))
+    got = moe_align(ids, experts, block_m)
+    want = moe_align_ref(ids, experts, block_m)
+    for g, w in zip(got[1:], want[1:], strict=True):
+        assert torch.equal(g, w)
+    total = int(want[2])
+    assert runs(got[0], block_m, total) == runs(want[0], block_m, total)
+    assert torch.equal(got[0][total:], want[0][total:])
 
 
 def test_align_shapes_do_not_depend_on_the_routing() -> None:
     """A CUDA graph captured for one routing replays for any other."""
     gen = torch.Generator().manual_seed(5)
     shapes = set()
-    for used in (1, 3, 16):
-        _, ids = routing(9, 16, 4, gen, used=max(used, 4))
+    for used in (4, 5, 16):
+        _, ids = routing(9, 16, 4, gen, used=used)
         sorted_ids, expert_ids, total = moe_align(ids, 16, 16)
         shapes.add((sorted_ids.shape, expert_ids.shape, total.shape))
         valid = sorted_ids[sorted_ids < 36]
