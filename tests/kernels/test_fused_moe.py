@@ -1,4 +1,5 @@
-"""fused_moe against its torch twin (a loop over experts), and moe_align against its own."""
+"""The MoE kernels against their torch twins: fused_moe (a loop over experts), moe_align,
+and moe_topk (the executor's select_experts)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import torch
 
 from kernels.fused_moe import fused_moe, fused_moe_ref
 from kernels.moe_align import moe_align, moe_align_ref
+from kernels.moe_topk import moe_topk
+from services.executor.models.moe_routing import select_experts
+from services.executor.moe_config import MoEConfig
 from tests.kernels.helpers import DEVICE, DOT_DTYPES, TOLERANCES, Tol, randn
 
 MOE_TOL: dict[torch.dtype, Tol] = {
@@ -180,24 +184,72 @@ def test_qwen3_30b_shapes_on_the_gpu(tokens: int, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.gpu
-def test_fused_moe_never_synchronises_and_replays_in_a_graph() -> None:
+def test_routing_and_experts_never_synchronise_and_replay_in_a_graph() -> None:
+    """What a decode step runs per MoE layer: moe_topk, then fused_moe (moe_align inside)."""
     gen = torch.Generator().manual_seed(7)
     x = randn(4, 256, dtype=torch.bfloat16, gen=gen)
     w13, w2 = weights_for(32, 256, 128, torch.bfloat16, gen)
-    topk_weights, topk_ids = routing(4, 32, 4, gen)
-    fused_moe(x, w13, w2, topk_weights, topk_ids)  # compile outside the checks
+    logits = randn(4, 32, dtype=torch.bfloat16, gen=gen)
+
+    def layer() -> torch.Tensor:
+        weights, ids = moe_topk(logits, top_k=4, renormalise=True)
+        return fused_moe(x, w13, w2, weights, ids)
+
+    layer()  # compile outside the checks
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        fused_moe(x, w13, w2, topk_weights, topk_ids)
+        layer()
     finally:
         torch.cuda.set_sync_debug_mode("default")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = fused_moe(x, w13, w2, topk_weights, topk_ids)
-    new_weights, new_ids = routing(4, 32, 4, gen, used=5)  # a different routing, same shapes
-    topk_weights.copy_(new_weights)
-    topk_ids.copy_(new_ids)
+        out = layer()
+    logits.copy_(randn(4, 32, dtype=torch.bfloat16, gen=gen))  # another routing, same shapes
     graph.replay()
-    want = fused_moe_ref(x, w13, w2, topk_weights, topk_ids)
+    weights, ids = logits.float().softmax(-1).topk(4)
+    want = fused_moe_ref(x, w13, w2, weights / weights.sum(-1, keepdim=True), ids)
     torch.testing.assert_close(out, want, **MOE_TOL[torch.bfloat16])
+
+
+# (tokens, experts, top_k, scoring, renormalise, scale)
+TOPK_CASES = [
+    (1, 128, 8, "softmax", True, 1.0),  # Qwen3-30B-A3B
+    (5, 60, 4, "softmax", False, 1.0),  # Qwen1.5-MoE: 60 experts, not a power of two
+    (7, 8, 2, "softmax", True, 1.0),  # Mixtral
+    (3, 64, 6, "softmax", False, 1.0),  # DeepSeek-V2-Lite (greedy)
+    (4, 16, 1, "sigmoid", True, 2.5),
+    (2, 4, 4, "sigmoid", False, 1.0),  # every expert
+]
+
+
+@pytest.mark.parametrize(("tokens", "experts", "top_k", "scoring", "renorm", "scale"), TOPK_CASES)
+def test_topk_matches_select_experts(
+    tokens: int, experts: int, top_k: int, scoring: str, renorm: bool, scale: float
+) -> None:
+    moe = MoEConfig(
+        num_experts=experts,
+        top_k=top_k,
+        intermediate_size=8,
+        sparse_layers=(0,),
+        scoring=scoring,
+        norm_topk_prob=renorm,
+        routed_scaling_factor=scale,
+    )
+    logits = randn(tokens, experts, dtype=torch.float32, gen=torch.Generator().manual_seed(top_k))
+    weights, ids = moe_topk(logits, top_k=top_k, scoring=scoring, renormalise=renorm, scale=scale)
+    want_weights, want_ids = select_experts(logits.cpu(), moe)
+    assert ids.dtype == torch.int32
+    assert torch.equal(ids.cpu().long(), want_ids)
+    torch.testing.assert_close(weights.cpu(), want_weights, atol=1e-6, rtol=1e-6)
+
+
+def test_topk_reads_bf16_logits() -> None:
+    logits = randn(3, 32, dtype=torch.bfloat16, gen=torch.Generator().manual_seed(1))
+    weights, ids = moe_topk(logits, top_k=4, renormalise=True)
+    want = logits.float().softmax(-1).topk(4)
+    # bf16 logits tie; tied experts may come in either order
+    order, want_order = ids.long().argsort(-1), want.indices.argsort(-1)
+    assert torch.equal(ids.long().gather(1, order), want.indices.gather(1, want_order))
+    want_weights = (want.values / want.values.sum(-1, keepdim=True)).gather(1, want_order)
+    torch.testing.assert_close(weights.gather(1, order), want_weights)

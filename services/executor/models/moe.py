@@ -42,10 +42,11 @@ class Router(Linear):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [tokens, hidden] -> logits [tokens, experts] fp32."""
+        """x [tokens, hidden] -> logits [tokens, experts] (fp32 on the CPU)."""
         if self.logits_fp32:
             return F.linear(x.float(), self.weight.float())
-        return super().forward(x).float()
+        logits: torch.Tensor = super().forward(x)
+        return logits if logits.is_cuda else logits.float()  # the CUDA routing kernel widens
 
 
 class FusedExperts(nn.Module):

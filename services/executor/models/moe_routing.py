@@ -17,8 +17,22 @@ def select_experts(
     router_logits: torch.Tensor, moe: MoEConfig, correction_bias: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """router_logits [tokens, experts] -> (weights [tokens, top_k] fp32, ids [tokens, top_k]
-    int64). correction_bias [experts]: DeepSeek-V3's e_score_correction_bias (noaux_tc only),
-    added to the scores for choosing experts, never to their weights."""
+    int64; int32 from the CUDA kernel). correction_bias [experts]: DeepSeek-V3's
+    e_score_correction_bias (noaux_tc only), added to the scores for choosing experts, never
+    to their weights.
+
+    On CUDA, greedy routing is one kernel (kernels/moe_topk.py); this torch code is its twin,
+    and the path of the grouped methods."""
+    if router_logits.is_cuda and moe.topk_method == "greedy":
+        from kernels.moe_topk import moe_topk
+
+        return moe_topk(
+            router_logits,
+            top_k=moe.top_k,
+            scoring=moe.scoring,
+            renormalise=moe.norm_topk_prob,
+            scale=moe.routed_scaling_factor,
+        )
     logits = router_logits.float()
     scores = logits.softmax(dim=-1) if moe.scoring == "softmax" else logits.sigmoid()
     if moe.topk_method == "greedy":
