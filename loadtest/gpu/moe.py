@@ -3,6 +3,8 @@
 moe_kernel: kernels/fused_moe against a torch loop over the experts that have tokens (what
 transformers does), at 1, 64 and 512 tokens; eager and, at each size, inside a CUDA graph (as
 decode runs it); the share of copy bandwidth the kernel reaches reading the experts in use.
+Then the tiny Qwen2-MoE, Qwen3-MoE and Mixtral models in bf16 through the engine (Triton
+kernels, CUDA graphs) against transformers, as the `correctness` section does for dense ones.
 
 qwen3moe: the whole model through the engine. Batch-1 decode tok/s against the roofline of
 the bytes one step actually reads (attention, norms and router of every layer, the top-k
@@ -131,6 +133,29 @@ def torch_loop_moe(
 
 
 def moe_kernel_section() -> dict[str, Any]:
+    from loadtest.gpu.sections import correctness
+
+    bw = copy_bandwidth()
+    rows = _kernel_timings(bw)
+    torch.cuda.empty_cache()
+    cfg = QWEN3_30B_A3B
+    shape = {
+        "experts": cfg["num_experts"],
+        "top_k": cfg["num_experts_per_tok"],
+        "hidden": cfg["hidden_size"],
+        "moe_intermediate": cfg["moe_intermediate_size"],
+    }
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "shape": shape,
+        "copy_bandwidth_TBps": bw / 1e12,
+        "tokens": rows,
+        "correctness": correctness(("qwen2_moe", "qwen3_moe", "mixtral")),
+    }
+
+
+def _kernel_timings(bw: float) -> dict[str, Any]:
+    """fused_moe (eager and graphed) and the torch loop at each of TOKENS, by token count."""
     from kernels.fused_moe import fused_moe
 
     cfg = QWEN3_30B_A3B
@@ -140,7 +165,6 @@ def moe_kernel_section() -> dict[str, Any]:
     w13 = torch.randn(experts, 2 * inter, h, device="cuda", generator=gen).mul_(0.02)
     w2 = torch.randn(experts, h, inter, device="cuda", generator=gen).mul_(0.02)
     w13, w2 = w13.to(torch.bfloat16), w2.to(torch.bfloat16)
-    bw = copy_bandwidth()
     rows: dict[str, Any] = {}
     for tokens in TOKENS:
         x = torch.randn(tokens, h, device="cuda", generator=gen).to(torch.bfloat16)
@@ -175,12 +199,7 @@ def moe_kernel_section() -> dict[str, Any]:
             "max_abs_diff_vs_loop": diff,
         }
         print(f"moe_kernel {tokens} tokens: {rows[str(tokens)]}", flush=True)
-    return {
-        "gpu": torch.cuda.get_device_name(),
-        "shape": {"experts": experts, "top_k": top_k, "hidden": h, "moe_intermediate": inter},
-        "copy_bandwidth_TBps": bw / 1e12,
-        "tokens": rows,
-    }
+    return rows
 
 
 def qwen3moe_section(time_limit: float = OFFLINE_RUN_S) -> dict[str, Any]:

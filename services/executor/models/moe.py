@@ -69,7 +69,8 @@ class FusedExperts(nn.Module):
         if on_gpu(x):
             from kernels.fused_moe import fused_moe
 
-            return fused_moe(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
+            w13, w2 = self.w13_weight, self.w2_weight
+            return fused_moe(x.contiguous(), w13, w2, topk_weights, topk_ids)
         from kernels.fused_moe import fused_moe_ref
 
         return fused_moe_ref(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
