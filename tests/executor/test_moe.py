@@ -3,6 +3,7 @@ MoEConfig read from each family's config."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ from services.executor.model_config import ModelConfig
 from services.executor.models.moe import SparseMoE
 from services.executor.models.moe_routing import select_experts
 from services.executor.moe_config import MoEConfig
+from tests.executor.helpers import write_tiny_model
 
 HIDDEN = 32
 TOKENS = 23
@@ -250,3 +252,31 @@ def test_config_rejects_what_it_cannot_route(fields: dict[str, Any], match: str)
     }
     with pytest.raises(Exception, match=match):
         MoEConfig(**(base | fields))
+
+
+def test_model_config_of_each_moe_family(tmp_path: Path) -> None:
+    qwen2 = ModelConfig.from_hf_dir(write_tiny_model(tmp_path, "qwen2_moe"))
+    assert qwen2.architecture == "Qwen2MoeForCausalLM"
+    assert (qwen2.attention_bias, qwen2.o_proj_bias, qwen2.qk_norm) == (True, False, False)
+    assert qwen2.moe == MoEConfig(
+        num_experts=8,
+        top_k=2,
+        intermediate_size=32,
+        sparse_layers=(0, 1),
+        shared_intermediate_size=48,
+        shared_gate=True,
+    )
+    qwen3 = ModelConfig.from_hf_dir(write_tiny_model(tmp_path, "qwen3_moe", decoder_sparse_step=2))
+    assert (qwen3.architecture, qwen3.attention_bias, qwen3.qk_norm) == (
+        "Qwen3MoeForCausalLM",
+        False,
+        True,
+    )
+    assert qwen3.moe is not None and qwen3.moe.sparse_layers == (1,)
+    assert qwen3.moe.norm_topk_prob and qwen3.moe.shared_intermediate_size == 0
+    mixtral = ModelConfig.from_hf_dir(write_tiny_model(tmp_path, "mixtral", sliding_window=100))
+    assert mixtral.architecture == "MixtralForCausalLM"
+    assert mixtral.max_position_embeddings == 100  # full attention is exact up to the window
+    assert mixtral.moe is not None and mixtral.moe.intermediate_size == 128
+    dense = ModelConfig.from_hf_dir(write_tiny_model(tmp_path, "qwen3"))
+    assert dense.moe is None
