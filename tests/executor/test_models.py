@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from services.executor.model_config import ModelConfig
@@ -152,3 +153,13 @@ def test_bfloat16_model_tracks_float32(tiny: Tiny) -> None:
     scale = logits[torch.float32].abs().max().item()
     diff = (logits[torch.bfloat16] - logits[torch.float32]).abs().max().item()
     assert diff < 0.1 * scale
+
+
+def test_mixtral_state_dict_has_its_checkpoint_names(tmp_path: Path) -> None:
+    path = write_tiny_model(tmp_path, "mixtral", tie_word_embeddings=False)
+    model, _ = load_model(path, "cpu", torch.float32)
+    state = hf_state_dict(model)
+    saved = load_file(path / "model.safetensors")
+    assert set(state) == set(saved)
+    for name in ("model.layers.1.block_sparse_moe.experts.3.w3.weight", "lm_head.weight"):
+        assert torch.equal(state[name], saved[name])

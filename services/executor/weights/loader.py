@@ -112,7 +112,12 @@ def hf_state_dict(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
     """The model's weights under checkpoint names and shapes (views, no copies); a model of
     one rank only: a shard is not the checkpoint's tensor."""
     assert model.tp.size == 1, "hf_state_dict of a tensor-parallel shard"
-    return {name: t.param[t.start : t.end] for name, t in checkpoint_layout(model).items()}
+    out = {}
+    for name, t in checkpoint_layout(model).items():
+        for theirs, ours in model.checkpoint_renames:  # back to the checkpoint's own names
+            name = name.replace(ours, theirs)
+        out[name] = t.param[t.start : t.end]
+    return out
 
 
 def load_weights(
