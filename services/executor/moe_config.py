@@ -45,6 +45,7 @@ class MoEConfig:
     correction_bias: bool = False  # the router holds e_score_correction_bias [num_experts]
     shared_intermediate_size: int = 0
     shared_gate: bool = False
+    router_fp32: bool = False  # router logits from fp32 weights and inputs (DeepSeek's)
 
     def __post_init__(self) -> None:
         if self.scoring not in SCORING_FUNCS:
@@ -112,6 +113,7 @@ class MoEConfig:
             correction_bias=topk_method == "noaux_tc",
             shared_intermediate_size=shared or n_shared * moe_inter,
             shared_gate=bool(shared),
+            router_fp32="n_routed_experts" in cfg,  # DeepSeek V2/V3
         )
 
     @classmethod

@@ -229,6 +229,7 @@ def test_config_reads_sparse_layers_of_each_family() -> None:
     assert (moe.scoring, moe.topk_method, moe.correction_bias) == ("sigmoid", "noaux_tc", True)
     assert (moe.n_group, moe.topk_group, moe.routed_scaling_factor) == (8, 4, 2.5)
     assert moe.shared_intermediate_size == v3.moe_intermediate_size and not moe.shared_gate
+    assert moe.router_fp32
     mixtral = MoEConfig.from_hf(MixtralConfig(num_hidden_layers=2).to_dict())
     assert mixtral is not None and mixtral.norm_topk_prob and mixtral.sparse_layers == (0, 1)
     assert MoEConfig.from_hf({"num_hidden_layers": 2, "intermediate_size": 8}) is None

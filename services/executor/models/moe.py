@@ -110,9 +110,7 @@ class SparseMoE(nn.Module):
             raise ValueError(f"SparseMoE for layer {layer_id} of a config without MoE")
         self.moe, self.layer_id, self.tp = moe, layer_id, tp
         hidden = config.hidden_size
-        # DeepSeek computes router logits in fp32 (its grouped choice is sensitive to them).
-        deepseek = moe.scoring == "sigmoid" or moe.topk_method != "greedy"
-        self.gate = Router(hidden, moe, logits_fp32=deepseek)
+        self.gate = Router(hidden, moe, logits_fp32=moe.router_fp32)
         self.experts = FusedExperts(moe, hidden, tp)
         # Qwen2-MoE's gated "shared_expert", DeepSeek's plain "shared_experts"
         self.shared_name = "shared_expert" if moe.shared_gate else "shared_experts"
