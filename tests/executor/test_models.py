@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from services.executor.model_config import ModelConfig
@@ -22,6 +22,7 @@ from .helpers import (
     greedy_generate,
     hf_greedy,
     hf_last_logits,
+    make_hf_model,
     write_tiny_model,
 )
 
@@ -163,3 +164,17 @@ def test_mixtral_state_dict_has_its_checkpoint_names(tmp_path: Path) -> None:
     assert set(state) == set(saved)
     for name in ("model.layers.1.block_sparse_moe.experts.3.w3.weight", "lm_head.weight"):
         assert torch.equal(state[name], saved[name])
+
+
+def test_stacked_expert_checkpoint_loads(tmp_path: Path) -> None:
+    """transformers 5's in-memory layout saved as is (experts.gate_up_proj, down_proj)."""
+    hf = make_hf_model("qwen3_moe", tie_word_embeddings=False)
+    hf.config.save_pretrained(tmp_path)
+    state = {k: v.contiguous() for k, v in hf.state_dict().items()}
+    assert "model.layers.0.mlp.experts.gate_up_proj" in state
+    save_file(state, tmp_path / "model.safetensors")
+    model, config = load_model(tmp_path, "cpu", torch.float32)
+    driver = BatchDriver(model, config)
+    logits = driver.extend([driver.new_request() for _ in PROMPTS], PROMPTS)
+    expected = torch.stack([hf_last_logits(hf, p) for p in PROMPTS])
+    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)

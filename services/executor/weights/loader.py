@@ -9,7 +9,7 @@ holds the whole model in host memory.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple, Protocol
 
 import torch
@@ -137,7 +137,7 @@ def load_weights(
     loaded: set[str] = set()
     unexpected: list[str] = []
     renames = model.checkpoint_renames
-    for name, raw in weights:
+    for name, raw in _split_stacked_experts(weights):
         for theirs, ours in renames:
             name = name.replace(theirs, ours)
         if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
@@ -157,6 +157,32 @@ def load_weights(
             f"{source}: weights do not match the {model.config.architecture} config; "
             f"missing: {_names(missing)}; unexpected: {_names(unexpected)}"
         )
+
+
+# transformers 5's in-memory MoE layout, which a checkpoint may hold instead of HF's
+# per-expert tensors: experts.gate_up_proj [E, 2I, H] (gate rows first), down_proj [E, H, I].
+_STACKED_EXPERTS = (".experts.gate_up_proj", ".experts.down_proj")
+
+
+def _split_stacked_experts(
+    weights: Iterable[tuple[str, TensorSource | torch.Tensor]],
+) -> Iterator[tuple[str, TensorSource | torch.Tensor]]:
+    """The weights, with stacked expert tensors given as the per-expert ones (views of the
+    tensor read whole) that the layout names."""
+    for name, raw in weights:
+        if not name.endswith(_STACKED_EXPERTS):
+            yield name, raw
+            continue
+        t = raw if isinstance(raw, torch.Tensor) else raw.read(())
+        prefix = name.rsplit(".", 1)[0]  # ....experts
+        if name.endswith("gate_up_proj"):
+            inter = t.shape[1] // 2
+            for e in range(t.shape[0]):
+                yield f"{prefix}.{e}.gate_proj.weight", t[e, :inter]
+                yield f"{prefix}.{e}.up_proj.weight", t[e, inter:]
+        else:
+            for e in range(t.shape[0]):
+                yield f"{prefix}.{e}.down_proj.weight", t[e]
 
 
 def _copy(target: Target, tensor: TensorSource, name: str, source: str) -> None:
