@@ -15,7 +15,9 @@ for reference: gpu/dp.py), tools (tool_choice required against plain chat: gpu/t
 tp (TP=1 against TP=2 on two GPUs: gpu/tp.py), tp70b (Llama-3.1-70B's shapes on TP=2 through
 the stack) and tp_kill (a TP=2 group losing a rank under load: gpu/tp_stack.py), mla_kernel
 (the MLA decode kernel's latent-cache bandwidth at DeepSeek-V2-Lite's shapes against the copy
-bandwidth: gpu/mla_kernel.py).
+bandwidth: gpu/mla_kernel.py), moe_kernel (the fused MoE kernel against a torch loop over
+experts) and qwen3moe (Qwen3-30B-A3B's shapes: batch-1 decode against its roofline, the
+500-prompt offline workload: gpu/moe.py).
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ TIME_LIMITS = {
     "tp70b": 580,
     "tp_kill": 400,
     "mla_kernel": 240,
+    "moe_kernel": 240,
+    "qwen3moe": 480,
 }
 OFFLINE_RUN_S = 130  # the 500-prompt run stops here and reports what it finished
 
@@ -140,8 +144,16 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         from loadtest.gpu.mla_kernel import mla_kernel_section
 
         return mla_kernel_section()
+    if name == "moe_kernel":
+        from loadtest.gpu.moe import moe_kernel_section
+
+        return moe_kernel_section()
+    if name == "qwen3moe":
+        from loadtest.gpu.moe import qwen3moe_section
+
+        return qwen3moe_section()
     extra = ["burst", "engine_ab", "protocols", "dp", "observability", "tools"]
-    extra += ["tp", "tp70b", "tp_kill", "mla_kernel"]
+    extra += ["tp", "tp70b", "tp_kill", "mla_kernel", "moe_kernel", "qwen3moe"]
     raise SystemExit(f"unknown section {name!r}; known: {', '.join([*SECTIONS, *extra])}")
 
 
@@ -267,6 +279,34 @@ def table(results: dict[str, Any]) -> str:
                 + (f" (best {point['best_TBps']:.2f})" if "best_TBps" in point else ""),
             )
         )
+    for tokens, r in (get("moe_kernel", "tokens") or {}).items():
+        rows.append(
+            (
+                f"fused MoE vs torch loop, {tokens} tokens (Qwen3-30B-A3B)",
+                f"{r['fused_ms']:.3f} ms (graph {r['fused_graph_ms']:.3f}) vs "
+                f"{r['torch_loop_ms']:.3f} ms = {r['speedup']:.1f}x",
+            )
+        )
+    for arch, c in (get("moe_kernel", "correctness") or {}).items():
+        rows.append(
+            (
+                f"greedy vs HF bf16 ({arch})",
+                f"{c['identical_64_tokens']}/{c['prompts']} identical, "
+                f"graph==eager {c['graph_equals_eager']}, flips {c['flips']}",
+            )
+        )
+    moe_share = get("qwen3moe", "decode_share_of_roofline")
+    if moe_share is not None:
+        rows.append(
+            (
+                "Qwen3-30B-A3B batch-1 decode tok/s",
+                f"{get('qwen3moe', 'decode1', 'decode_tok_s'):.1f} = {100 * moe_share:.0f}% of "
+                f"roofline {get('qwen3moe', 'decode_roofline_tok_s'):.0f} (target 70%)",
+            )
+        )
+    moe_off = get("qwen3moe", "offline", "output_tok_s")
+    if moe_off is not None:
+        rows.append(("Qwen3-30B-A3B offline 500 prompts output tok/s", f"{moe_off:.0f}"))
     width = max((len(k) for k, _ in rows), default=10)
     lines = [f"GPU: {gpu}"] + [f"{k:<{width}}  {v}" for k, v in rows]
     return "\n".join(lines)

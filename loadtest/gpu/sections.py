@@ -47,17 +47,19 @@ def roofline() -> dict[str, Any]:
     }
 
 
-def correctness() -> dict[str, Any]:
-    """Greedy tokens of small random-weight models (DeepSeek's latent attention too) in bf16
-    on the Triton backend with CUDA graphs, against transformers on the same weights;
-    CUDA-graph and eager decode agree."""
+def correctness(
+    archs: tuple[str, ...] = ("llama", "qwen2", "qwen3", "deepseek_v2"),
+) -> dict[str, Any]:
+    """Greedy tokens of small random-weight models (`archs`, write_tiny_model's names; DeepSeek's
+    latent attention among the defaults) in bf16 on the Triton backend with CUDA graphs,
+    against transformers on the same weights; CUDA-graph and eager decode agree."""
     from transformers import AutoModelForCausalLM
 
     from tests.executor.helpers import write_tiny_model
 
     out: dict[str, Any] = {}
     root = Path(tempfile.mkdtemp())
-    for arch in ("llama", "qwen2", "qwen3", "deepseek_v2"):
+    for arch in archs:
         path = write_tiny_model(root, arch, seed=1, max_position_embeddings=1024)
         hf: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
         hf = hf.cuda().eval()

@@ -15,6 +15,10 @@ MODEL_CLASSES: dict[str, tuple[str, str]] = {
     "Phi3ForCausalLM": ("services.executor.models.phi3", "Phi3ForCausalLM"),
     "DeepseekV2ForCausalLM": ("services.executor.models.deepseek", "DeepseekV2ForCausalLM"),
     "DeepseekV3ForCausalLM": ("services.executor.models.deepseek", "DeepseekV3ForCausalLM"),
+    # MoE families: the same attention, SparseMoE MLPs where ModelConfig.moe says so.
+    "Qwen2MoeForCausalLM": ("services.executor.models.qwen2", "Qwen2ForCausalLM"),
+    "Qwen3MoeForCausalLM": ("services.executor.models.qwen3", "Qwen3ForCausalLM"),
+    "MixtralForCausalLM": ("services.executor.models.mixtral", "MixtralForCausalLM"),
 }
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(MODEL_CLASSES))

@@ -14,6 +14,7 @@ from typing import Any
 from services.executor.architectures import check_architecture
 from services.executor.errors import ModelLoadError, UnsupportedModelError
 from services.executor.mla_config import YARN_TYPES, MLAConfig
+from services.executor.moe_config import MoEConfig
 
 # GGUF `general.architecture` -> HF architecture name.
 GGUF_ARCHITECTURES: dict[str, str] = {
@@ -22,7 +23,11 @@ GGUF_ARCHITECTURES: dict[str, str] = {
     "qwen3": "Qwen3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "deepseek2": "DeepseekV2ForCausalLM",  # V3 too: llama.cpp converts both to deepseek2
+    "qwen2moe": "Qwen2MoeForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
 }
+# A llama GGUF with routed experts (ffn_gate_exps) is Mixtral.
+_GGUF_MOE_ARCHITECTURES = {"LlamaForCausalLM": "MixtralForCausalLM"}
 
 # HF `model_type` -> architecture, for config.json files without an `architectures` list.
 _MODEL_TYPES: dict[str, str] = {
@@ -33,8 +38,15 @@ _MODEL_TYPES: dict[str, str] = {
     "phi3": "Phi3ForCausalLM",
     "deepseek_v2": "DeepseekV2ForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
 }
 _MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+# Architectures with q/k/v biases (HF has no flag for Qwen2's; Qwen2-MoE's is `qkv_bias`)
+# and with per-head q/k norms.
+_QKV_BIAS = {"Qwen2ForCausalLM", "Qwen2MoeForCausalLM"}
+_QK_NORM = {"Qwen3ForCausalLM", "Qwen3MoeForCausalLM"}
 
 # "freq_factors" is llama.cpp's form of llama3 scaling: per-frequency divisors in a tensor.
 SUPPORTED_ROPE_TYPES = ("linear", "llama3", "freq_factors", "longrope", "yarn", "deepseek_yarn")
@@ -93,6 +105,7 @@ class ModelConfig:
     # DeepSeek's latent attention; then head_dim is a query/key head's width (nope + rope)
     # and num_kv_heads == num_heads, as HF's config says, though the pool holds one latent.
     mla: MLAConfig | None = None
+    moe: MoEConfig | None = None  # routed experts (moe_config.py); None: a dense model
 
     def __post_init__(self) -> None:
         check_architecture(self.architecture)
@@ -164,16 +177,17 @@ class ModelConfig:
             max_position_embeddings=context,
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
             # HF's Qwen2 always has q/k/v biases (never o_proj's) and has no flag for them.
-            attention_bias=arch == "Qwen2ForCausalLM" or bias,
-            qk_norm=arch == "Qwen3ForCausalLM",
+            attention_bias=bool(cfg.get("qkv_bias", True)) if arch in _QKV_BIAS else bias,
+            qk_norm=arch in _QK_NORM,
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=_id_tuple(cfg.get("eos_token_id"), gen.get("eos_token_id")),
             torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
-            o_proj_bias=arch != "Qwen2ForCausalLM" and bias,
+            o_proj_bias=arch not in _QKV_BIAS and bias,
             mlp_bias=bool(cfg.get("mlp_bias", False)),
             # MLA rotates its own rope part (MLAConfig); the dense layers' RoPE is not used.
             rotary_dim=mla.qk_rope_head_dim if mla else int(head_dim * _partial_rotary_factor(cfg)),
             mla=mla,
+            moe=MoEConfig.from_hf(cfg),
         )
 
     @classmethod
@@ -209,13 +223,27 @@ class ModelConfig:
             served = min(context, window)
         rope_scaling = _gguf_rope(get, a, tensors, context)
         mla = _gguf_mla(get, need, a, rope_scaling) if a == "deepseek2" else None
+        num_layers = need(f"{a}.block_count")
+        moe = MoEConfig.from_gguf(get, a, tensors, num_layers)
+        if moe is not None and a == "deepseek2":
+            raise UnsupportedModelError(
+                f"{source}: GGUF deepseek2 with routed experts: DeepSeek's router (its grouped "
+                "top-k and correction bias) is not read from GGUF metadata yet; serve the "
+                "Hugging Face checkpoint"
+            )
+        # MoE GGUFs may leave out the dense size when every layer is sparse.
+        ffn = f"{a}.feed_forward_length"
+        dense_inter = int(get(ffn, 0)) if moe is not None else need(ffn)
+        arch = GGUF_ARCHITECTURES[a]
+        if moe is not None:
+            arch = _GGUF_MOE_ARCHITECTURES.get(arch, arch)
         return cls(
-            architecture=GGUF_ARCHITECTURES[a],
+            architecture=arch,
             # ggml shapes list the fastest-varying dimension first: [hidden, vocab].
             vocab_size=int(tensors["token_embd.weight"].shape[1]),
             hidden_size=hidden,
-            intermediate_size=need(f"{a}.feed_forward_length"),
-            num_layers=need(f"{a}.block_count"),
+            intermediate_size=dense_inter,
+            num_layers=num_layers,
             num_heads=num_heads,
             # MLA: HF's view (every head has its K/V), not llama.cpp's MQA over the latent.
             num_kv_heads=num_heads if mla else int(get(f"{a}.attention.head_count_kv", num_heads)),
@@ -238,6 +266,7 @@ class ModelConfig:
             mlp_bias="blk.0.ffn_up.bias" in tensors,
             rotary_dim=int(get(f"{a}.rope.dimension_count", 0)),
             mla=mla,
+            moe=moe,
         )
 
 
@@ -266,7 +295,7 @@ def _id_tuple(*sources: int | list[int] | None) -> tuple[int, ...]:
 
 
 # Architectures whose config's sliding_window always applies (Qwen2's only with a flag).
-_SLIDING_ARCHS = ("MistralForCausalLM", "Phi3ForCausalLM")
+_SLIDING_ARCHS = ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM")
 
 
 def _hf_rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:

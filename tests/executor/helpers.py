@@ -19,12 +19,15 @@ from transformers import (
     DeepseekV3Config,
     LlamaConfig,
     MistralConfig,
+    MixtralConfig,
     Phi3Config,
     PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerFast,
     Qwen2Config,
+    Qwen2MoeConfig,
     Qwen3Config,
+    Qwen3MoeConfig,
 )
 
 from services.executor.forward_batch import ForwardBatch, ForwardMode
@@ -86,6 +89,25 @@ _CONFIG_CLASSES: dict[str, type[PretrainedConfig]] = {
     "phi3": Phi3Config,
     "deepseek_v2": DeepseekV2Config,
     "deepseek_v3": DeepseekV3Config,
+    "qwen2_moe": Qwen2MoeConfig,
+    "qwen3_moe": Qwen3MoeConfig,
+    "mixtral": MixtralConfig,
+}
+# Tiny expert counts and sizes for the MoE families (their defaults are the real models').
+_MOE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "qwen2_moe": {
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 48,
+    },
+    "qwen3_moe": {
+        "num_experts": 8,
+        "num_experts_per_tok": 3,
+        "moe_intermediate_size": 32,
+        "norm_topk_prob": True,
+    },
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None},
 }
 DEEPSEEK_YARN = {
     "rope_type": "yarn",
@@ -154,6 +176,7 @@ def make_hf_config(arch: str = "llama", **overrides: Any) -> PretrainedConfig:
     }
     if arch == "mistral":
         kwargs["sliding_window"] = None
+    kwargs.update(_MOE_DEFAULTS.get(arch, {}))
     if arch.startswith("deepseek"):
         kwargs.update(DEEPSEEK_TINY, num_key_value_heads=4)
     kwargs.update(overrides)
@@ -177,7 +200,8 @@ def make_hf_model(arch: str = "llama", seed: int = 0, **overrides: Any) -> PreTr
 def write_tiny_model(tmp_path: Path, arch: str = "llama", seed: int = 0, **overrides: Any) -> Path:
     """Save a tiny random model (safetensors) plus tokenizer under tmp_path; return the dir.
 
-    arch: "llama", "mistral", "qwen2", "qwen3" or "phi3"; overrides go to the HF config class.
+    arch: "llama", "mistral", "qwen2", "qwen3", "phi3", "qwen2_moe", "qwen3_moe", "mixtral",
+    "deepseek_v2" or "deepseek_v3"; overrides go to the HF config class.
     """
     path = Path(tmp_path) / f"tiny-{arch}-{seed}"
     make_hf_model(arch, seed, **overrides).save_pretrained(path, safe_serialization=True)

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.executor.errors import UnsupportedModelError
 from services.executor.model_config import ModelConfig
 from services.executor.weights import load_model
 from tests.executor.helpers import (
@@ -54,10 +53,17 @@ def test_config_reads_the_latent_attention_fields(tiny_dir: Path) -> None:
     assert mla.is_moe_layer(2) and mla.is_moe_layer(3)  # first_k_dense_replace = 2
 
 
-def test_moe_layers_are_refused_clearly(tmp_path: Path) -> None:
-    path = write_tiny_model(tmp_path, "deepseek_v2", first_k_dense_replace=1)
-    with pytest.raises(UnsupportedModelError, match="DeepSeek MoE layers: not in this build"):
-        load_model(path, "cpu", torch.float32)
+def test_moe_layers_are_the_ones_past_the_dense_ones(tmp_path: Path) -> None:
+    """MLAConfig and MoEConfig read first_k_dense_replace / moe_layer_freq alike, and the
+    model builds SparseMoE exactly there (models/moe.py)."""
+    from services.executor.models.moe import SparseMoE
+
+    path = write_tiny_model(tmp_path, "deepseek_v2", first_k_dense_replace=1, n_shared_experts=1)
+    model, config = load_model(path, "cpu", torch.float32)
+    assert config.mla is not None and config.moe is not None
+    assert config.moe.sparse_layers == (1,) and config.mla.is_moe_layer(1)
+    layers = list(model.model.layers)
+    assert not isinstance(layers[0].mlp, SparseMoE) and isinstance(layers[1].mlp, SparseMoE)
 
 
 def test_a_config_json_without_experts_is_all_dense(tmp_path: Path) -> None:

@@ -50,6 +50,18 @@ CASES: dict[str, tuple[str, GGMLQuantizationType, dict[str, Any]]] = {
             "sliding_window": 128,
         },
     ),
+    "qwen2moe-f32-shared-expert": ("qwen2_moe", F32, {}),
+    "qwen3moe-q8_0": ("qwen3_moe", Q8_0, {}),
+    "mixtral-f32": ("mixtral", F32, {"tie_word_embeddings": False}),
+}
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
 }
 
 
@@ -61,11 +73,12 @@ def test_gguf_matches_transformers(tmp_path: Path, case: str) -> None:
     write_tiny_gguf(path, hf, arch, qtype)  # also rounds hf's matrices through qtype
     model, config = load_model(path, "cpu", torch.float32)
 
-    assert config.architecture == {"llama": "LlamaForCausalLM"}.get(
-        arch, f"{arch.capitalize()}ForCausalLM"
-    )
+    assert config.architecture == ARCHITECTURES[arch]
     assert config.tie_word_embeddings == hf.config.tie_word_embeddings
-    assert config.attention_bias == (arch == "qwen2" or overrides.get("attention_bias", False))
+    qkv_bias = arch in ("qwen2", "qwen2_moe")
+    assert config.attention_bias == (qkv_bias or overrides.get("attention_bias", False))
+    if "moe" in arch or arch == "mixtral":
+        assert config.moe == ModelConfig.from_hf_dir(_saved(hf, tmp_path)).moe
     assert config.eos_token_ids == (EOS_ID,)
     driver = BatchDriver(model, config)
     logits = driver.extend([driver.new_request() for _ in PROMPTS], PROMPTS)
@@ -73,6 +86,13 @@ def test_gguf_matches_transformers(tmp_path: Path, case: str) -> None:
     torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
     ours = greedy_generate(model, config, PROMPTS, max_new_tokens=32)
     assert ours == [hf_greedy(hf, p, 32) for p in PROMPTS]
+
+
+def _saved(hf: Any, tmp_path: Path) -> Path:
+    """The HF model saved as a checkpoint directory (to read its config.json)."""
+    path = tmp_path / "hf"
+    hf.config.save_pretrained(path)
+    return path
 
 
 def test_unpermute_inverts_llama_cpp_permute() -> None:

@@ -7,10 +7,12 @@ from typing import Any, NamedTuple
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from services.executor.model_config import ModelConfig
 from services.executor.models.llama import LlamaForCausalLM
+from services.executor.models.moe import FusedExperts
 from services.executor.weights import load_model
 from services.executor.weights.loader import hf_state_dict
 
@@ -22,6 +24,7 @@ from .helpers import (
     hf_greedy,
     hf_last_logits,
     longrope,
+    make_hf_model,
     write_tiny_model,
 )
 
@@ -54,6 +57,33 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         "deepseek_v3",
         {"q_lora_rank": 24, "rope_parameters": DEEPSEEK_YARN, "rope_interleave": False},
     ),
+    # DeepSeek's MoE past its first dense layer: V2's softmax router, group-limited, with a
+    # shared expert; V3's sigmoid router, correction bias and grouped top-k.
+    "deepseek-v2-moe": (
+        "deepseek_v2",
+        {
+            "first_k_dense_replace": 1,
+            "n_shared_experts": 1,
+            "topk_method": "group_limited_greedy",
+            "n_group": 2,
+            "topk_group": 1,
+        },
+    ),
+    "deepseek-v3-moe": (
+        "deepseek_v3",
+        {
+            "q_lora_rank": 24,
+            "first_k_dense_replace": 1,
+            "n_shared_experts": 1,
+            "n_group": 2,
+            "topk_group": 1,
+        },
+    ),
+    # MoE: gated shared expert; a dense layer among sparse ones, renormalised top-3; Mixtral's
+    # checkpoint names
+    "qwen2-moe": ("qwen2_moe", {}),
+    "qwen3-moe-mlp-only-layer": ("qwen3_moe", {"mlp_only_layers": [0]}),
+    "mixtral": ("mixtral", {"tie_word_embeddings": False}),
 }
 # Different lengths, so batches are ragged; the last one crosses the llama3 case's
 # original context of 64 during generation.
@@ -141,6 +171,23 @@ def test_dummy_weights_have_config_shapes(tmp_path: Path) -> None:
     assert torch.isfinite(logits).all()
 
 
+def test_dummy_moe_weights_have_config_shapes(tmp_path: Path) -> None:
+    path = write_tiny_model(tmp_path, "qwen2_moe")
+    model, config = load_model(path, "cpu", torch.float32, load_format="dummy")
+    assert config.moe is not None
+    moe = config.moe
+    experts = model.get_submodule("model.layers.1.mlp.experts")
+    assert isinstance(experts, FusedExperts)
+    assert experts.w13_weight.shape == (moe.num_experts, 2 * moe.intermediate_size, 64)
+    assert abs(experts.w2_weight.std().item() - 0.02) < 0.002
+    state = hf_state_dict(model)
+    assert state["model.layers.1.mlp.experts.7.down_proj.weight"].shape == (64, 32)
+    assert state["model.layers.1.mlp.shared_expert_gate.weight"].shape == (1, 64)
+    driver = BatchDriver(model, config)
+    logits = driver.extend([driver.new_request()], [PROMPTS[0]])
+    assert torch.isfinite(logits).all()
+
+
 def test_bfloat16_model_tracks_float32(tiny: Tiny) -> None:
     logits = {}
     for dtype in (torch.float32, torch.bfloat16):
@@ -152,3 +199,27 @@ def test_bfloat16_model_tracks_float32(tiny: Tiny) -> None:
     scale = logits[torch.float32].abs().max().item()
     diff = (logits[torch.bfloat16] - logits[torch.float32]).abs().max().item()
     assert diff < 0.1 * scale
+
+
+def test_mixtral_state_dict_has_its_checkpoint_names(tmp_path: Path) -> None:
+    path = write_tiny_model(tmp_path, "mixtral", tie_word_embeddings=False)
+    model, _ = load_model(path, "cpu", torch.float32)
+    state = hf_state_dict(model)
+    saved = load_file(path / "model.safetensors")
+    assert set(state) == set(saved)
+    for name in ("model.layers.1.block_sparse_moe.experts.3.w3.weight", "lm_head.weight"):
+        assert torch.equal(state[name], saved[name])
+
+
+def test_stacked_expert_checkpoint_loads(tmp_path: Path) -> None:
+    """transformers 5's in-memory layout saved as is (experts.gate_up_proj, down_proj)."""
+    hf = make_hf_model("qwen3_moe", tie_word_embeddings=False)
+    hf.config.save_pretrained(tmp_path)
+    state = {k: v.contiguous() for k, v in hf.state_dict().items()}
+    assert "model.layers.0.mlp.experts.gate_up_proj" in state
+    save_file(state, tmp_path / "model.safetensors")
+    model, config = load_model(tmp_path, "cpu", torch.float32)
+    driver = BatchDriver(model, config)
+    logits = driver.extend([driver.new_request() for _ in PROMPTS], PROMPTS)
+    expected = torch.stack([hf_last_logits(hf, p) for p in PROMPTS])
+    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)

@@ -29,6 +29,9 @@ _GGUF_ARCH = {
     "phi3": "phi3",
     "deepseek_v2": "deepseek2",
     "deepseek_v3": "deepseek2",
+    "qwen2_moe": "qwen2moe",
+    "qwen3_moe": "qwen3moe",
+    "mixtral": "llama",  # llama.cpp converts Mixtral as a Llama with experts
 }
 _TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 _LAYER = {
@@ -51,7 +54,13 @@ _LAYER = {
     "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa",
     "self_attn.kv_a_layernorm": "attn_kv_a_norm",
     "self_attn.kv_b_proj": "attn_kv_b",
+    "mlp.gate": "ffn_gate_inp",
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp",
 }
+# Kept in F32 whatever the file type, as llama.cpp's converter keeps them.
+_ALWAYS_F32 = ("mlp.gate.weight", "mlp.shared_expert_gate.weight")
 
 
 def gguf_name(hf_name: str) -> str:
@@ -159,6 +168,15 @@ def write_tiny_gguf(
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_vocab_size(cfg.vocab_size)
     writer.add_file_type(0 if qtype == GGMLQuantizationType.F32 else 7)  # ALL_F32 / MOSTLY_Q8_0
+    experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
+    if experts:
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(cfg.num_experts_per_tok)
+        if a != "llama":
+            writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+        shared = getattr(cfg, "shared_expert_intermediate_size", 0)
+        if shared:
+            writer.add_expert_shared_feed_forward_length(shared)
     _add_tokenizer(writer)
     if rope.get("rope_type") == "llama3":
         writer.add_tensor(
@@ -175,12 +193,16 @@ def write_tiny_gguf(
                 writer.add_tensor(f"blk.{layer}.attn_k_b.weight", k_b)
                 writer.add_tensor(f"blk.{layer}.attn_v_b.weight", v_b)
                 continue
+            if ".mlp.experts." in name or name.endswith("shared_expert_gate.weight"):
+                _write_moe_tensor(writer, name, param, qtype)
+                continue
             stored = data
             if a == "llama" and ".q_proj." in name:
                 stored = llama_cpp_permute(data, cfg.num_attention_heads)
             elif a == "llama" and ".k_proj." in name:
                 stored = llama_cpp_permute(data, cfg.num_key_value_heads)
-            if data.ndim == 2 and qtype != GGMLQuantizationType.F32:
+            quantized = data.ndim == 2 and not name.endswith(_ALWAYS_F32)
+            if quantized and qtype != GGMLQuantizationType.F32:
                 writer.add_tensor(gguf_name(name), quantize(stored, qtype), raw_dtype=qtype)
                 # Blocks run along rows and the permutation only moves whole rows, so
                 # this is the file's tensor in HF row order.
@@ -209,6 +231,35 @@ def _add_phi3(writer: gguf.GGUFWriter, cfg: Any) -> None:
     for kind in ("long", "short"):
         factors = np.array(rope[f"{kind}_factor"], dtype=np.float32)
         writer.add_tensor(f"rope_factors_{kind}.weight", factors)
+
+
+def _write_moe_tensor(
+    writer: gguf.GGUFWriter, name: str, param: torch.Tensor, qtype: GGMLQuantizationType
+) -> None:
+    """transformers' stacked experts (gate_up_proj [E, 2I, H], down_proj [E, H, I]) as
+    llama.cpp's ffn_{gate,up,down}_exps; Qwen2-MoE's shared_expert_gate [1, H] as the 1-D
+    ffn_gate_inp_shexp. `param` takes the values the file holds."""
+    layer = name.split(".")[2]  # model.layers.N....
+    data = param.float().numpy()
+    if name.endswith("shared_expert_gate.weight"):
+        writer.add_tensor(f"blk.{layer}.ffn_gate_inp_shexp.weight", data.reshape(-1))
+        return
+
+    def put(kind: str, array: np.ndarray) -> np.ndarray:
+        array = np.ascontiguousarray(array)
+        if qtype == GGMLQuantizationType.F32:
+            writer.add_tensor(f"blk.{layer}.{kind}.weight", array)
+            return array
+        writer.add_tensor(f"blk.{layer}.{kind}.weight", quantize(array, qtype), raw_dtype=qtype)
+        return dequantize(quantize(array, qtype), qtype).reshape(array.shape)
+
+    if name.endswith("gate_up_proj"):
+        inter = data.shape[1] // 2
+        gate = put("ffn_gate_exps", data[:, :inter])
+        up = put("ffn_up_exps", data[:, inter:])
+        param.copy_(torch.from_numpy(np.concatenate([gate, up], axis=1)))
+    else:
+        param.copy_(torch.from_numpy(put("ffn_down_exps", data)))
 
 
 def _add_tokenizer(writer: gguf.GGUFWriter) -> None:

@@ -17,8 +17,9 @@ parts; its mscale correction is in the softmax scale (mla_config.py).
 Tensor parallelism shards the heads (q_proj / q_b_proj, kv_b_proj, o_proj); q_a_proj and
 kv_a_proj_with_mqa are replicated, and so is the latent cache, on every rank.
 
-MoE layers (`MLAConfig.is_moe_layer`) are not in this build: the decoder layer's `mlp` is
-the one line that will build them.
+Past the first `first_k_dense_replace` dense layers, every `moe_layer_freq`-th layer's MLP is
+models/moe.py's SparseMoE: V2's softmax router (greedy or group-limited), V3's sigmoid router
+with its correction bias and grouped top-k, and the shared experts.
 """
 
 from __future__ import annotations
@@ -34,11 +35,11 @@ from services.executor.distributed.layers import (
     RowParallelLinear,
     VocabParallelEmbedding,
 )
-from services.executor.errors import UnsupportedModelError
+from services.executor.errors import ModelLoadError
 from services.executor.forward_batch import ForwardBatch
 from services.executor.mla_config import MLAConfig
 from services.executor.model_config import ModelConfig
-from services.executor.models.layers import RMSNorm, Rope, RotaryEmbedding, SiluAndMulMLP
+from services.executor.models.layers import RMSNorm, Rope, RotaryEmbedding
 from services.executor.models.linear import Linear
 from services.executor.models.llama import (
     HeadShards,
@@ -46,6 +47,7 @@ from services.executor.models.llama import (
     LlamaForCausalLM,
     LlamaModel,
 )
+from services.executor.models.moe import build_mlp
 
 
 def mla_of(config: ModelConfig) -> MLAConfig:
@@ -136,13 +138,14 @@ class DeepseekDecoderLayer(LlamaDecoderLayer):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = MLAttention(config, layer_id, backend, tp)  # type: ignore[assignment]
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        if mla_of(config).is_moe_layer(layer_id):
-            # With the MoE layer: self.mlp = SparseMoE(config, layer_id, tp)
-            raise UnsupportedModelError(
-                f"DeepSeek MoE layers: not in this build (layer {layer_id} of "
-                f"{config.architecture} is one)"
+        sparse = config.moe is not None and config.moe.is_sparse(layer_id)
+        if mla_of(config).is_moe_layer(layer_id) != sparse:  # two readings of one config
+            raise ModelLoadError(
+                f"{config.architecture}: layer {layer_id} is {'' if sparse else 'not '}sparse "
+                "by its MoE config but the reverse by first_k_dense_replace/moe_layer_freq"
             )
-        self.mlp = SiluAndMulMLP(config.hidden_size, config.intermediate_size, config.mlp_bias, tp)
+        # Routed experts (DeepSeek's grouped top-k, shared experts) past the dense layers.
+        self.mlp = build_mlp(config, layer_id, tp)
 
 
 class DeepseekModel(LlamaModel):
@@ -183,4 +186,5 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
 
 
 class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
-    """V3's attention and dense layers are V2's (its MoE router differs: not in this build)."""
+    """V3's layers are V2's; its router (sigmoid, correction bias, grouped top-k) is what
+    MoEConfig reads from its config."""

@@ -27,7 +27,8 @@ from services.executor.distributed.layers import (
 )
 from services.executor.forward_batch import ForwardBatch
 from services.executor.model_config import ModelConfig
-from services.executor.models.layers import RMSNorm, Rope, RotaryEmbedding, SiluAndMulMLP
+from services.executor.models.layers import RMSNorm, Rope, RotaryEmbedding
+from services.executor.models.moe import build_mlp
 
 # checkpoint module name -> (our fused module, shard index in it)
 STACKED = {
@@ -108,7 +109,7 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = attention_cls(config, layer_id, backend, tp)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = SiluAndMulMLP(config.hidden_size, config.intermediate_size, config.mlp_bias, tp)
+        self.mlp = build_mlp(config, layer_id, tp)  # dense, or SparseMoE (models/moe.py)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None, rope: Rope, batch: ForwardBatch
@@ -167,6 +168,8 @@ class LlamaForCausalLM(nn.Module):
     (the whole vocabulary on every rank)."""
 
     attention_cls: ClassVar[type[LlamaAttention]] = LlamaAttention
+    # (checkpoint substring, ours): applied to every checkpoint name before loading
+    checkpoint_renames: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     def __init__(
         self, config: ModelConfig, backend: AttentionBackend, tp: TPGroup = SINGLE

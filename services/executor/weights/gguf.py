@@ -37,6 +37,12 @@ _PER_LAYER = {
     "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
     "attn_kv_a_norm": "self_attn.kv_a_layernorm",
     "attn_kv_b": "self_attn.kv_b_proj",
+    # MoE (qwen2moe, qwen3moe, Mixtral as llama): the router and Qwen2-MoE's shared expert
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
 # Where an architecture's tensor of that name holds something else: Phi-3's ffn_up is its
 # stacked [gate; up] (llama.cpp has no ffn_gate for it).
@@ -44,6 +50,10 @@ _PER_LAYER_BY_ARCH = {"Phi3ForCausalLM": {"ffn_up": "mlp.gate_up_proj"}}
 # Halves of kv_b_proj, per head: k_b [heads, kv_lora_rank, nope] (transposed) and
 # v_b [heads, v_head_dim, kv_lora_rank].
 _KV_B_HALVES = ("attn_k_b", "attn_v_b")
+# blk.N.<key> [experts, ...] -> model.layers.N.mlp.experts.E.<value>, one tensor per expert
+_EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
+# architectures whose Q/K rows llama.cpp permutes (Mixtral goes through its Llama converter)
+_PERMUTED_QK = ("LlamaForCausalLM", "MixtralForCausalLM")
 # Read into ModelConfig.rope_scaling rather than loaded as a weight.
 _CONFIG_TENSORS = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
 
@@ -72,9 +82,10 @@ def hf_name(gguf_name: str, architecture: str = "") -> str:
 def iter_gguf_weights(
     reader: GGUFReader, config: ModelConfig
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, fp32 CPU tensor) for every weight, dequantised one tensor at a time."""
+    """(HF name, fp32 CPU tensor) for every weight, dequantised one tensor at a time; a
+    stacked experts tensor is given as HF's per-expert tensors (views of it)."""
     # llama.cpp permutes Llama's Q/K rows for its interleaved RoPE; Qwen's are left alone.
-    unpermute = config.architecture == "LlamaForCausalLM"
+    unpermute = config.architecture in _PERMUTED_QK
     names = {t.name for t in reader.tensors}
     halves: dict[tuple[str, str], torch.Tensor] = {}  # (block, half) -> tensor
     for t in reader.tensors:
@@ -100,6 +111,13 @@ def iter_gguf_weights(
                 k_b, v_b = (halves.pop((parts[1], h)) for h in _KV_B_HALVES)
                 yield f"model.layers.{parts[1]}.self_attn.kv_b_proj.weight", merge_kv_b(k_b, v_b)
             continue
+        if half in _EXPERTS:  # blk.N.ffn_*_exps.weight
+            prefix = f"model.layers.{parts[1]}.mlp.experts"
+            for index, expert in enumerate(tensor):
+                yield f"{prefix}.{index}.{_EXPERTS[half]}.weight", expert
+            continue
+        if half == "ffn_gate_inp_shexp":  # stored as [hidden]
+            tensor = tensor.reshape(1, -1)
         name = hf_name(t.name, config.architecture)
         if unpermute and t.name.split(".")[-2] == "attn_q":
             tensor = unpermute_qk(tensor, config.num_heads)

@@ -99,8 +99,10 @@ def checkpoint_layout(model: LlamaForCausalLM) -> dict[str, Target]:
     this rank reads.
 
     Fused projections (qkv_proj, gate_up_proj) are filled by several checkpoint tensors,
-    stacked along rows in the order of `STACKED`; everything else maps one to one. Sharded
-    modules say what their rank reads (`load_plan`, distributed/layers.py).
+    stacked along rows in the order of `STACKED`; stacked experts ([experts, ...] parameters)
+    list the per-expert tensors that fill them (`checkpoint_parts`, models/moe.py);
+    everything else maps one to one. Sharded modules say what their rank reads (`load_plan`,
+    distributed/layers.py).
     """
     layout: dict[str, Target] = {}
     fused_into: dict[str, list[tuple[int, str]]] = {}
@@ -110,6 +112,11 @@ def checkpoint_layout(model: LlamaForCausalLM) -> dict[str, Target]:
         *prefix, module_name, kind = name.split(".")
         module = model.get_submodule(".".join([*prefix, module_name]))
         plan = getattr(module, "load_plan", None)
+        parts = getattr(module, "checkpoint_parts", None)
+        if parts is not None:
+            for suffix, view, start, end, shard in parts(kind):
+                layout[".".join([*prefix, module_name, suffix])] = Target(view, start, end, shard)
+            continue
         if module_name not in fused_into:
             start, end, shard = plan(kind, None) if plan else (0, param.shape[0], WHOLE)
             layout[name] = Target(param, start, end, shard)
@@ -135,7 +142,12 @@ def hf_state_dict(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
             for n in names:
                 del out[n]
             out[".".join([*prefix, fused, kind])] = first.param[first.start : last.end]
-    return out
+    renamed = {}
+    for name, tensor in out.items():
+        for theirs, ours in model.checkpoint_renames:  # back to the checkpoint's own names
+            name = name.replace(ours, theirs)
+        renamed[name] = tensor
+    return renamed
 
 
 def split_fused(
@@ -182,7 +194,10 @@ def load_weights(
     tied = model.config.tie_word_embeddings
     loaded: set[str] = set()
     unexpected: list[str] = []
-    for name, raw in split_fused(model, weights, source):
+    renames = model.checkpoint_renames
+    for name, raw in split_fused(model, _split_stacked_experts(weights), source):
+        for theirs, ours in renames:
+            name = name.replace(theirs, ours)
         if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
             continue
         target = layout.get(name)
@@ -200,6 +215,32 @@ def load_weights(
             f"{source}: weights do not match the {model.config.architecture} config; "
             f"missing: {_names(missing)}; unexpected: {_names(unexpected)}"
         )
+
+
+# transformers 5's in-memory MoE layout, which a checkpoint may hold instead of HF's
+# per-expert tensors: experts.gate_up_proj [E, 2I, H] (gate rows first), down_proj [E, H, I].
+_STACKED_EXPERTS = (".experts.gate_up_proj", ".experts.down_proj")
+
+
+def _split_stacked_experts(
+    weights: Iterable[tuple[str, TensorSource | torch.Tensor]],
+) -> Iterator[tuple[str, TensorSource | torch.Tensor]]:
+    """The weights, with stacked expert tensors given as the per-expert ones (views of the
+    tensor read whole) that the layout names."""
+    for name, raw in weights:
+        if not name.endswith(_STACKED_EXPERTS):
+            yield name, raw
+            continue
+        t = raw if isinstance(raw, torch.Tensor) else raw.read(())
+        prefix = name.rsplit(".", 1)[0]  # ....experts
+        if name.endswith("gate_up_proj"):
+            inter = t.shape[1] // 2
+            for e in range(t.shape[0]):
+                yield f"{prefix}.{e}.gate_proj.weight", t[e, :inter]
+                yield f"{prefix}.{e}.up_proj.weight", t[e, inter:]
+        else:
+            for e in range(t.shape[0]):
+                yield f"{prefix}.{e}.down_proj.weight", t[e]
 
 
 def _copy(target: Target, tensor: TensorSource, name: str, source: str) -> None:

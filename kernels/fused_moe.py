@@ -1,0 +1,269 @@
+"""Fused mixture-of-experts MLP: every token's top-k experts, SiLU-gated, weighted and summed,
+in two grouped GEMM launches for the whole batch.
+
+1. `moe_align` (kernels/moe_align.py) groups the (token, slot) pairs by expert and pads each
+   expert's run to a multiple of BLOCK_M, so that every BLOCK_M rows of the sorted order
+   belong to one expert (`expert_ids[block]`). Padding rows hold the index `tokens * top_k`
+   (past every real pair). Shapes depend only on (tokens, top_k, experts, BLOCK_M), never on
+   the routing, and nothing is read back to the host: the step stays capturable in a CUDA
+   graph.
+2. gate_up launch: rows of x (pair // top_k) times the expert's gate and up rows, both in one
+   program (two accumulators), silu(gate) * up written per pair: [pairs, I].
+3. down launch: those rows times the expert's down weight, scaled by the pair's routing weight:
+   [pairs, hidden]; the top_k rows of a token are then summed.
+
+Grid of each launch: (max_blocks * cdiv(N, BLOCK_N),); programs whose block lies past the padded
+total (read from the device) return at once, so experts with no tokens cost nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from kernels._checks import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_device,
+    check_launch,
+    check_tensor,
+    check_tile,
+    dot_precision,
+)
+from kernels.moe_align import moe_align
+
+
+@triton.jit
+def _fused_moe_kernel(
+    a_ptr,  # [rows of A, K]
+    b_ptr,  # [experts, N (x2 with SILU_MUL), K]
+    c_ptr,  # [pairs, N]
+    weights_ptr,  # [pairs] fp32 routing weights (MUL_WEIGHT)
+    sorted_ids_ptr,  # [max_padded] int32: pair index, or num_pairs for padding
+    expert_ids_ptr,  # [max_blocks] int32
+    num_post_padded_ptr,  # [1] int32
+    num_pairs,
+    N,
+    K,
+    stride_am,
+    stride_be,
+    stride_bn,
+    stride_cm,
+    A_ROW_DIV: tl.constexpr,  # A's row of a pair: pair // A_ROW_DIV (top_k for x, 1 after)
+    SILU_MUL: tl.constexpr,  # B holds [gate; up] rows: write silu(x.gate) * (x.up)
+    MUL_WEIGHT: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    if pid_m * BLOCK_M >= tl.load(num_post_padded_ptr):
+        return
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.load(sorted_ids_ptr + offs_m)
+    m_mask = pairs < num_pairs
+    a_rows = (pairs // A_ROW_DIV).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    b_base = b_ptr + expert * stride_be + offs_n.to(tl.int64)[None, :] * stride_bn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < K
+        a = tl.load(
+            a_ptr + a_rows[:, None] * stride_am + offs_k[None, :],
+            mask=m_mask[:, None] & k_mask[None, :],
+            other=0.0,
+        )
+        b_mask = k_mask[:, None] & n_mask[None, :]
+        b = tl.load(b_base + offs_k[:, None], mask=b_mask, other=0.0)  # [BLOCK_K, BLOCK_N]
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        if SILU_MUL:
+            up = tl.load(b_base + N * stride_bn + offs_k[:, None], mask=b_mask, other=0.0)
+            acc_up = tl.dot(a, up, acc_up, input_precision=PRECISION)
+    if SILU_MUL:
+        acc = acc / (1.0 + tl.exp(-acc)) * acc_up
+    if MUL_WEIGHT:
+        w = tl.load(weights_ptr + pairs, mask=m_mask, other=0.0)
+        acc = acc * w[:, None]
+    c = c_ptr + pairs.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
+    tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+def choose_tiles(num_pairs: int, num_experts: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K) from the tokens per expert. Few (decode): 16 rows, so
+    padding is cheap, and narrow, deep tiles, so the few experts in use are read by many
+    programs at once (the step is bound by reading their weights). Many (prefill): 64 x 64.
+    A starting point, not tuned per GPU."""
+    per_expert = num_pairs / num_experts
+    if per_expert <= 16:
+        return 16, 32, 128
+    return (32, 64, 64) if per_expert <= 48 else (64, 64, 64)
+
+
+def fused_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    block_k: int | None = None,
+    num_warps: int = 4,
+    num_stages: int = 3,
+) -> torch.Tensor:
+    """sum over j of topk_weights[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t])), e =
+    topk_ids[t, j]; returns [tokens, hidden] in x's dtype.
+
+    x: [tokens, hidden]; w13: [experts, 2 * I, hidden] (rows [0, I) gate, [I, 2I) up);
+    w2: [experts, hidden, I]; topk_weights: [tokens, top_k] fp32; topk_ids: [tokens, top_k]
+    int32/int64 in [0, experts). block_m/block_n/block_k: the tiles (powers of two >= 16);
+    None takes `choose_tiles`'s.
+    """
+    op = "fused_moe"
+    check_tensor(op, "x", x, shape=(None, None), dims="[tokens, hidden]", dtypes=FLOAT_DTYPES)
+    check_device(op, x)
+    tokens, hidden = x.shape
+    check_tensor(
+        op,
+        "w13",
+        w13,
+        shape=(None, None, hidden),
+        dims="[experts, 2 * I, hidden]",
+        dtypes=(x.dtype,),
+        device=x.device,
+    )
+    num_experts, two_i, _ = w13.shape
+    if two_i % 2:
+        raise ValueError(f"{op}: w13's rows must be even (gate, up), got {two_i}")
+    inter = two_i // 2
+    check_tensor(
+        op,
+        "w2",
+        w2,
+        shape=(num_experts, hidden, inter),
+        dims="[experts, hidden, I]",
+        dtypes=(x.dtype,),
+        device=x.device,
+    )
+    check_tensor(
+        op,
+        "topk_ids",
+        topk_ids,
+        shape=(tokens, None),
+        dims="[tokens, top_k]",
+        dtypes=INDEX_DTYPES,
+        device=x.device,
+    )
+    top_k = topk_ids.shape[1]
+    check_tensor(
+        op,
+        "topk_weights",
+        topk_weights,
+        shape=(tokens, top_k),
+        dims="[tokens, top_k]",
+        dtypes=(torch.float32,),
+        device=x.device,
+    )
+    auto_m, auto_n, auto_k = choose_tiles(tokens * top_k, num_experts)
+    bm, bn, bk = block_m or auto_m, block_n or auto_n, block_k or auto_k
+    for name, size in (("block_m", bm), ("block_n", bn), ("block_k", bk)):
+        check_tile(op, name, size)
+    check_launch(op, num_warps, num_stages)
+    if x.stride(0) != hidden or w13.stride(1) != hidden or w2.stride(1) != inter:
+        raise ValueError(f"{op}: x, w13 and w2 must have contiguous rows")
+    out = torch.empty((tokens, hidden), dtype=x.dtype, device=x.device)
+    if tokens == 0:
+        return out
+    num_pairs = tokens * top_k
+    sorted_ids, expert_ids, num_post_padded = moe_align(topk_ids, num_experts, bm)
+    act = torch.empty((num_pairs, inter), dtype=x.dtype, device=x.device)
+    per_pair = torch.empty((num_pairs, hidden), dtype=x.dtype, device=x.device)
+    weights = topk_weights.contiguous().view(-1)
+    common = dict(
+        PRECISION=dot_precision(x.dtype),
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    blocks = expert_ids.shape[0]
+    # gate_up with silu_mul: x [tokens, hidden] -> act [pairs, I]
+    _fused_moe_kernel[(blocks * triton.cdiv(inter, bn),)](
+        x,
+        w13,
+        act,
+        weights,
+        sorted_ids,
+        expert_ids,
+        num_post_padded,
+        num_pairs,
+        inter,
+        hidden,
+        x.stride(0),
+        w13.stride(0),
+        w13.stride(1),
+        act.stride(0),
+        A_ROW_DIV=top_k,
+        SILU_MUL=True,
+        MUL_WEIGHT=False,
+        **common,
+    )
+    # down, weighted: act [pairs, I] -> per_pair [pairs, hidden]
+    _fused_moe_kernel[(blocks * triton.cdiv(hidden, bn),)](
+        act,
+        w2,
+        per_pair,
+        weights,
+        sorted_ids,
+        expert_ids,
+        num_post_padded,
+        num_pairs,
+        hidden,
+        inter,
+        act.stride(0),
+        w2.stride(0),
+        w2.stride(1),
+        per_pair.stride(0),
+        A_ROW_DIV=1,
+        SILU_MUL=False,
+        MUL_WEIGHT=True,
+        **common,
+    )
+    return torch.sum(per_pair.view(tokens, top_k, hidden), dim=1, out=out)
+
+
+def fused_moe_ref(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> torch.Tensor:
+    """The torch twin of `fused_moe` (and the CPU path): a loop over the experts that have
+    tokens, each one's pairs gathered, computed and scattered back. Syncs the host (it asks
+    which experts are used): not for CUDA graphs."""
+    tokens, top_k = topk_ids.shape
+    inter = w13.shape[1] // 2
+    out = torch.zeros((tokens, x.shape[1]), dtype=torch.float32, device=x.device)
+    flat = topk_ids.reshape(-1)
+    for expert in torch.unique(flat).tolist():
+        pairs = (flat == expert).nonzero().squeeze(1)
+        rows = pairs // top_k
+        gate_up = x[rows].float() @ w13[expert].float().T
+        act = (F.silu(gate_up[:, :inter]) * gate_up[:, inter:]).to(x.dtype).float()
+        down = act @ w2[expert].float().T
+        w = topk_weights.reshape(-1)[pairs].float()
+        out.index_add_(0, rows, (down * w[:, None]).to(x.dtype).float())
+    return out.to(x.dtype)

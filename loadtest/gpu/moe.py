@@ -1,0 +1,265 @@
+"""Mixture-of-experts on the GPU, at Qwen3-30B-A3B's shapes (dummy weights).
+
+moe_kernel: kernels/fused_moe against a torch loop over the experts that have tokens (what
+transformers does), at 1, 64 and 512 tokens; eager and, at each size, inside a CUDA graph (as
+decode runs it); the share of copy bandwidth the kernel reaches reading the experts in use.
+Then the tiny Qwen2-MoE, Qwen3-MoE and Mixtral models in bf16 through the engine (Triton
+kernels, CUDA graphs) against transformers, as the `correctness` section does for dense ones.
+
+qwen3moe: the whole model through the engine. Batch-1 decode tok/s against the roofline of
+the bytes one step actually reads (attention, norms and router of every layer, the top-k
+experts each layer routes to, the LM head, the KV cache), at the copy bandwidth measured in
+the same run; then SGLang's offline workload (500 prompts, input U[1, 4096], output
+U[1, 2048]) on the same engine, as the `offline` section runs it for Llama.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from loadtest import offline
+
+QWEN3_30B_A3B: dict[str, Any] = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "num_hidden_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": False,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "torch_dtype": "bfloat16",
+}
+TOKENS = (1, 64, 512)
+OFFLINE_RUN_S = 130  # the 500-prompt run stops here and reports what it finished
+
+
+def qwen3_30b_dir(root: Path) -> Path:
+    """config.json of Qwen3-30B-A3B and the tiny byte tokenizer (dummy-weight serving)."""
+    from tests.executor.helpers import make_tokenizer
+
+    path = root / "qwen3-30b-a3b-dummy"
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(QWEN3_30B_A3B, indent=1))
+    make_tokenizer().save_pretrained(path)
+    return path
+
+
+def step_bytes(config: dict[str, Any], context: int, experts_read: int) -> dict[str, int]:
+    """bf16 bytes one batch-1 decode step reads, by part: every layer's attention
+    projections, norms and router, `experts_read` experts per layer (top-k at batch 1), the
+    KV cache of `context` tokens, the LM head (the embedding: one row, left out)."""
+    h, n = config["hidden_size"], config["num_hidden_layers"]
+    heads, kv, hd = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
+    inter, experts = config["moe_intermediate_size"], config["num_experts"]
+    attention = h * heads * hd * 2 + h * kv * hd * 2 + 2 * hd  # q, o; k, v; q/k norms
+    parts = {
+        "attention": 2 * n * attention,
+        "norms": 2 * (n * 2 * h + h),
+        "router": 2 * n * experts * h,
+        "experts": 2 * n * experts_read * 3 * h * inter,
+        "kv_cache": 2 * n * 2 * kv * hd * context,
+        "lm_head": 2 * h * config["vocab_size"],
+    }
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy, bytes read + written per second (as the roofline section).
+    Its 4 GiB are released to the caching allocator on return, not to the device."""
+    n = 2 * 2**30
+    src = torch.empty(n, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = _time_ms(lambda: dst.copy_(src), reps=20)
+    return 2 * n / (ms / 1000)  # the buffers go with this frame
+
+
+def _time_ms(fn: Callable[[], object], reps: int = 50) -> float:
+    """Mean milliseconds per call, back to back on the stream (after 3 warm-up calls)."""
+    for _ in range(3):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def torch_loop_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> torch.Tensor:
+    """The baseline: a loop over the experts that have tokens, cuBLAS bf16 matmuls per
+    expert (transformers' MoE forward, without its one-hot mask)."""
+    top_k = topk_ids.shape[1]
+    inter = w13.shape[1] // 2
+    out = torch.zeros_like(x)
+    flat = topk_ids.reshape(-1)
+    for expert in torch.unique(flat).tolist():
+        pairs = (flat == expert).nonzero().squeeze(1)
+        rows = pairs // top_k
+        gate, up = F.linear(x[rows], w13[expert]).split(inter, dim=-1)
+        down = F.linear(F.silu(gate) * up, w2[expert])
+        w = topk_weights.reshape(-1)[pairs].to(x.dtype)
+        out.index_add_(0, rows, down * w[:, None])
+    return out
+
+
+def moe_kernel_section() -> dict[str, Any]:
+    from loadtest.gpu.sections import correctness
+
+    bw = copy_bandwidth()
+    rows = _kernel_timings(bw)
+    torch.cuda.empty_cache()
+    cfg = QWEN3_30B_A3B
+    shape = {
+        "experts": cfg["num_experts"],
+        "top_k": cfg["num_experts_per_tok"],
+        "hidden": cfg["hidden_size"],
+        "moe_intermediate": cfg["moe_intermediate_size"],
+    }
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "shape": shape,
+        "copy_bandwidth_TBps": bw / 1e12,
+        "tokens": rows,
+        "correctness": correctness(("qwen2_moe", "qwen3_moe", "mixtral")),
+    }
+
+
+def _kernel_timings(bw: float) -> dict[str, Any]:
+    """fused_moe (eager and graphed) and the torch loop at each of TOKENS, by token count."""
+    from kernels.fused_moe import fused_moe
+
+    cfg = QWEN3_30B_A3B
+    experts, top_k = cfg["num_experts"], cfg["num_experts_per_tok"]
+    h, inter = cfg["hidden_size"], cfg["moe_intermediate_size"]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    w13 = torch.randn(experts, 2 * inter, h, device="cuda", generator=gen).mul_(0.02)
+    w2 = torch.randn(experts, h, inter, device="cuda", generator=gen).mul_(0.02)
+    w13, w2 = w13.to(torch.bfloat16), w2.to(torch.bfloat16)
+    rows: dict[str, Any] = {}
+    for tokens in TOKENS:
+        x = torch.randn(tokens, h, device="cuda", generator=gen).to(torch.bfloat16)
+        logits = torch.randn(tokens, experts, device="cuda", generator=gen)
+        topk_weights, topk_ids = logits.softmax(-1).topk(top_k, dim=-1)
+        topk_weights = topk_weights / topk_weights.sum(-1, keepdim=True)
+
+        def fused() -> torch.Tensor:
+            return fused_moe(x, w13, w2, topk_weights, topk_ids)  # noqa: B023
+
+        def loop() -> torch.Tensor:
+            return torch_loop_moe(x, w13, w2, topk_weights, topk_ids)  # noqa: B023
+
+        diff = float((fused().float() - loop().float()).abs().max())
+        fused_ms, loop_ms = _time_ms(fused), _time_ms(loop, reps=10)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fused()
+        graph_ms = _time_ms(graph.replay)
+        used = int(torch.unique(topk_ids).numel())
+        expert_bytes = used * 3 * h * inter * 2
+        rows[str(tokens)] = {
+            "experts_used": used,
+            "fused_ms": fused_ms,
+            "fused_graph_ms": graph_ms,
+            "torch_loop_ms": loop_ms,
+            "speedup": loop_ms / fused_ms,
+            "speedup_graph": loop_ms / graph_ms,
+            "expert_bytes": expert_bytes,
+            # weights read / time, against copy bandwidth (bytes read + written)
+            "graph_share_of_copy_bw": expert_bytes / (graph_ms / 1000) / bw,
+            "max_abs_diff_vs_loop": diff,
+        }
+        print(f"moe_kernel {tokens} tokens: {rows[str(tokens)]}", flush=True)
+    return rows
+
+
+def qwen3moe_section(time_limit: float = OFFLINE_RUN_S) -> dict[str, Any]:
+    bw = copy_bandwidth()
+    torch.cuda.empty_cache()  # the copy's buffers back to the device before the KV pool
+    model = qwen3_30b_dir(Path(tempfile.mkdtemp()))
+    input_len, output_len = 128, 256
+    args = offline.parse_args(
+        [
+            "latency",
+            "--model",
+            str(model),
+            "--load-format",
+            "dummy",
+            "--batch-size",
+            "1",
+            "--input-len",
+            str(input_len),
+            "--output-len",
+            str(output_len),
+        ]
+    )
+    t0 = time.monotonic()
+    engine = offline.make_engine(args)
+    startup_s = time.monotonic() - t0
+    decode = offline.run_latency(engine, args)
+    # the mean context over the decode steps
+    read = step_bytes(QWEN3_30B_A3B, input_len + output_len // 2, 8)
+    roofline_tok_s = bw / read["total"]
+    result: dict[str, Any] = {
+        "gpu": torch.cuda.get_device_name(),
+        "startup_s": startup_s,
+        "copy_bandwidth_TBps": bw / 1e12,
+        "bytes_per_step": read,
+        "decode_roofline_tok_s": roofline_tok_s,
+        "decode1": decode,
+        "decode_share_of_roofline": decode["decode_tok_s"] / roofline_tok_s,
+        "target_share": 0.70,
+    }
+    print(f"qwen3moe decode: {result}", flush=True)
+    thr = offline.parse_args(
+        [
+            "throughput",
+            "--model",
+            str(model),
+            "--load-format",
+            "dummy",
+            "--num-prompts",
+            "500",
+            "--input-len",
+            "4096",
+            "--output-len",
+            "2048",
+            "--range-ratio",
+            "0.0",
+            "--time-limit",
+            str(time_limit),
+        ]
+    )
+    result["offline"] = offline.run_throughput(engine, thr)
+    result["offline"]["kv_pool_tokens"] = engine.policy.kv.num_slots
+    result["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+    return result

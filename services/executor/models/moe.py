@@ -1,0 +1,152 @@
+"""The sparse mixture-of-experts MLP (Qwen2-MoE, Qwen3-MoE, Mixtral, DeepSeek V2/V3).
+
+    x ─▶ gate (router) ─▶ select_experts ─▶ experts (fused_moe on CUDA) ─┐
+    └──▶ shared expert(s), Qwen2-MoE's scaled by sigmoid(shared_expert_gate(x)) ─┴▶ + ─▶ all-reduce
+
+Routed experts are held stacked, [experts, ...], and filled from the checkpoint's per-expert
+tensors (`experts.N.gate_proj.weight`...: `FusedExperts.checkpoint_parts`). Under tensor
+parallelism every rank holds every expert's slice of the intermediate dimension, as the dense
+MLP is split, and the routed and shared partial sums go through one all-reduce.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from services.executor.distributed.group import SINGLE, TPGroup
+from services.executor.distributed.layers import Shard
+from services.executor.model_config import ModelConfig
+from services.executor.models.layers import SiluAndMulMLP, on_gpu
+from services.executor.models.linear import Linear
+from services.executor.models.moe_routing import select_experts
+from services.executor.moe_config import MoEConfig
+
+# (checkpoint name under the module, the view it fills, its rows [start, end) there, the
+# part of the checkpoint tensor this rank reads): what the weight loader needs.
+CheckpointPart = tuple[str, torch.Tensor, int, int, Shard]
+
+
+class Router(Linear):
+    """`gate` in checkpoints: [experts, hidden] logits weight, plus DeepSeek-V3's
+    e_score_correction_bias [experts] when the config has one."""
+
+    def __init__(self, hidden_size: int, moe: MoEConfig, logits_fp32: bool = False) -> None:
+        super().__init__(hidden_size, moe.num_experts, bias=False)
+        self.logits_fp32 = logits_fp32
+        self.e_score_correction_bias = (
+            nn.Parameter(torch.zeros(moe.num_experts)) if moe.correction_bias else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [tokens, hidden] -> logits [tokens, experts] (fp32 on the CPU)."""
+        if self.logits_fp32:
+            return F.linear(x.float(), self.weight.float())
+        logits: torch.Tensor = super().forward(x)
+        return logits if logits.is_cuda else logits.float()  # the CUDA routing kernel widens
+
+
+class FusedExperts(nn.Module):
+    """Every routed expert's SiLU-gated MLP, this rank's slice of each: w13_weight
+    [experts, 2 * I_local, hidden] (gate rows, then up rows), w2_weight [experts, hidden,
+    I_local]. forward gives this rank's partial sum (before the all-reduce)."""
+
+    def __init__(self, moe: MoEConfig, hidden_size: int, tp: TPGroup = SINGLE) -> None:
+        super().__init__()
+        self.num_experts, self.hidden_size = moe.num_experts, hidden_size
+        self.full_inter = moe.intermediate_size
+        self.inter = tp.shard(moe.intermediate_size, "MoE intermediate size")
+        self.tp = tp
+        self.w13_weight = nn.Parameter(torch.empty(moe.num_experts, 2 * self.inter, hidden_size))
+        self.w2_weight = nn.Parameter(torch.empty(moe.num_experts, hidden_size, self.inter))
+
+    def forward(
+        self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    ) -> torch.Tensor:
+        if on_gpu(x):
+            from kernels.fused_moe import fused_moe
+
+            w13, w2 = self.w13_weight, self.w2_weight
+            return fused_moe(x.contiguous(), w13, w2, topk_weights, topk_ids)
+        from kernels.fused_moe import fused_moe_ref
+
+        return fused_moe_ref(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
+
+    def checkpoint_parts(self, kind: str) -> Iterator[CheckpointPart]:
+        """The per-expert checkpoint tensors that fill parameter `kind`, HF's names."""
+        i, full = self.inter, self.full_inter
+        cols = Shard(1, self.tp.rank * i, (self.tp.rank + 1) * i, full)
+        rows = Shard(0, self.tp.rank * i, (self.tp.rank + 1) * i, full)
+        for e in range(self.num_experts):
+            if kind == "w13_weight":
+                yield f"{e}.gate_proj.weight", self.w13_weight[e], 0, i, rows
+                yield f"{e}.up_proj.weight", self.w13_weight[e], i, 2 * i, rows
+            else:
+                yield f"{e}.down_proj.weight", self.w2_weight[e], 0, self.hidden_size, cols
+
+
+class SparseMoE(nn.Module):
+    """The MLP of a sparse layer: forward(x [tokens, hidden]) -> [tokens, hidden], summed over
+    the ranks. Parameters under HF's names: gate, experts.N.*, shared_expert (+
+    shared_expert_gate) for Qwen2-MoE, shared_experts for DeepSeek.
+
+    `SparseMoE(config, layer_id, tp)` needs `config.moe`; `moe=` overrides it (a model whose
+    config holds the MoE elsewhere)."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        layer_id: int,
+        tp: TPGroup = SINGLE,
+        *,
+        moe: MoEConfig | None = None,
+    ) -> None:
+        super().__init__()
+        moe = moe or config.moe
+        if moe is None:
+            raise ValueError(f"SparseMoE for layer {layer_id} of a config without MoE")
+        self.moe, self.layer_id, self.tp = moe, layer_id, tp
+        hidden = config.hidden_size
+        self.gate = Router(hidden, moe, logits_fp32=moe.router_fp32)
+        self.experts = FusedExperts(moe, hidden, tp)
+        # Qwen2-MoE's gated "shared_expert", DeepSeek's plain "shared_experts"
+        self.shared_name = "shared_expert" if moe.shared_gate else "shared_experts"
+        if moe.shared_intermediate_size:
+            shared = SiluAndMulMLP(hidden, moe.shared_intermediate_size, False, tp)
+            self.add_module(self.shared_name, shared)
+        self.shared_expert_gate = Linear(hidden, 1) if moe.shared_gate else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = select_experts(self.gate(x), self.moe, self.gate.e_score_correction_bias)
+        out = self.experts(x, weights, ids)
+        if self.moe.shared_intermediate_size:
+            shared = self._shared_partial(x)
+            if self.shared_expert_gate is not None:
+                shared = shared * torch.sigmoid(self.shared_expert_gate(x))
+            out = out + shared
+        return self.tp.all_reduce(out)
+
+    def _shared_partial(self, x: torch.Tensor) -> torch.Tensor:
+        """The shared expert's output on this rank before its all-reduce (done once, with
+        the routed experts')."""
+        mlp: SiluAndMulMLP = getattr(self, self.shared_name)
+        gate_up = mlp.gate_up_proj(x)
+        if on_gpu(gate_up):
+            from kernels.silu_mul import silu_mul
+
+            act = silu_mul(gate_up)
+        else:
+            gate, up = gate_up.split(mlp.intermediate_size, dim=-1)
+            act = F.silu(gate) * up
+        return Linear.forward(mlp.down_proj, act)  # the plain product: no all-reduce
+
+
+def build_mlp(config: ModelConfig, layer_id: int, tp: TPGroup = SINGLE) -> nn.Module:
+    """The MLP of decoder layer `layer_id`: SparseMoE where the config makes it sparse, else
+    the dense SiLU-gated MLP of `config.intermediate_size`."""
+    if config.moe is not None and config.moe.is_sparse(layer_id):
+        return SparseMoE(config, layer_id, tp)
+    return SiluAndMulMLP(config.hidden_size, config.intermediate_size, config.mlp_bias, tp)

@@ -1,0 +1,283 @@
+"""Routing and the SparseMoE layer against transformers' own MoE modules (float32), and
+MoEConfig read from each family's config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import (
+    DeepseekV2Config,
+    DeepseekV3Config,
+    MixtralConfig,
+    Qwen2MoeConfig,
+    Qwen3MoeConfig,
+)
+from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2Moe
+from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
+from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+from services.executor.model_config import ModelConfig
+from services.executor.models.moe import SparseMoE
+from services.executor.models.moe_routing import select_experts
+from services.executor.moe_config import MoEConfig
+from tests.executor.helpers import write_tiny_model
+
+HIDDEN = 32
+TOKENS = 23
+COMMON: dict[str, Any] = {"hidden_size": HIDDEN, "num_hidden_layers": 4, "hidden_act": "silu"}
+
+# name -> (transformers config, its MoE block class)
+FAMILIES: dict[str, tuple[Any, type[torch.nn.Module]]] = {
+    "qwen2-moe-shared-gated": (
+        Qwen2MoeConfig(
+            num_experts=8,
+            num_experts_per_tok=3,
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=24,
+            norm_topk_prob=False,
+            **COMMON,
+        ),
+        Qwen2MoeSparseMoeBlock,
+    ),
+    "qwen3-moe-renormalised": (
+        Qwen3MoeConfig(
+            num_experts=16,
+            num_experts_per_tok=8,
+            moe_intermediate_size=16,
+            norm_topk_prob=True,
+            **COMMON,
+        ),
+        Qwen3MoeSparseMoeBlock,
+    ),
+    "mixtral-top1": (
+        MixtralConfig(num_local_experts=4, num_experts_per_tok=1, intermediate_size=16, **COMMON),
+        MixtralSparseMoeBlock,
+    ),
+    "deepseek-v2-group-limited": (
+        DeepseekV2Config(
+            n_routed_experts=16,
+            num_experts_per_tok=3,
+            moe_intermediate_size=16,
+            n_shared_experts=2,
+            topk_method="group_limited_greedy",
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=1.5,
+            **COMMON,
+        ),
+        DeepseekV2Moe,
+    ),
+    "deepseek-v2-greedy": (
+        DeepseekV2Config(
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            n_shared_experts=1,
+            topk_method="greedy",
+            **COMMON,
+        ),
+        DeepseekV2Moe,
+    ),
+    "deepseek-v3-noaux-tc": (
+        DeepseekV3Config(
+            n_routed_experts=16,
+            num_experts_per_tok=4,
+            moe_intermediate_size=16,
+            n_shared_experts=1,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            **COMMON,
+        ),
+        DeepseekV3MoE,
+    ),
+}
+
+
+def model_config(moe: MoEConfig) -> ModelConfig:
+    """The ModelConfig fields SparseMoE reads (hidden_size, moe) around the rest of a shape."""
+    return ModelConfig(
+        architecture="Qwen3MoeForCausalLM",
+        vocab_size=64,
+        hidden_size=HIDDEN,
+        intermediate_size=64,
+        num_layers=4,
+        num_heads=2,
+        num_kv_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        rope_scaling=None,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        qk_norm=True,
+        bos_token_id=None,
+        eos_token_ids=(),
+        torch_dtype="float32",
+        moe=moe,
+    )
+
+
+def hf_block(name: str, seed: int = 0) -> tuple[torch.nn.Module, MoEConfig]:
+    """transformers' MoE block with random weights (and correction bias), and our config."""
+    hf_config, cls = FAMILIES[name]
+    torch.manual_seed(seed)
+    block = cls(hf_config).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in [*block.parameters(), *block.buffers()]:
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    moe = MoEConfig.from_hf(hf_config.to_dict())
+    assert moe is not None
+    return block, moe
+
+
+def load_ours(block: torch.nn.Module, moe: MoEConfig) -> SparseMoE:
+    """Our layer with the HF block's weights (its experts are stacked the way ours are)."""
+    ours = SparseMoE(model_config(moe), layer_id=3).eval()
+    hf = dict(block.named_parameters()) | dict(block.named_buffers())
+    with torch.no_grad():
+        ours.gate.weight.copy_(hf["gate.weight"])
+        if ours.gate.e_score_correction_bias is not None:
+            ours.gate.e_score_correction_bias.copy_(hf["gate.e_score_correction_bias"])
+        ours.experts.w13_weight.copy_(hf["experts.gate_up_proj"])
+        ours.experts.w2_weight.copy_(hf["experts.down_proj"])
+        for shared in ("shared_expert", "shared_experts"):
+            if f"{shared}.gate_proj.weight" in hf:
+                mlp = getattr(ours, shared)
+                parts = [hf[f"{shared}.{proj}.weight"] for proj in ("gate_proj", "up_proj")]
+                gate_up = torch.cat(parts)
+                mlp.gate_up_proj.weight.copy_(gate_up)
+                mlp.down_proj.weight.copy_(hf[f"{shared}.down_proj.weight"])
+        if ours.shared_expert_gate is not None:
+            ours.shared_expert_gate.weight.copy_(hf["shared_expert_gate.weight"])
+    return ours
+
+
+def by_expert(weights: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's (weights, ids) ordered by expert id: HF's grouped top-k is unsorted."""
+    order = ids.argsort(dim=-1)
+    return weights.float().gather(1, order), ids.gather(1, order)
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_routing_matches_transformers_router(name: str) -> None:
+    block, moe = hf_block(name)
+    x = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits, hf_weights, hf_ids = block.get_submodule("gate")(x)
+    bias = getattr(block.gate, "e_score_correction_bias", None)
+    weights, ids = select_experts(logits, moe, bias)
+    assert weights.dtype == torch.float32 and ids.shape == (TOKENS, moe.top_k)
+    got_w, got_ids = by_expert(weights, ids)
+    want_w, want_ids = by_expert(hf_weights, hf_ids)
+    assert torch.equal(got_ids, want_ids)
+    torch.testing.assert_close(got_w, want_w, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_sparse_moe_matches_transformers_block(name: str) -> None:
+    block, moe = hf_block(name, seed=2)
+    ours = load_ours(block, moe)
+    x = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = block(x[None])
+        want = (want[0] if isinstance(want, tuple) else want)[0]
+        got = ours(x)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_grouped_routing_keeps_to_the_best_groups() -> None:
+    """noaux_tc: experts outside the topk_group best groups (ranked by their two best
+    corrected scores) are never chosen, even when their own score is higher."""
+    moe = MoEConfig(
+        num_experts=8,
+        top_k=2,
+        intermediate_size=4,
+        sparse_layers=(0,),
+        scoring="sigmoid",
+        topk_method="noaux_tc",
+        n_group=4,
+        topk_group=1,
+        correction_bias=True,
+        norm_topk_prob=True,
+    )
+    # groups {0,1} {2,3} {4,5} {6,7}: expert 0 is the best single expert, group {6,7} the
+    # best pair once the bias is added.
+    logits = torch.tensor([[5.0, -5.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0]])
+    bias = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.5, 0.5])
+    weights, ids = select_experts(logits, moe, bias)
+    assert sorted(ids[0].tolist()) == [6, 7]
+    torch.testing.assert_close(weights, torch.tensor([[0.5, 0.5]]))  # bias not in weights
+
+
+def test_config_reads_sparse_layers_of_each_family() -> None:
+    qwen = Qwen3MoeConfig(num_hidden_layers=6, decoder_sparse_step=2, mlp_only_layers=[3])
+    moe = MoEConfig.from_hf(qwen.to_dict())
+    assert moe is not None and moe.sparse_layers == (1, 5)
+    v3 = DeepseekV3Config(num_hidden_layers=5, first_k_dense_replace=2)
+    moe = MoEConfig.from_hf(v3.to_dict())
+    assert moe is not None
+    assert moe.sparse_layers == (2, 3, 4)
+    assert (moe.scoring, moe.topk_method, moe.correction_bias) == ("sigmoid", "noaux_tc", True)
+    assert (moe.n_group, moe.topk_group, moe.routed_scaling_factor) == (8, 4, 2.5)
+    assert moe.shared_intermediate_size == v3.moe_intermediate_size and not moe.shared_gate
+    assert moe.router_fp32
+    mixtral = MoEConfig.from_hf(MixtralConfig(num_hidden_layers=2).to_dict())
+    assert mixtral is not None and mixtral.norm_topk_prob and mixtral.sparse_layers == (0, 1)
+    assert MoEConfig.from_hf({"num_hidden_layers": 2, "intermediate_size": 8}) is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"scoring": "tanh"}, "unsupported MoE scoring"),
+        ({"topk_method": "best"}, "unsupported MoE top-k"),
+        ({"top_k": 9}, "top_k 9"),
+        ({"n_group": 3}, "n_group must divide"),
+    ],
+)
+def test_config_rejects_what_it_cannot_route(fields: dict[str, Any], match: str) -> None:
+    base: dict[str, Any] = {
+        "num_experts": 8,
+        "top_k": 2,
+        "intermediate_size": 4,
+        "sparse_layers": (0,),
+    }
+    with pytest.raises(Exception, match=match):
+        MoEConfig(**(base | fields))
+
+
+def test_model_config_of_each_moe_family(tmp_path: Path) -> None:
+    qwen2 = ModelConfig.from_hf_dir(write_tiny_model(tmp_path, "qwen2_moe"))
+    assert qwen2.architecture == "Qwen2MoeForCausalLM"
+    assert (qwen2.attention_bias, qwen2.o_proj_bias, qwen2.qk_norm) == (True, False, False)
+    assert qwen2.moe == MoEConfig(
+        num_experts=8,
+        top_k=2,
+        intermediate_size=32,
+        sparse_layers=(0, 1),
+        shared_intermediate_size=48,
+        shared_gate=True,
+    )
+    qwen3 = ModelConfig.from_hf_dir(write_tiny_model(tmp_path, "qwen3_moe", decoder_sparse_step=2))
+    assert (qwen3.architecture, qwen3.attention_bias, qwen3.qk_norm) == (
+        "Qwen3MoeForCausalLM",
+        False,
+        True,
+    )
+    assert qwen3.moe is not None and qwen3.moe.sparse_layers == (1,)
+    assert qwen3.moe.norm_topk_prob and qwen3.moe.shared_intermediate_size == 0
+    mixtral = ModelConfig.from_hf_dir(write_tiny_model(tmp_path, "mixtral", sliding_window=100))
+    assert mixtral.architecture == "MixtralForCausalLM"
+    assert mixtral.max_position_embeddings == 100  # full attention is exact up to the window
+    assert mixtral.moe is not None and mixtral.moe.intermediate_size == 128
+    dense = ModelConfig.from_hf_dir(write_tiny_model(tmp_path, "qwen3"))
+    assert dense.moe is None

@@ -1,0 +1,269 @@
+"""The MoE kernels against their torch twins: fused_moe (a loop over experts), moe_align,
+and moe_topk (the executor's select_experts)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import triton
+
+from kernels.fused_moe import fused_moe, fused_moe_ref
+from kernels.moe_align import moe_align, moe_align_ref
+from kernels.moe_topk import moe_topk
+from services.executor.models.moe_routing import select_experts
+from services.executor.moe_config import MoEConfig
+from tests.kernels.helpers import DEVICE, DOT_DTYPES, TOLERANCES, Tol, randn
+
+MOE_TOL: dict[torch.dtype, Tol] = {
+    torch.float32: {"atol": 1e-5, "rtol": 1e-5},
+    torch.float16: {"atol": 2e-3, "rtol": 2e-3},
+    torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2},
+}
+
+
+def routing(
+    tokens: int, experts: int, top_k: int, gen: torch.Generator, used: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random top-k routing (fp32 weights, int64 ids); `used` experts at most get tokens (the
+    others get none)."""
+    logits = torch.randn(tokens, experts, generator=gen)
+    if used is not None:
+        logits[:, used:] = float("-inf")
+    weights, ids = logits.softmax(-1).topk(top_k, dim=-1)
+    return weights.to(DEVICE), ids.to(DEVICE)
+
+
+def weights_for(
+    experts: int, hidden: int, inter: int, dtype: torch.dtype, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    w13 = randn(experts, 2 * inter, hidden, dtype=dtype, gen=gen, scale=hidden**-0.5)
+    w2 = randn(experts, hidden, inter, dtype=dtype, gen=gen, scale=inter**-0.5)
+    return w13, w2
+
+
+# (tokens, experts, top_k, hidden, inter, experts that get tokens)
+CPU_SHAPES = [
+    (1, 4, 1, 32, 16, None),
+    (1, 128, 8, 32, 16, None),  # decode: 8 of 128 experts used
+    (5, 8, 3, 48, 24, None),  # hidden and inter not multiples of the tiles
+    (7, 16, 2, 32, 40, 3),  # 13 experts with zero tokens
+    (33, 4, 4, 16, 16, None),  # top_k = experts: every expert gets every token
+    (40, 6, 2, 64, 32, 2),  # more than one block per expert
+]
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+@pytest.mark.parametrize(
+    ("tokens", "experts", "top_k", "hidden", "inter", "used"),
+    CPU_SHAPES,
+    ids=[f"t{s[0]}-e{s[1]}-k{s[2]}-h{s[3]}-i{s[4]}" for s in CPU_SHAPES],
+)
+def test_matches_reference(
+    tokens: int,
+    experts: int,
+    top_k: int,
+    hidden: int,
+    inter: int,
+    used: int | None,
+    dtype: torch.dtype,
+) -> None:
+    gen = torch.Generator().manual_seed(tokens * 1000 + experts * 10 + top_k)
+    x = randn(tokens, hidden, dtype=dtype, gen=gen)
+    w13, w2 = weights_for(experts, hidden, inter, dtype, gen)
+    topk_weights, topk_ids = routing(tokens, experts, top_k, gen, used)
+    out = fused_moe(x, w13, w2, topk_weights, topk_ids, block_m=16, block_n=16, block_k=16)
+    want = fused_moe_ref(x, w13, w2, topk_weights, topk_ids)
+    assert out.shape == (tokens, hidden) and out.dtype == dtype
+    torch.testing.assert_close(out, want, **MOE_TOL[dtype])
+
+
+def test_int32_ids_and_default_tiles_match() -> None:
+    gen = torch.Generator().manual_seed(3)
+    x = randn(6, 64, dtype=torch.float32, gen=gen)
+    w13, w2 = weights_for(8, 64, 64, torch.float32, gen)
+    topk_weights, topk_ids = routing(6, 8, 2, gen)
+    out = fused_moe(x, w13, w2, topk_weights, topk_ids.int())
+    want = fused_moe_ref(x, w13, w2, topk_weights, topk_ids)
+    torch.testing.assert_close(out, want, **TOLERANCES[torch.float32])
+
+
+def test_no_tokens_gives_an_empty_output() -> None:
+    gen = torch.Generator().manual_seed(4)
+    w13, w2 = weights_for(4, 32, 16, torch.float32, gen)
+    x = torch.empty(0, 32, device=DEVICE)
+    ids = torch.empty(0, 2, dtype=torch.int64, device=DEVICE)
+    out = fused_moe(x, w13, w2, torch.empty(0, 2, device=DEVICE), ids)
+    assert out.shape == (0, 32)
+
+
+def runs(sorted_ids: torch.Tensor, block_m: int, total: int) -> list[list[int]]:
+    """Each block's pairs, sorted: the order inside an expert's run is unspecified."""
+    ids = sorted_ids.tolist()
+    return [sorted(ids[b : b + block_m]) for b in range(0, total, block_m)]
+
+
+def test_align_groups_pairs_by_expert_in_padded_blocks() -> None:
+    ids = torch.tensor([[0, 2], [2, 3], [0, 2]], device=DEVICE)  # pairs 0..5
+    sorted_ids, expert_ids, total = moe_align(ids, num_experts=5, block_m=4)
+    pad = 6
+    # expert 0: pairs 0, 4; expert 2: 1, 2, 5; expert 3: 3; experts 1 and 4: none
+    assert runs(sorted_ids, 4, 12) == [[0, 4, pad, pad], [1, 2, 5, pad], [3, pad, pad, pad]]
+    assert sorted_ids[12:].tolist() == [pad] * 12
+    assert expert_ids.tolist() == [0, 2, 3, -1, -1, -1]
+    assert total.tolist() == [12]
+
+
+ALIGN_CASES = [
+    (1, 128, 8, 16),
+    (16, 128, 8, 16),  # the largest one-launch decode batch of Qwen3-30B-A3B
+    (9, 16, 4, 16),
+    (40, 6, 2, 64),
+    (300, 60, 6, 32),
+    (2, 3, 3, 16),
+]
+
+
+@pytest.mark.parametrize("one_program", [True, False], ids=["one-launch", "three-launch"])
+@pytest.mark.parametrize(("tokens", "experts", "top_k", "block_m"), ALIGN_CASES)
+def test_align_matches_reference(
+    tokens: int, experts: int, top_k: int, block_m: int, one_program: bool
+) -> None:
+    cells = max(16, triton.next_power_of_2(tokens * top_k)) * triton.next_power_of_2(experts)
+    if one_program and cells > 16384:
+        pytest.skip("too large for one program (moe_align never chooses it)")
+    gen = torch.Generator().manual_seed(tokens + experts)
+    _, ids = routing(tokens, experts, top_k, gen, used=max(top_k, experts // 2))
+    got = moe_align(ids, experts, block_m, one_program=one_program)
+    want = moe_align_ref(ids, experts, block_m)
+    for g, w in zip(got[1:], want[1:], strict=True):
+        assert torch.equal(g, w)
+    total = int(want[2])
+    assert runs(got[0], block_m, total) == runs(want[0], block_m, total)
+    assert torch.equal(got[0][total:], want[0][total:])
+
+
+def test_align_shapes_do_not_depend_on_the_routing() -> None:
+    """A CUDA graph captured for one routing replays for any other."""
+    gen = torch.Generator().manual_seed(5)
+    shapes = set()
+    for used in (4, 5, 16):
+        _, ids = routing(9, 16, 4, gen, used=used)
+        sorted_ids, expert_ids, total = moe_align(ids, 16, 16)
+        shapes.add((sorted_ids.shape, expert_ids.shape, total.shape))
+        valid = sorted_ids[sorted_ids < 36]
+        assert sorted(valid.tolist()) == list(range(36))  # every pair exactly once
+    assert len(shapes) == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"x": torch.zeros(2, 3, 4)}, ValueError, r"x must have shape \[tokens, hidden\]"),
+        ({"w13": torch.zeros(4, 15, 32)}, ValueError, r"w13's rows must be even"),
+        ({"w2": torch.zeros(4, 32, 8)}, ValueError, r"w2 must have shape"),
+        ({"topk_weights": torch.zeros(3, 2, dtype=torch.float16)}, TypeError, r"topk_weights"),
+        ({"topk_ids": torch.zeros(3, 2)}, TypeError, r"topk_ids must be one of"),
+        ({"block_n": 24}, ValueError, r"block_n must be a power of two"),
+    ],
+)
+def test_rejects_bad_arguments(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
+    args = {
+        "x": torch.zeros(3, 32),
+        "w13": torch.zeros(4, 32, 32),
+        "w2": torch.zeros(4, 32, 16),
+        "topk_weights": torch.zeros(3, 2),
+        "topk_ids": torch.zeros(3, 2, dtype=torch.int64),
+    }
+    block_n = kwargs.pop("block_n", 16)
+    args.update(kwargs)
+    t = {k: v.to(DEVICE) for k, v in args.items()}
+    with pytest.raises(error, match=match):
+        fused_moe(t["x"], t["w13"], t["w2"], t["topk_weights"], t["topk_ids"], block_n=block_n)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("tokens", [1, 64, 512])
+def test_qwen3_30b_shapes_on_the_gpu(tokens: int, dtype: torch.dtype) -> None:
+    """Qwen3-30B-A3B: 128 experts, top-8, hidden 2048, expert intermediate 768."""
+    gen = torch.Generator().manual_seed(tokens)
+    x = randn(tokens, 2048, dtype=dtype, gen=gen)
+    w13, w2 = weights_for(128, 2048, 768, dtype, gen)
+    topk_weights, topk_ids = routing(tokens, 128, 8, gen)
+    out = fused_moe(x, w13, w2, topk_weights, topk_ids)
+    want = fused_moe_ref(x, w13, w2, topk_weights, topk_ids)
+    torch.testing.assert_close(out, want, **MOE_TOL[dtype])
+
+
+@pytest.mark.gpu
+def test_routing_and_experts_never_synchronise_and_replay_in_a_graph() -> None:
+    """What a decode step runs per MoE layer: moe_topk, then fused_moe (moe_align inside)."""
+    gen = torch.Generator().manual_seed(7)
+    x = randn(4, 256, dtype=torch.bfloat16, gen=gen)
+    w13, w2 = weights_for(32, 256, 128, torch.bfloat16, gen)
+    logits = randn(4, 32, dtype=torch.float32, gen=gen)  # fp32: no ties for topk to break
+
+    def layer() -> torch.Tensor:
+        weights, ids = moe_topk(logits, top_k=4, renormalise=True)
+        return fused_moe(x, w13, w2, weights, ids)
+
+    layer()  # compile outside the checks
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        layer()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = layer()
+    logits.copy_(randn(4, 32, dtype=torch.float32, gen=gen))  # another routing, same shapes
+    graph.replay()
+    weights, ids = logits.float().softmax(-1).topk(4)
+    want = fused_moe_ref(x, w13, w2, weights / weights.sum(-1, keepdim=True), ids)
+    torch.testing.assert_close(out, want, **MOE_TOL[torch.bfloat16])
+
+
+# (tokens, experts, top_k, scoring, renormalise, scale)
+TOPK_CASES = [
+    (1, 128, 8, "softmax", True, 1.0),  # Qwen3-30B-A3B
+    (5, 60, 4, "softmax", False, 1.0),  # Qwen1.5-MoE: 60 experts, not a power of two
+    (7, 8, 2, "softmax", True, 1.0),  # Mixtral
+    (3, 64, 6, "softmax", False, 1.0),  # DeepSeek-V2-Lite (greedy)
+    (4, 16, 1, "sigmoid", True, 2.5),
+    (2, 4, 4, "sigmoid", False, 1.0),  # every expert
+]
+
+
+@pytest.mark.parametrize(("tokens", "experts", "top_k", "scoring", "renorm", "scale"), TOPK_CASES)
+def test_topk_matches_select_experts(
+    tokens: int, experts: int, top_k: int, scoring: str, renorm: bool, scale: float
+) -> None:
+    moe = MoEConfig(
+        num_experts=experts,
+        top_k=top_k,
+        intermediate_size=8,
+        sparse_layers=(0,),
+        scoring=scoring,
+        norm_topk_prob=renorm,
+        routed_scaling_factor=scale,
+    )
+    logits = randn(tokens, experts, dtype=torch.float32, gen=torch.Generator().manual_seed(top_k))
+    weights, ids = moe_topk(logits, top_k=top_k, scoring=scoring, renormalise=renorm, scale=scale)
+    want_weights, want_ids = select_experts(logits.cpu(), moe)
+    assert ids.dtype == torch.int32
+    assert torch.equal(ids.cpu().long(), want_ids)
+    torch.testing.assert_close(weights.cpu(), want_weights, atol=1e-6, rtol=1e-6)
+
+
+def test_topk_reads_bf16_logits() -> None:
+    logits = randn(3, 32, dtype=torch.bfloat16, gen=torch.Generator().manual_seed(1))
+    weights, ids = moe_topk(logits, top_k=4, renormalise=True)
+    want = logits.float().softmax(-1).topk(4)
+    # bf16 logits tie; tied experts may come in either order
+    order, want_order = ids.long().argsort(-1), want.indices.argsort(-1)
+    assert torch.equal(ids.long().gather(1, order), want.indices.gather(1, want_order))
+    want_weights = (want.values / want.values.sum(-1, keepdim=True)).gather(1, want_order)
+    torch.testing.assert_close(weights.gather(1, order), want_weights)
