@@ -12,6 +12,8 @@ MODEL_CLASSES: dict[str, tuple[str, str]] = {
     "MistralForCausalLM": ("services.executor.models.llama", "LlamaForCausalLM"),
     "Qwen2ForCausalLM": ("services.executor.models.qwen2", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("services.executor.models.qwen3", "Qwen3ForCausalLM"),
+    "Gemma2ForCausalLM": ("services.executor.models.gemma", "Gemma2ForCausalLM"),
+    "Gemma3ForCausalLM": ("services.executor.models.gemma", "Gemma3ForCausalLM"),
 }
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(MODEL_CLASSES))

@@ -31,6 +31,9 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "mistral": ("mistral", {"tie_word_embeddings": False}),
     "qwen2-bias": ("qwen2", {}),
     "qwen3-qknorm": ("qwen3", {"tie_word_embeddings": False}),
+    # Windows of 8: every prompt but one is longer, and generation runs far past them.
+    "gemma2-window-softcap": ("gemma2", {}),
+    "gemma3-window-qknorm": ("gemma3", {"tie_word_embeddings": False}),
 }
 # Different lengths, so batches are ragged; the last one crosses the llama3 case's
 # original context of 64 during generation.
