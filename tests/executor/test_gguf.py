@@ -34,6 +34,14 @@ CASES: dict[str, tuple[str, GGMLQuantizationType, dict[str, Any]]] = {
     "llama-biases": ("llama", F32, {"attention_bias": True, "mlp_bias": True}),
     "qwen2-f32-bias": ("qwen2", F32, {}),
     "qwen3-q8_0": ("qwen3", Q8_0, {}),
+    # GGUF keeps no query_pre_attn_scalar (llama.cpp scales by head_dim below 27B) and fixes
+    # Gemma 3's layout at every 6th layer global.
+    "gemma2-q8_0": ("gemma2", Q8_0, {"query_pre_attn_scalar": 16}),
+    "gemma3-f32": (
+        "gemma3",
+        F32,
+        {"query_pre_attn_scalar": 16, "num_hidden_layers": 6, "layer_types": None},
+    ),
 }
 
 
@@ -48,6 +56,10 @@ def test_gguf_matches_transformers(tmp_path: Path, case: str) -> None:
     assert config.architecture == {"llama": "LlamaForCausalLM"}.get(
         arch, f"{arch.capitalize()}ForCausalLM"
     )
+    if arch.startswith("gemma"):
+        hf_types = hf.config.layer_types
+        assert config.sliding_layers == tuple(t == "sliding_attention" for t in hf_types)
+        assert config.sliding_window == hf.config.sliding_window
     assert config.tie_word_embeddings == hf.config.tie_word_embeddings
     assert config.attention_bias == (arch == "qwen2" or overrides.get("attention_bias", False))
     assert config.eos_token_ids == (EOS_ID,)

@@ -1,6 +1,7 @@
 """Writing a tiny HF model as a GGUF file the way llama.cpp's convert_hf_to_gguf.py does:
 its tensor names, its metadata keys, Llama's Q/K rows permuted, Llama-3 RoPE scaling as a
-`rope_freqs` tensor, optionally Q8_0-quantised matrices.
+`rope_freqs` tensor, optionally Q8_0-quantised matrices; Gemma 2/3 with their four norms per
+layer, the 1 of their `1 + w` norms added to the stored weights, their window and softcaps.
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ from transformers import PreTrainedModel
 
 from .helpers import BOS_ID, EOS_ID, MERGES, make_tokenizer
 
-_GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+_GGUF_ARCH = {
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma2": "gemma2",
+    "gemma3": "gemma3",
+}
 _TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 _LAYER = {
     "self_attn.q_proj": "attn_q",
@@ -32,14 +40,21 @@ _LAYER = {
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
 }
+_GEMMA_LAYER = {
+    **_LAYER,
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
 
 
-def gguf_name(hf_name: str) -> str:
+def gguf_name(hf_name: str, arch: str = "llama") -> str:
+    layer_names = _GEMMA_LAYER if arch.startswith("gemma") else _LAYER
     base, _, kind = hf_name.rpartition(".")
     if base in _TOP:
         return f"{_TOP[base]}.{kind}"
     _, _, layer, rest = base.split(".", 3)  # model.layers.N.<rest>
-    return f"blk.{layer}.{_LAYER[rest]}.{kind}"
+    return f"blk.{layer}.{layer_names[rest]}.{kind}"
 
 
 def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -77,6 +92,12 @@ def write_tiny_gguf(
     a = _GGUF_ARCH[arch]
     head_dim = cfg.head_dim
     rope = cfg.rope_parameters
+    if a == "gemma3":  # one RoPE per layer type; llama.cpp's key is the global one's
+        local, rope = rope["sliding_attention"], rope["full_attention"]
+        if local["rope_theta"] != 10000.0:
+            writer_swa_base: float | None = local["rope_theta"]
+        else:
+            writer_swa_base = None
     writer = gguf.GGUFWriter(str(path), a)
     writer.add_block_count(cfg.num_hidden_layers)
     writer.add_context_length(cfg.max_position_embeddings)
@@ -92,6 +113,17 @@ def write_tiny_gguf(
     writer.add_vocab_size(cfg.vocab_size)
     writer.add_file_type(0 if qtype == GGMLQuantizationType.F32 else 7)  # ALL_F32 / MOSTLY_Q8_0
     _add_tokenizer(writer)
+    if a.startswith("gemma"):
+        writer.add_sliding_window(cfg.sliding_window)
+        if cfg.final_logit_softcapping is not None:
+            writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
+        if a == "gemma2" and cfg.attn_logit_softcapping is not None:
+            writer.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
+        if a == "gemma3" and writer_swa_base is not None:
+            writer.add_rope_freq_base_swa(writer_swa_base)
+        if rope.get("rope_type") == "linear":
+            writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            writer.add_rope_scaling_factor(rope["factor"])
     if rope.get("rope_type") == "llama3":
         writer.add_tensor(
             "rope_freqs.weight", _llama3_rope_factors(head_dim, rope["rope_theta"], rope)
@@ -106,13 +138,15 @@ def write_tiny_gguf(
                 stored = llama_cpp_permute(data, cfg.num_attention_heads)
             elif a == "llama" and ".k_proj." in name:
                 stored = llama_cpp_permute(data, cfg.num_key_value_heads)
+            elif a.startswith("gemma") and name.endswith("norm.weight"):
+                stored = data + 1.0  # llama.cpp stores Gemma's norms as 1 + w
             if data.ndim == 2 and qtype != GGMLQuantizationType.F32:
-                writer.add_tensor(gguf_name(name), quantize(stored, qtype), raw_dtype=qtype)
+                writer.add_tensor(gguf_name(name, a), quantize(stored, qtype), raw_dtype=qtype)
                 # Blocks run along rows and the permutation only moves whole rows, so
                 # this is the file's tensor in HF row order.
                 param.copy_(torch.from_numpy(dequantize(quantize(data, qtype), qtype)))
             else:
-                writer.add_tensor(gguf_name(name), np.ascontiguousarray(stored))
+                writer.add_tensor(gguf_name(name, a), np.ascontiguousarray(stored))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

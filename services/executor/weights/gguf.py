@@ -1,5 +1,6 @@
 """Reading GGUF files (llama.cpp's format): tensor names mapped to HF's, every tensor
-dequantised to fp32 with the `gguf` package, Llama's Q/K rows put back in HF order.
+dequantised to fp32 with the `gguf` package, Llama's Q/K rows put back in HF order, Gemma's
+norm weights back to HF's zero-centred form (llama.cpp's converter adds the 1 of `1 + w`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,14 @@ _PER_LAYER = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Gemma 2/3 name their four norms per layer apart from Llama's two.
+_GEMMA_PER_LAYER = {
+    **_PER_LAYER,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+_GEMMA = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 # Read into ModelConfig.rope_scaling rather than loaded as a weight.
 _CONFIG_TENSORS = {"rope_freqs.weight"}
 
@@ -41,15 +50,16 @@ def open_gguf(path: str) -> GGUFReader:
         raise ModelLoadError(f"cannot read GGUF file {path}: {e}") from e
 
 
-def hf_name(gguf_name: str) -> str:
+def hf_name(gguf_name: str, architecture: str = "LlamaForCausalLM") -> str:
     """HF parameter name of a GGUF tensor; unknown names come back unchanged (and are then
     reported as unexpected weights)."""
+    per_layer = _GEMMA_PER_LAYER if architecture in _GEMMA else _PER_LAYER
     base, _, kind = gguf_name.rpartition(".")  # kind: weight / bias
     if base in _TOP_LEVEL:
         return f"{_TOP_LEVEL[base]}.{kind}"
     parts = base.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _PER_LAYER:
-        return f"model.layers.{parts[1]}.{_PER_LAYER[parts[2]]}.{kind}"
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in per_layer:
+        return f"model.layers.{parts[1]}.{per_layer[parts[2]]}.{kind}"
     return gguf_name
 
 
@@ -72,7 +82,9 @@ def iter_gguf_weights(
         arr = np.ascontiguousarray(arr).reshape([int(d) for d in reversed(t.shape)])
         # F32 data is a read-only view of the mmap; torch wants a writable array.
         tensor = torch.from_numpy(arr if arr.flags.writeable else arr.copy())
-        name = hf_name(t.name)
+        name = hf_name(t.name, config.architecture)
+        if config.architecture in _GEMMA and name.endswith("norm.weight"):
+            tensor = tensor - 1.0  # never in place: F32 data may be the file's own memory
         if unpermute and t.name.split(".")[-2] == "attn_q":
             tensor = unpermute_qk(tensor, config.num_heads)
         elif unpermute and t.name.split(".")[-2] == "attn_k":
