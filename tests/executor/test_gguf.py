@@ -42,6 +42,8 @@ CASES: dict[str, tuple[str, GGMLQuantizationType, dict[str, Any]]] = {
         F32,
         {"query_pre_attn_scalar": 16, "num_hidden_layers": 6, "layer_types": None},
     ),
+    # 3 layers, the middle one global: a per-layer pattern and a local RoPE base in the file
+    "gemma3-q8_0-layer-flags": ("gemma3", Q8_0, {"query_pre_attn_scalar": 16}),
 }
 
 

@@ -2,9 +2,9 @@
 
 Each rank loads only its shard of the checkpoint; rank 0 runs the engine (plans, samples) and
 rank 1 follows each step's tables. Against the same model on one rank: the logits agree to
-float32 rounding, and greedy generation gives the same tokens, for Llama, Qwen2 (biases) and
-Qwen3 (q/k norms), with KV heads that the ranks divide and with fewer KV heads than ranks
-(replicated), and an odd vocabulary (padded slices).
+float32 rounding, and greedy generation gives the same tokens, for Llama, Qwen2 (biases),
+Qwen3 (q/k norms) and Gemma 3 (sliding windows), with KV heads that the ranks divide and
+with fewer KV heads than ranks (replicated), and an odd vocabulary (padded slices).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-kv1": ("llama", {"num_key_value_heads": 1}),  # fewer KV heads than ranks
     "qwen2-odd-vocab": ("qwen2", {"vocab_size": TINY_VOCAB_SIZE + 1}),
     "qwen3": ("qwen3", {"tie_word_embeddings": False}),
+    # sliding windows of 8, q/k norms, two RoPE bases, softcapped logits
+    "gemma3": ("gemma3", {}),
 }
 PROMPTS = [[11, 12, 13, 14, 15], [30, 31], [40, 41, 42, 43, 44, 45, 46, 47, 48], [7]]
 MAX_NEW = 12

@@ -121,6 +121,10 @@ def write_tiny_gguf(
             writer.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
         if a == "gemma3" and writer_swa_base is not None:
             writer.add_rope_freq_base_swa(writer_swa_base)
+        sliding = [t == "sliding_attention" for t in cfg.layer_types]
+        default = [(i + 1) % (2 if a == "gemma2" else 6) != 0 for i in range(len(sliding))]
+        if sliding != default:  # llama.cpp's fixed layout does not fit: one flag per layer
+            writer.add_sliding_window_pattern(sliding)
         if rope.get("rope_type") == "linear":
             writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
             writer.add_rope_scaling_factor(rope["factor"])

@@ -253,6 +253,19 @@ def test_tiny_llama_greedy_tokens_match(tmp_path: Path) -> None:
     torch.testing.assert_close(results["triton"][1], results["torch"][1], atol=1e-4, rtol=1e-4)
 
 
+def test_tiny_gemma2_greedy_tokens_match(tmp_path: Path) -> None:
+    """Gemma 2's window (8), softcap and scale reach the kernels as the torch backend gets
+    them: the first prompt outgrows the window in its prefill and again while decoding."""
+    path = write_tiny_model(tmp_path, "gemma2")
+    prompts = [[5, 9, 200, 17, 3, 88, 41, 7, 7, 1, 2, 3, 4, 5], [260, 72, 101, 108]]
+    results = {}
+    for backend in ("torch", "triton"):
+        model, config = load_model(path, device=DEVICE, attention_backend=backend)
+        results[backend] = greedy_with_prefix_reuse(model, config, prompts, steps=4)
+    assert results["triton"][0] == results["torch"][0]
+    torch.testing.assert_close(results["triton"][1], results["torch"][1], atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv_dtype", [None, *FP8_KV_DTYPES])
 def test_decode_replays_in_a_cuda_graph(kv_dtype: torch.dtype | None) -> None:
