@@ -132,3 +132,14 @@ def test_bfloat16_model_tracks_float32(tiny: Tiny) -> None:
     scale = logits[torch.float32].abs().max().item()
     diff = (logits[torch.bfloat16] - logits[torch.float32]).abs().max().item()
     assert diff < 0.1 * scale
+
+
+def test_gemma_dummy_norms_are_the_identity(tmp_path: Path) -> None:
+    """Gemma's norms scale by 1 + w: random-weight benchmarks fill them with 0, not 1."""
+    path = write_tiny_model(tmp_path, "gemma3")
+    model, config = load_model(path, "cpu", torch.float32, load_format="dummy")
+    params = dict(model.named_parameters())
+    for name in ("model.norm.weight", "model.layers.0.self_attn.q_norm.weight"):
+        assert not params[name].any(), name
+    driver = BatchDriver(model, config)
+    assert torch.isfinite(driver.extend([driver.new_request()], [PROMPTS[2]])).all()
