@@ -26,7 +26,7 @@ from services.executor.distributed.group import SINGLE, TPGroup
 from services.executor.distributed.layers import ParallelLMHead, VocabParallelEmbedding
 from services.executor.forward_batch import ForwardBatch
 from services.executor.model_config import ModelConfig
-from services.executor.models.layers import Rope, RotaryEmbedding, SiluAndMulMLP
+from services.executor.models.layers import Rope, RotaryEmbedding, SiluAndMulMLP, on_gpu
 from services.executor.models.llama import HeadShards, LlamaAttention, LlamaForCausalLM
 
 
@@ -43,6 +43,19 @@ class GemmaRMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if on_gpu(x) and x.dim() == 2:
+            from kernels.rmsnorm import rmsnorm
+
+            out, new_residual = rmsnorm(
+                x, self.weight, self.eps, residual=residual, unit_offset=True
+            )
+            return out if residual is None else (out, new_residual)
+        return self.torch_forward(x, residual)
+
+    def torch_forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The CPU path (and q/k norms' [n, heads, head_dim] on any device)."""
         if residual is not None:
             x = x + residual
             residual = x
@@ -61,7 +74,12 @@ class GeluAndMulMLP(SiluAndMulMLP):
     """SiluAndMulMLP's fused, sharded gate/up and down projections, gated by GELU-tanh."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if on_gpu(gate_up):
+            from kernels.gelu_tanh_mul import gelu_tanh_mul
+
+            return self.down_proj(gelu_tanh_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(F.gelu(gate, approximate="tanh") * up)
 
 
