@@ -143,3 +143,11 @@ def check_attention_inputs(
         device=q.device,
     )
     return num_heads, head_dim, num_kv_heads
+
+
+def check_window_softcap(op: str, window: int | None, softcap: float | None) -> None:
+    """A sliding window is a positive number of keys; a softcap a positive float."""
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise ValueError(f"{op}: window must be a positive int or None, got {window!r}")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"{op}: softcap must be positive or None, got {softcap!r}")

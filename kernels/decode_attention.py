@@ -10,6 +10,10 @@ partial output and log-sum-exp to the workspace. Stage 2, grid (bs, num_heads), 
 chunks. Chunks are `cdiv(seq_len, splits)` rounded up to BLOCK_N, so trailing ones can be
 empty: both stages skip them.
 
+A sliding window (`window`) narrows the context to its last `window` keys: the chunks split
+that range instead of the whole context. A softcap maps each score s to cap * tanh(s / cap).
+Both are constexpr-gated, so a call without them compiles to the plain kernel.
+
 The grid depends only on the batch size and the workspace, never on sequence lengths, and the
 launch reads no tensor value on the host, so it can be captured in a CUDA graph.
 """
@@ -28,8 +32,10 @@ from kernels._checks import (
     check_launch,
     check_tensor,
     check_tile,
+    check_window_softcap,
     dot_precision,
 )
+from kernels._math import tanh
 from kernels.fp8_kv import gather_kv
 
 # Query heads per stage-1 program: tl.dot needs at least 16 rows, so a group smaller than
@@ -49,6 +55,8 @@ def _decode_stage1_kernel(
     part_out_ptr,
     part_lse_ptr,
     sm_scale,
+    window,
+    softcap,
     stride_qb,
     stride_qh,
     stride_kt,
@@ -69,6 +77,8 @@ def _decode_stage1_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1) // HEAD_BLOCKS
@@ -81,8 +91,10 @@ def _decode_stage1_kernel(
 
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
     num_splits = tl.minimum(tl.maximum(tl.load(num_splits_ptr + b).to(tl.int32), 1), MAX_SPLITS)
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    start = split * split_len
+    # With a window, the query (at seq_len - 1) sees keys [seq_len - window, seq_len).
+    kv_start = tl.maximum(seq_len - window, 0) if USE_WINDOW else 0
+    split_len = tl.cdiv(tl.cdiv(seq_len - kv_start, num_splits), BLOCK_N) * BLOCK_N
+    start = kv_start + split * split_len
     end = tl.minimum(start + split_len, seq_len)
     if start < end:
         row = tl.load(req_rows_ptr + b).to(tl.int64)
@@ -101,6 +113,8 @@ def _decode_stage1_kernel(
             k_offs = slots[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None]
             k = tl.load(k_buf_ptr + k_offs, mask=d_mask[:, None] & n_mask[None, :], other=0.0)
             qk = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * sm_scale
+            if USE_SOFTCAP:
+                qk = tanh(qk / softcap) * softcap
             qk = tl.where(n_mask[None, :], qk, float("-inf"))
             # Every row sees at least one key of the first tile, so m_new is finite.
             m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -130,6 +144,7 @@ def _decode_stage2_kernel(
     out_ptr,
     seq_lens_ptr,
     num_splits_ptr,
+    window,
     stride_ob,
     stride_oh,
     stride_os,
@@ -142,6 +157,7 @@ def _decode_stage2_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -149,11 +165,12 @@ def _decode_stage2_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
 
-    # The same chunking as stage 1: chunk s holds keys iff s * split_len < seq_len.
+    # The same chunking as stage 1: chunk s holds keys iff s * split_len < the keys seen.
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
     num_splits = tl.minimum(tl.maximum(tl.load(num_splits_ptr + b).to(tl.int32), 1), MAX_SPLITS)
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    s_mask = (offs_s < num_splits) & (offs_s * split_len < seq_len)
+    kv_len = tl.minimum(seq_len, window) if USE_WINDOW else seq_len
+    split_len = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
+    s_mask = (offs_s < num_splits) & (offs_s * split_len < kv_len)
 
     base_l = b.to(tl.int64) * stride_lb + h * stride_lh
     lse = tl.load(part_lse_ptr + base_l + offs_s, mask=s_mask, other=float("-inf"))
@@ -231,6 +248,8 @@ def decode_attention(
     block_n: int | None = None,
     num_stages: int = 2,
     num_warps: int = 4,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Attention of each request's one query over its context; returns `out`.
 
@@ -241,8 +260,11 @@ def decode_attention(
     A request with seq_len 0 gets zeros. workspace: at least bs rows, num_heads, head_dim.
     block_n: keys per inner step (a power of two >= 16, default 32).
     num_stages, num_warps: stage 1's software pipelining depth and warps per program.
+    window (optional, >= 1): each query sees only the last `window` keys of its context.
+    softcap (optional, > 0): scores s become softcap * tanh(s / softcap).
     """
     op = "decode_attention"
+    check_window_softcap(op, window, softcap)
     num_heads, head_dim, num_kv_heads = check_attention_inputs(
         op, q, k_buffer, v_buffer, req_to_token, "[bs, heads, d]"
     )
@@ -300,6 +322,8 @@ def decode_attention(
         ws_out,
         ws_lse,
         sm_scale,
+        window or 0,
+        softcap or 1.0,
         q.stride(0),
         q.stride(1),
         k_buffer.stride(0),
@@ -320,6 +344,8 @@ def decode_attention(
         BLOCK_N=block_n,
         BLOCK_D=block_d,
         DOT_PRECISION=dot_precision(q.dtype),
+        USE_WINDOW=window is not None,
+        USE_SOFTCAP=softcap is not None,
         num_warps=num_warps,
         num_stages=num_stages,
     )
@@ -329,6 +355,7 @@ def decode_attention(
         out,
         seq_lens,
         num_kv_splits,
+        window or 0,
         ws_out.stride(0),
         ws_out.stride(1),
         ws_out.stride(2),
@@ -341,6 +368,7 @@ def decode_attention(
         BLOCK_N=block_n,
         BLOCK_S=triton.next_power_of_2(max_splits),
         BLOCK_D=block_d,
+        USE_WINDOW=window is not None,
         num_warps=4,
     )
     return out
@@ -355,6 +383,8 @@ def decode_attention_ref(
     req_rows: torch.Tensor,
     seq_lens: torch.Tensor,
     sm_scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """The torch twin of `decode_attention`: per request, softmax in fp32 (syncs the host)."""
     group = q.shape[1] // k_buffer.shape[1]
@@ -362,10 +392,13 @@ def decode_attention_ref(
     for b, (row, seq_len) in enumerate(zip(req_rows.tolist(), seq_lens.tolist(), strict=True)):
         if seq_len == 0:
             continue
-        slots = req_to_token[row, :seq_len].long()
+        start = max(seq_len - window, 0) if window is not None else 0
+        slots = req_to_token[row, start:seq_len].long()
         # [seq, heads, d]; an fp8 pool dequantises by this cast (scale 1.0).
         keys = gather_kv(k_buffer, slots).float().repeat_interleave(group, dim=1)
         values = gather_kv(v_buffer, slots).float().repeat_interleave(group, dim=1)
         scores = torch.einsum("hd,thd->ht", q[b].float(), keys) * sm_scale
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
         out[b] = torch.einsum("ht,thd->hd", scores.softmax(-1), values).to(q.dtype)
     return out

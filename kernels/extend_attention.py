@@ -15,6 +15,11 @@ causal mask, then the diagonal tiles with one. Under a causal mask the last bloc
 request have the most keys, so the grid's third axis runs backwards (HEAVY_FIRST): the GPU
 dispatches blocks in grid order, and the longest ones starting last would leave a tail of
 a few busy SMs.
+
+A sliding window (`window`: the query at position t sees keys at positions > t - window)
+starts the walk at the first tile the block's first query sees and masks every tile; a
+softcap maps each score s to cap * tanh(s / cap). Both are constexpr-gated: a call without
+them compiles to the plain kernel.
 """
 
 from __future__ import annotations
@@ -29,8 +34,10 @@ from kernels._checks import (
     check_launch,
     check_tensor,
     check_tile,
+    check_window_softcap,
     dot_precision,
 )
+from kernels._math import tanh
 from kernels.fp8_kv import gather_kv
 
 
@@ -54,26 +61,36 @@ def _attend_tile(
     offs_d,
     d_mask,
     qk_scale,
+    window,
+    softcap,
     CAUSAL: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
 ):
     """One online-softmax step over keys n0 .. n0 + BLOCK_N (those < limit); scores in
-    base 2 (qk_scale includes log2(e))."""
+    base 2 (qk_scale includes log2(e), or with a softcap, the cap does)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     n_mask = offs_n < limit
     slots = tl.load(table_row_ptr + offs_n, mask=n_mask, other=0).to(tl.int64)
     k_offs = slots[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None]
     k = tl.load(k_buf_ptr + k_offs, mask=d_mask[:, None] & n_mask[None, :], other=0.0)
     qk = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * qk_scale
+    if USE_SOFTCAP:
+        qk = tanh(qk / softcap) * (softcap * 1.4426950408889634)
+    mask = n_mask[None, :]
     if CAUSAL:
-        qk = tl.where(n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None]), qk, float("-inf"))
-    else:
-        qk = tl.where(n_mask[None, :], qk, float("-inf"))
-    # Every row (padding rows too) sees key 0 in the first tile, so m_new is finite.
+        mask = mask & (offs_n[None, :] <= q_pos[:, None])
+    if USE_WINDOW:
+        mask = mask & (offs_n[None, :] > q_pos[:, None] - window)
+    qk = tl.where(mask, qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(qk - m_new[:, None])
+    # Without a window every row (padding rows too) sees key 0 in the first tile, so m_new
+    # is finite; with one, a row may have seen no key yet: its sums must stay zero, not NaN.
+    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new) if USE_WINDOW else m_new
+    alpha = tl.exp2(m_i - m_shift)
+    p = tl.exp2(qk - m_shift[:, None])
     v_offs = slots[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :]
     v = tl.load(v_buf_ptr + v_offs, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
     pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
@@ -92,6 +109,8 @@ def _extend_kernel(
     extend_lens_ptr,
     extend_starts_ptr,
     sm_scale,
+    window,
+    softcap,
     stride_qt,
     stride_qh,
     stride_kt,
@@ -108,6 +127,8 @@ def _extend_kernel(
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     HEAVY_FIRST: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
 ):
     b = tl.program_id(0)
     head = tl.program_id(1)
@@ -129,25 +150,35 @@ def _extend_kernel(
         q_offs = tok[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
         q = tl.load(q_ptr + q_offs, mask=m_mask[:, None] & d_mask[None, :], other=0.0)
         q_pos = prefix + offs_m  # each query's position; it sees keys at positions <= q_pos
-        qk_scale = sm_scale * 1.4426950408889634  # log2(e): exp2 is the native instruction
+        # log2(e): exp2 is the native instruction; a softcap applies it after the cap.
+        qk_scale = sm_scale if USE_SOFTCAP else sm_scale * 1.4426950408889634
+        if USE_WINDOW:
+            # Tiles wholly before the first query's window are skipped; tile starts stay on
+            # the grid of the unwindowed walk.
+            lo = tl.maximum(prefix + m_start - window + 1, 0)
+            prefix_lo = lo // BLOCK_N * BLOCK_N
+            new_lo = prefix + tl.maximum(lo - prefix, 0) // BLOCK_N * BLOCK_N
+        else:
+            prefix_lo = 0
+            new_lo = prefix
 
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         # The cached prefix: every query sees all of it, no causal mask.
-        for n0 in range(0, prefix, BLOCK_N):
+        for n0 in range(prefix_lo, prefix, BLOCK_N):
             acc, l_i, m_i = _attend_tile(
                 acc, l_i, m_i, q, q_pos, n0, prefix, k_buf_ptr, v_buf_ptr, table_row_ptr,
                 kv_head, stride_kt, stride_kh, stride_vt, stride_vh, offs_d, d_mask, qk_scale,
-                False, BLOCK_N, DOT_PRECISION,
+                window, softcap, False, BLOCK_N, DOT_PRECISION, USE_WINDOW, USE_SOFTCAP,
             )  # fmt: skip
         # New tokens before the block's first query: every query sees whole tiles of them.
         seen_by_all = prefix + (m_start // BLOCK_N) * BLOCK_N
-        for n0 in range(prefix, seen_by_all, BLOCK_N):
+        for n0 in range(new_lo, seen_by_all, BLOCK_N):
             acc, l_i, m_i = _attend_tile(
                 acc, l_i, m_i, q, q_pos, n0, seen_by_all, k_buf_ptr, v_buf_ptr, table_row_ptr,
                 kv_head, stride_kt, stride_kh, stride_vt, stride_vh, offs_d, d_mask, qk_scale,
-                False, BLOCK_N, DOT_PRECISION,
+                window, softcap, False, BLOCK_N, DOT_PRECISION, USE_WINDOW, USE_SOFTCAP,
             )  # fmt: skip
         # The diagonal, causally; new tokens past the block's last query are invisible to it.
         end = prefix + tl.minimum(extend_len, m_start + BLOCK_M)
@@ -155,7 +186,7 @@ def _extend_kernel(
             acc, l_i, m_i = _attend_tile(
                 acc, l_i, m_i, q, q_pos, n0, end, k_buf_ptr, v_buf_ptr, table_row_ptr,
                 kv_head, stride_kt, stride_kh, stride_vt, stride_vh, offs_d, d_mask, qk_scale,
-                True, BLOCK_N, DOT_PRECISION,
+                window, softcap, True, BLOCK_N, DOT_PRECISION, USE_WINDOW, USE_SOFTCAP,
             )  # fmt: skip
 
         out_offs = tok[:, None] * stride_outt + head * stride_outh + offs_d[None, :]
@@ -184,6 +215,8 @@ def extend_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     heavy_first: bool = True,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of the new tokens over prefix + new tokens; returns `out`.
 
@@ -194,9 +227,12 @@ def extend_attention(
     first row of request b in q. max_extend_len >= every extend_lens[b] (it sizes the grid;
     not checked, as that would sync). block_m, block_n: powers of two >= 16; num_warps,
     num_stages: the launch configuration (defaults per dtype and head dim); heavy_first: the
-    grid order (see the module docstring).
+    grid order (see the module docstring). window (optional, >= 1): the query at position t
+    sees keys at positions > t - window only; softcap (optional, > 0): scores s become
+    softcap * tanh(s / softcap).
     """
     op = "extend_attention"
+    check_window_softcap(op, window, softcap)
     num_heads, head_dim, num_kv_heads = check_attention_inputs(
         op, q, k_buffer, v_buffer, req_to_token, "[n, heads, d]"
     )
@@ -247,6 +283,8 @@ def extend_attention(
         extend_lens,
         extend_starts,
         sm_scale,
+        window or 0,
+        softcap or 1.0,
         q.stride(0),
         q.stride(1),
         k_buffer.stride(0),
@@ -263,6 +301,8 @@ def extend_attention(
         BLOCK_D=block_d,
         DOT_PRECISION=dot_precision(q.dtype),
         HEAVY_FIRST=heavy_first,
+        USE_WINDOW=window is not None,
+        USE_SOFTCAP=softcap is not None,
         num_warps=num_warps,
         num_stages=num_stages,
     )
@@ -280,6 +320,8 @@ def extend_attention_ref(
     extend_lens: torch.Tensor,
     extend_starts: torch.Tensor,
     sm_scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """The torch twin of `extend_attention`: per request, masked softmax in fp32.
 
@@ -301,9 +343,14 @@ def extend_attention_ref(
         values = gather_kv(v_buffer, slots).float().repeat_interleave(group, dim=1)
         qi = q[start : start + extend].float()
         scores = torch.einsum("ihd,thd->hit", qi, keys) * sm_scale
-        q_pos = torch.arange(prefix, prefix + extend, device=q.device)
-        k_pos = torch.arange(prefix + extend, device=q.device)
-        scores = scores.masked_fill(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        q_pos = torch.arange(prefix, prefix + extend, device=q.device)[None, :, None]
+        k_pos = torch.arange(prefix + extend, device=q.device)[None, None, :]
+        hidden = k_pos > q_pos
+        if window is not None:
+            hidden |= k_pos <= q_pos - window
+        scores = scores.masked_fill(hidden, float("-inf"))
         out[start : start + extend] = torch.einsum("hit,thd->ihd", scores.softmax(-1), values).to(
             q.dtype
         )

@@ -202,7 +202,7 @@ def mla_decode(
         num_stages=num_stages,
     )  # fmt: skip
     _decode_stage2_kernel[(bs, num_heads)](
-        ws_out, ws_lse, out, seq_lens, num_kv_splits,
+        ws_out, ws_lse, out, seq_lens, num_kv_splits, 0,  # no window: MLA attends to all keys
         ws_out.stride(0), ws_out.stride(1), ws_out.stride(2), ws_lse.stride(0), ws_lse.stride(1),
         out.stride(0), out.stride(1),
         MAX_SPLITS=max_splits,
@@ -210,6 +210,7 @@ def mla_decode(
         BLOCK_N=block_n,
         BLOCK_S=triton.next_power_of_2(max_splits),
         BLOCK_D=block_r,
+        USE_WINDOW=False,
         num_warps=4,
     )  # fmt: skip
     return out

@@ -6,6 +6,9 @@ services/executor/models/layers.py's RMSNorm (HF Llama): mean of squares in fp32
 row cast to x's dtype, then multiplied by the weight. A row lives in registers whole (it is
 read completely before anything is written), so out may be x and residual_out may be
 residual: in place.
+
+With `unit_offset` (Gemma), the weight scales by 1 + w and the normed row stays in fp32 until
+the one final rounding: out = (rmsnorm(x) * (1 + w)).to(dtype), as HF's Gemma norms compute.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ def _rmsnorm_kernel(
     hidden,
     eps,
     HAS_RESIDUAL: tl.constexpr,
+    UNIT_OFFSET: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -46,9 +50,12 @@ def _rmsnorm_kernel(
         tl.store(res_out_ptr + row * stride_res_out + offs, x, mask=mask)
     x32 = x.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(x32 * x32, 0) / hidden + eps)
-    normed = (x32 * rstd).to(x_ptr.dtype.element_ty)
     w = tl.load(w_ptr + offs, mask=mask, other=0.0)
-    out = w.to(tl.float32) * normed.to(tl.float32)
+    if UNIT_OFFSET:
+        out = (x32 * rstd) * (w.to(tl.float32) + 1.0)
+    else:
+        normed = (x32 * rstd).to(x_ptr.dtype.element_ty)
+        out = w.to(tl.float32) * normed.to(tl.float32)
     tl.store(out_ptr + row * stride_out + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -60,9 +67,10 @@ def rmsnorm(
     residual: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     residual_out: torch.Tensor | None = None,
+    unit_offset: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (out, new_residual): (w * rmsnorm(x), x) or, with residual,
-    (w * rmsnorm(x + residual), x + residual).
+    (w * rmsnorm(x + residual), x + residual); with unit_offset, 1 + w in place of w (Gemma).
 
     x, residual, out, residual_out: [n, hidden] (any row stride); weight: [hidden].
     out (optional): may be x; its dtype is x's and weight's promotion, as in torch.
@@ -127,6 +135,7 @@ def rmsnorm(
             hidden,
             eps,
             HAS_RESIDUAL=residual is not None,
+            UNIT_OFFSET=unit_offset,
             BLOCK=block,
             num_warps=min(16, max(1, block // 256)),
         )
@@ -134,11 +143,20 @@ def rmsnorm(
 
 
 def rmsnorm_ref(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, *, residual: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    residual: torch.Tensor | None = None,
+    unit_offset: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The torch twin of `rmsnorm` (out-of-place), written as layers.RMSNorm computes it."""
+    """The torch twin of `rmsnorm` (out-of-place), written as layers.RMSNorm (or, with
+    unit_offset, models/gemma.py's GemmaRMSNorm) computes it."""
     if residual is not None:
         x = x + residual
     x32 = x.float()
-    normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    return weight * normed, x
+    normed32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    if unit_offset:
+        out_dtype = torch.promote_types(x.dtype, weight.dtype)
+        return (normed32 * (1.0 + weight.float())).to(out_dtype), x
+    return weight * normed32.to(x.dtype), x

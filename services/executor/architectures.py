@@ -19,6 +19,8 @@ MODEL_CLASSES: dict[str, tuple[str, str]] = {
     "Qwen2MoeForCausalLM": ("services.executor.models.qwen2", "Qwen2ForCausalLM"),
     "Qwen3MoeForCausalLM": ("services.executor.models.qwen3", "Qwen3ForCausalLM"),
     "MixtralForCausalLM": ("services.executor.models.mixtral", "MixtralForCausalLM"),
+    "Gemma2ForCausalLM": ("services.executor.models.gemma", "Gemma2ForCausalLM"),
+    "Gemma3ForCausalLM": ("services.executor.models.gemma", "Gemma3ForCausalLM"),
 }
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(MODEL_CLASSES))

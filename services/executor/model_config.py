@@ -25,6 +25,8 @@ GGUF_ARCHITECTURES: dict[str, str] = {
     "deepseek2": "DeepseekV2ForCausalLM",  # V3 too: llama.cpp converts both to deepseek2
     "qwen2moe": "Qwen2MoeForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
 }
 # A llama GGUF with routed experts (ffn_gate_exps) is Mixtral.
 _GGUF_MOE_ARCHITECTURES = {"LlamaForCausalLM": "MixtralForCausalLM"}
@@ -41,12 +43,18 @@ _MODEL_TYPES: dict[str, str] = {
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "mixtral": "MixtralForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
 }
 _MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 # Architectures with q/k/v biases (HF has no flag for Qwen2's; Qwen2-MoE's is `qkv_bias`)
 # and with per-head q/k norms.
 _QKV_BIAS = {"Qwen2ForCausalLM", "Qwen2MoeForCausalLM"}
-_QK_NORM = {"Qwen3ForCausalLM", "Qwen3MoeForCausalLM"}
+_QK_NORM = {"Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"}
+
+# Families whose sliding-window layers really attend through their window (a mask over a KV
+# cache that keeps every token): their context is not cut to the window.
+WINDOWED_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 
 # "freq_factors" is llama.cpp's form of llama3 scaling: per-frequency divisors in a tensor.
 SUPPORTED_ROPE_TYPES = ("linear", "llama3", "freq_factors", "longrope", "yarn", "deepseek_yarn")
@@ -65,6 +73,8 @@ _HF_REQUIRED = (
     "num_hidden_layers",
     "num_attention_heads",
 )
+
+_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 
 # GGUF `general.file_type` -> the dtype its float tensors were stored in.
 _GGUF_FILE_TYPES = {0: "float32", 1: "float16", 32: "bfloat16"}
@@ -106,6 +116,23 @@ class ModelConfig:
     # and num_kv_heads == num_heads, as HF's config says, though the pool holds one latent.
     mla: MLAConfig | None = None
     moe: MoEConfig | None = None  # routed experts (moe_config.py); None: a dense model
+    # --- Gemma 2/3 (defaults: what every other family does) ---
+    hidden_act: str = "silu"  # the gated MLP's activation: "silu" or "gelu_pytorch_tanh"
+    sliding_window: int | None = None  # a sliding layer's query at p sees keys > p - window
+    sliding_layers: tuple[bool, ...] = ()  # per layer: attends through the window; () none
+    attn_logit_softcap: float | None = None  # scores -> cap * tanh(scores / cap)
+    final_logit_softcap: float | None = None  # logits -> cap * tanh(logits / cap)
+    query_pre_attn_scalar: float | None = None  # attention scale = this ** -0.5 (None: head_dim)
+    rope_local_theta: float | None = None  # RoPE base of sliding layers, unscaled (Gemma 3)
+
+    @property
+    def attention_scale(self) -> float:
+        return float(self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    def layer_window(self, layer_id: int) -> int | None:
+        """The layer's sliding window, None for full attention."""
+        sliding = self.sliding_layers and self.sliding_layers[layer_id]
+        return self.sliding_window if sliding else None
 
     def __post_init__(self) -> None:
         check_architecture(self.architecture)
@@ -135,6 +162,17 @@ class ModelConfig:
                     f"rope scaling {rope_type!r} in {self.architecture}: supported for "
                     "DeepSeek's latent attention only"
                 )
+        if self.hidden_act not in _ACTIVATIONS:
+            raise UnsupportedModelError(
+                f"unsupported activation {self.hidden_act!r} in {self.architecture}; "
+                f"supported: {', '.join(_ACTIVATIONS)}"
+            )
+        if self.sliding_layers and len(self.sliding_layers) != self.num_layers:
+            raise ModelLoadError(
+                f"{len(self.sliding_layers)} layer types for {self.num_layers} layers"
+            )
+        if any(self.sliding_layers) and not (self.sliding_window and self.sliding_window > 0):
+            raise ModelLoadError("sliding-window layers need a positive sliding_window")
 
     @classmethod
     def from_hf_dir(cls, path: str | os.PathLike[str]) -> ModelConfig:
@@ -157,11 +195,18 @@ class ModelConfig:
         num_heads = cfg["num_attention_heads"]
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // num_heads
         context = cfg.get("max_position_embeddings", 2048)
-        # We only do full attention: a sliding-window model is exact up to its window.
+        # Beyond Gemma's, we only do full attention: such a model is exact up to its window.
         window = cfg.get("sliding_window")
-        if window and (arch in _SLIDING_ARCHS or cfg.get("use_sliding_window")):
+        if (
+            window
+            and arch not in WINDOWED_ARCHITECTURES
+            and (arch in _SLIDING_ARCHS or cfg.get("use_sliding_window"))
+        ):
             context = min(context, window)
         mla = MLAConfig.from_hf(cfg, rope_scaling) if arch in _MLA_ARCHITECTURES else None
+        gemma = _hf_gemma(arch, cfg, path) if arch in WINDOWED_ARCHITECTURES else {}
+        if gemma:
+            rope_theta, rope_scaling = gemma.pop("rope")
         return cls(
             architecture=arch,
             vocab_size=cfg["vocab_size"],
@@ -188,6 +233,7 @@ class ModelConfig:
             rotary_dim=mla.qk_rope_head_dim if mla else int(head_dim * _partial_rotary_factor(cfg)),
             mla=mla,
             moe=MoEConfig.from_hf(cfg),
+            **gemma,
         )
 
     @classmethod
@@ -237,6 +283,10 @@ class ModelConfig:
         arch = GGUF_ARCHITECTURES[a]
         if moe is not None:
             arch = _GGUF_MOE_ARCHITECTURES.get(arch, arch)
+        head_dim = int(get(f"{a}.attention.key_length", hidden // num_heads))
+        gemma: dict[str, Any] = {}
+        if a in ("gemma2", "gemma3"):
+            gemma = _gguf_gemma(get, a, num_layers, hidden // num_heads, head_dim)
         return cls(
             architecture=arch,
             # ggml shapes list the fastest-varying dimension first: [hidden, vocab].
@@ -247,11 +297,9 @@ class ModelConfig:
             num_heads=num_heads,
             # MLA: HF's view (every head has its K/V), not llama.cpp's MQA over the latent.
             num_kv_heads=num_heads if mla else int(get(f"{a}.attention.head_count_kv", num_heads)),
-            head_dim=mla.qk_head_dim
-            if mla
-            else int(get(f"{a}.attention.key_length", hidden // num_heads)),
+            head_dim=mla.qk_head_dim if mla else head_dim,
             rms_norm_eps=float(get(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)),
-            rope_theta=float(get(f"{a}.rope.freq_base", 10000.0)),
+            rope_theta=float(get(f"{a}.rope.freq_base", 1e6 if a == "gemma3" else 10000.0)),
             rope_scaling=rope_scaling,
             max_position_embeddings=served,
             tie_word_embeddings="output.weight" not in tensors,
@@ -267,6 +315,7 @@ class ModelConfig:
             rotary_dim=int(get(f"{a}.rope.dimension_count", 0)),
             mla=mla,
             moe=moe,
+            **gemma,
         )
 
 
@@ -426,3 +475,108 @@ def _gguf_mla(get: Any, need: Any, arch: str, rope_scaling: dict[str, Any] | Non
         moe_layer_freq=1,
         n_routed_experts=get(f"{arch}.expert_count"),
     )
+
+
+# Gemma's defaults where config.json leaves a field out (transformers' config classes').
+_GEMMA_DEFAULTS: dict[str, dict[str, Any]] = {
+    "Gemma2ForCausalLM": {
+        "final_logit_softcapping": 30.0,
+        "attn_logit_softcapping": 50.0,
+        "pattern": 2,
+        "rope_theta": 10000.0,
+    },
+    "Gemma3ForCausalLM": {
+        "final_logit_softcapping": None,
+        "attn_logit_softcapping": None,
+        "pattern": 6,
+        "rope_theta": 1_000_000.0,
+    },
+}
+
+
+def _hf_gemma(arch: str, cfg: dict[str, Any], path: str | os.PathLike[str]) -> dict[str, Any]:
+    """ModelConfig's Gemma fields from a Gemma 2/3 config.json, plus "rope": (theta, scaling)
+    of the global layers. Reads transformers<5 keys (`rope_local_base_freq`,
+    `sliding_window_pattern`) and >=5 ones (`layer_types`, per-layer-type `rope_parameters`)."""
+    defaults = _GEMMA_DEFAULTS[arch]
+    if cfg.get("use_bidirectional_attention"):
+        raise UnsupportedModelError(
+            f"{path}: bidirectional {arch} (an embedding model) is not supported"
+        )
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
+    num_layers = cfg["num_hidden_layers"]
+    types = cfg.get("layer_types")
+    if types is None:
+        pattern = int(cfg.get("sliding_window_pattern") or defaults["pattern"])
+        sliding = tuple(bool((i + 1) % pattern) for i in range(num_layers))
+    else:
+        unknown = set(types) - {"sliding_attention", "full_attention"}
+        if unknown:
+            raise UnsupportedModelError(f"{path}: unsupported layer types {sorted(unknown)}")
+        sliding = tuple(t == "sliding_attention" for t in types)
+    window = cfg.get("sliding_window")
+    params = cfg.get("rope_parameters") or {}
+    local_theta: float | None = None
+    if "full_attention" in params:  # transformers>=5 Gemma 3: one RoPE per layer type
+        theta, scaling = _hf_rope({"rope_parameters": params["full_attention"]})
+        local = params.get("sliding_attention") or {}
+        if local.get("rope_type", "default") != "default":
+            raise UnsupportedModelError(f"{path}: scaled RoPE on sliding layers is not supported")
+        local_theta = float(local.get("rope_theta", 10000.0))
+    else:
+        theta, scaling = _hf_rope(cfg)
+        if not cfg.get("rope_theta") and "rope_theta" not in params:
+            theta = defaults["rope_theta"]
+        if arch == "Gemma3ForCausalLM":
+            local_theta = float(cfg.get("rope_local_base_freq", 10000.0))
+
+    def cap(key: str) -> float | None:
+        value = cfg.get(key, defaults[key])
+        return float(value) if value else None
+
+    # transformers' Gemma 3 never passes its attn_logit_softcapping to attention.
+    attn_cap = cap("attn_logit_softcapping") if arch == "Gemma2ForCausalLM" else None
+
+    return {
+        "rope": (theta, scaling),
+        "hidden_act": act,
+        "sliding_window": int(window) if window and any(sliding) else None,
+        "sliding_layers": sliding if window and any(sliding) else (),
+        "attn_logit_softcap": attn_cap,
+        "final_logit_softcap": cap("final_logit_softcapping"),
+        "query_pre_attn_scalar": float(cfg.get("query_pre_attn_scalar", 256)),
+        "rope_local_theta": local_theta,
+    }
+
+
+# llama.cpp's fixed Gemma layouts (llama-model.cpp): every 2nd (Gemma 2) or 6th (Gemma 3)
+# layer global; the 27B models (46 and 62 layers) scale queries by hidden / heads, the others
+# by head_dim (HF's query_pre_attn_scalar, which GGUF does not store).
+_GGUF_GEMMA = {"gemma2": (2, 46), "gemma3": (6, 62)}
+
+
+def _gguf_gemma(
+    get: Any, arch: str, num_layers: int, hidden_per_head: int, head_dim: int
+) -> dict[str, Any]:
+    """ModelConfig's Gemma fields from GGUF metadata (keys as llama.cpp's converter writes)."""
+    pattern, layers_27b = _GGUF_GEMMA[arch]
+    stored = get(f"{arch}.attention.sliding_window_pattern")
+    if isinstance(stored, list):  # one flag per layer, true = sliding
+        sliding = tuple(bool(x) for x in stored)
+    else:
+        pattern = int(stored or pattern)
+        sliding = tuple(bool((i + 1) % pattern) for i in range(num_layers))
+    window = get(f"{arch}.attention.sliding_window")
+    attn_cap = get(f"{arch}.attn_logit_softcapping") if arch == "gemma2" else None
+    final_cap = get(f"{arch}.final_logit_softcapping")
+    return {
+        "hidden_act": "gelu_pytorch_tanh",
+        "sliding_window": int(window) if window and any(sliding) else None,
+        "sliding_layers": sliding if window and any(sliding) else (),
+        "attn_logit_softcap": float(attn_cap) if attn_cap else None,
+        "final_logit_softcap": float(final_cap) if final_cap else None,
+        "query_pre_attn_scalar": float(hidden_per_head if num_layers == layers_27b else head_dim),
+        "rope_local_theta": (
+            float(get(f"{arch}.rope.freq_base_swa", 10000.0)) if arch == "gemma3" else None
+        ),
+    }

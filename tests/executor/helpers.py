@@ -17,6 +17,8 @@ from transformers import (
     AutoModelForCausalLM,
     DeepseekV2Config,
     DeepseekV3Config,
+    Gemma2Config,
+    Gemma3TextConfig,
     LlamaConfig,
     MistralConfig,
     MixtralConfig,
@@ -92,6 +94,8 @@ _CONFIG_CLASSES: dict[str, type[PretrainedConfig]] = {
     "qwen2_moe": Qwen2MoeConfig,
     "qwen3_moe": Qwen3MoeConfig,
     "mixtral": MixtralConfig,
+    "gemma2": Gemma2Config,
+    "gemma3": Gemma3TextConfig,
 }
 # Tiny expert counts and sizes for the MoE families (their defaults are the real models').
 _MOE_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -132,6 +136,28 @@ DEEPSEEK_TINY: dict[str, Any] = {
     "num_experts_per_tok": 2,
     "moe_intermediate_size": 32,
     "head_dim": 8,  # transformers: the rotated part's width
+}
+
+# Gemma's tiny shape: a window of 8 (shorter than most test prompts), a query scale that is
+# not head_dim's, soft caps small enough to bite on these logits.
+GEMMA_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma2": {
+        "sliding_window": 8,
+        "query_pre_attn_scalar": 24,
+        "attn_logit_softcapping": 4.0,
+        "final_logit_softcapping": 6.0,
+    },
+    "gemma3": {
+        "num_hidden_layers": 3,
+        "sliding_window": 8,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        "query_pre_attn_scalar": 24,
+        "final_logit_softcapping": 6.0,
+        "rope_parameters": {
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+        },
+    },
 }
 
 LLAMA3_ROPE = {
@@ -179,13 +205,15 @@ def make_hf_config(arch: str = "llama", **overrides: Any) -> PretrainedConfig:
     kwargs.update(_MOE_DEFAULTS.get(arch, {}))
     if arch.startswith("deepseek"):
         kwargs.update(DEEPSEEK_TINY, num_key_value_heads=4)
+    kwargs.update(GEMMA_DEFAULTS.get(arch, {}))
     kwargs.update(overrides)
     return _CONFIG_CLASSES[arch](**kwargs)
 
 
 def make_hf_model(arch: str = "llama", seed: int = 0, **overrides: Any) -> PreTrainedModel:
     """A tiny fp32 HF model with every weight random: N(0, 0.1), norms 1 + N(0, 0.1), so
-    logits are spread out (greedy has clear winners) and biases/norms are really tested."""
+    logits are spread out (greedy has clear winners) and biases/norms are really tested
+    (Gemma's norms scale by 1 + w: theirs are N(0, 0.1))."""
     config = make_hf_config(arch, **overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -193,15 +221,17 @@ def make_hf_model(arch: str = "llama", seed: int = 0, **overrides: Any) -> PreTr
     with torch.no_grad():
         for name, param in model.named_parameters():
             noise = torch.randn(param.shape, generator=gen) * 0.1
-            param.copy_(1.0 + noise if name.endswith("norm.weight") else noise)
+            is_norm = name.endswith("norm.weight") and not arch.startswith("gemma")
+            param.copy_(1.0 + noise if is_norm else noise)
     return model.eval()
 
 
 def write_tiny_model(tmp_path: Path, arch: str = "llama", seed: int = 0, **overrides: Any) -> Path:
     """Save a tiny random model (safetensors) plus tokenizer under tmp_path; return the dir.
 
-    arch: "llama", "mistral", "qwen2", "qwen3", "phi3", "qwen2_moe", "qwen3_moe", "mixtral",
-    "deepseek_v2" or "deepseek_v3"; overrides go to the HF config class.
+    arch: "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "qwen2_moe",
+    "qwen3_moe", "mixtral", "deepseek_v2" or "deepseek_v3"; overrides go to the HF config
+    class.
     """
     path = Path(tmp_path) / f"tiny-{arch}-{seed}"
     make_hf_model(arch, seed, **overrides).save_pretrained(path, safe_serialization=True)

@@ -53,6 +53,16 @@ CASES: dict[str, tuple[str, GGMLQuantizationType, dict[str, Any]]] = {
     "qwen2moe-f32-shared-expert": ("qwen2_moe", F32, {}),
     "qwen3moe-q8_0": ("qwen3_moe", Q8_0, {}),
     "mixtral-f32": ("mixtral", F32, {"tie_word_embeddings": False}),
+    # GGUF keeps no query_pre_attn_scalar (llama.cpp scales by head_dim below 27B) and fixes
+    # Gemma 3's layout at every 6th layer global.
+    "gemma2-q8_0": ("gemma2", Q8_0, {"query_pre_attn_scalar": 16}),
+    "gemma3-f32": (
+        "gemma3",
+        F32,
+        {"query_pre_attn_scalar": 16, "num_hidden_layers": 6, "layer_types": None},
+    ),
+    # 3 layers, the middle one global: a per-layer pattern and a local RoPE base in the file
+    "gemma3-q8_0-layer-flags": ("gemma3", Q8_0, {"query_pre_attn_scalar": 16}),
 }
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -62,6 +72,8 @@ ARCHITECTURES = {
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "mixtral": "MixtralForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
 }
 
 
@@ -74,6 +86,10 @@ def test_gguf_matches_transformers(tmp_path: Path, case: str) -> None:
     model, config = load_model(path, "cpu", torch.float32)
 
     assert config.architecture == ARCHITECTURES[arch]
+    if arch.startswith("gemma"):
+        hf_types = hf.config.layer_types
+        assert config.sliding_layers == tuple(t == "sliding_attention" for t in hf_types)
+        assert config.sliding_window == hf.config.sliding_window
     assert config.tie_word_embeddings == hf.config.tie_word_embeddings
     qkv_bias = arch in ("qwen2", "qwen2_moe")
     assert config.attention_bias == (qkv_bias or overrides.get("attention_bias", False))

@@ -96,3 +96,80 @@ def test_unsupported_rope_type_is_named(tmp_path: Path) -> None:
     raw = {**LLAMA_V4, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
     with pytest.raises(UnsupportedModelError, match="'yarn'"):
         ModelConfig.from_hf_dir(_write(tmp_path, raw))
+
+
+# Gemma 3 4B's text config as transformers<5 wrote it (the hub's form).
+GEMMA3_V4: dict[str, Any] = {
+    "architectures": ["Gemma3ForCausalLM"],
+    "model_type": "gemma3_text",
+    "vocab_size": 262208,
+    "hidden_size": 2560,
+    "intermediate_size": 10240,
+    "num_hidden_layers": 34,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 131072,
+    "query_pre_attn_scalar": 256,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "rope_local_base_freq": 10000.0,
+    "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+    "sliding_window": 1024,
+    "sliding_window_pattern": 6,
+    "final_logit_softcapping": None,
+    "attn_logit_softcapping": None,
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_gemma3_hub_config(tmp_path: Path) -> None:
+    config = ModelConfig.from_hf_dir(_write(tmp_path, GEMMA3_V4))
+    assert config.architecture == "Gemma3ForCausalLM"
+    assert config.max_position_embeddings == 131072  # not cut to the window
+    assert config.sliding_window == 1024
+    assert config.sliding_layers == tuple((i + 1) % 6 != 0 for i in range(34))
+    assert (config.rope_theta, config.rope_local_theta) == (1e6, 1e4)
+    assert config.rope_scaling == {"rope_type": "linear", "factor": 8.0}
+    assert (config.attn_logit_softcap, config.final_logit_softcap) == (None, None)
+    assert config.attention_scale == 256**-0.5
+    assert config.qk_norm and config.hidden_act == "gelu_pytorch_tanh"
+    assert config.layer_window(0) == 1024 and config.layer_window(5) is None
+
+
+def test_gemma2_defaults_and_layer_types(tmp_path: Path) -> None:
+    raw = {
+        **GEMMA3_V4,
+        "architectures": ["Gemma2ForCausalLM"],
+        "model_type": "gemma2",
+        "num_hidden_layers": 4,
+        "query_pre_attn_scalar": 144,
+        "sliding_window": 4096,
+        "max_position_embeddings": 8192,
+    }
+    for key in ("rope_local_base_freq", "rope_scaling", "sliding_window_pattern", "rope_theta"):
+        del raw[key]
+    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+        del raw[key]  # transformers' Gemma2Config defaults: 30 and 50
+    config = ModelConfig.from_hf_dir(_write(tmp_path, raw))
+    assert config.max_position_embeddings == 8192
+    assert config.sliding_layers == (True, False, True, False)
+    assert (config.attn_logit_softcap, config.final_logit_softcap) == (50.0, 30.0)
+    assert (config.rope_theta, config.rope_local_theta, config.qk_norm) == (10000.0, None, False)
+    assert config.attention_scale == 144**-0.5
+    raw["layer_types"] = ["full_attention"] * 3 + ["sliding_attention"]
+    config = ModelConfig.from_hf_dir(_write(tmp_path, raw))
+    assert config.sliding_layers == (False, False, False, True)
+
+
+def test_gemma_refusals_name_the_problem(tmp_path: Path) -> None:
+    bidirectional = {**GEMMA3_V4, "use_bidirectional_attention": True}
+    with pytest.raises(UnsupportedModelError, match="bidirectional"):
+        ModelConfig.from_hf_dir(_write(tmp_path, bidirectional))
+    gelu = {**GEMMA3_V4, "hidden_activation": "gelu"}
+    with pytest.raises(UnsupportedModelError, match="activation 'gelu'"):
+        ModelConfig.from_hf_dir(_write(tmp_path, gelu))
+    multimodal = {**GEMMA3_V4, "architectures": ["Gemma3ForConditionalGeneration"]}
+    with pytest.raises(UnsupportedModelError, match=r"Gemma3ForConditionalGeneration.*Gemma2"):
+        ModelConfig.from_hf_dir(_write(tmp_path, multimodal))

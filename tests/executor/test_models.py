@@ -84,6 +84,9 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen2-moe": ("qwen2_moe", {}),
     "qwen3-moe-mlp-only-layer": ("qwen3_moe", {"mlp_only_layers": [0]}),
     "mixtral": ("mixtral", {"tie_word_embeddings": False}),
+    # Windows of 8: every prompt but one is longer, and generation runs far past them.
+    "gemma2-window-softcap": ("gemma2", {}),
+    "gemma3-window-qknorm": ("gemma3", {"tie_word_embeddings": False}),
 }
 # Different lengths, so batches are ragged; the last one crosses the llama3 case's
 # original context of 64 during generation.
@@ -223,3 +226,14 @@ def test_stacked_expert_checkpoint_loads(tmp_path: Path) -> None:
     logits = driver.extend([driver.new_request() for _ in PROMPTS], PROMPTS)
     expected = torch.stack([hf_last_logits(hf, p) for p in PROMPTS])
     torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_gemma_dummy_norms_are_the_identity(tmp_path: Path) -> None:
+    """Gemma's norms scale by 1 + w: random-weight benchmarks fill them with 0, not 1."""
+    path = write_tiny_model(tmp_path, "gemma3")
+    model, config = load_model(path, "cpu", torch.float32, load_format="dummy")
+    params = dict(model.named_parameters())
+    for name in ("model.norm.weight", "model.layers.0.self_attn.q_norm.weight"):
+        assert not params[name].any(), name
+    driver = BatchDriver(model, config)
+    assert torch.isfinite(driver.extend([driver.new_request()], [PROMPTS[2]])).all()

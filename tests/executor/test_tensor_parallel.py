@@ -3,10 +3,11 @@
 Each rank loads only its shard of the checkpoint; rank 0 runs the engine (plans, samples) and
 rank 1 follows each step's tables. Against the same model on one rank: the logits agree to
 float32 rounding, and greedy generation gives the same tokens, for Llama, Qwen2 (biases),
-Qwen3 (q/k norms), Qwen2-MoE (sharded experts) and DeepSeek-V3 (latent attention: heads
-sharded, the latent replicated), with KV heads that the ranks divide and with fewer KV heads
-than ranks (replicated), and an odd vocabulary (padded slices). Phi-3's stacked q/k/v and
-gate/up rows per rank are tested in one process (tests/executor/test_phi3.py).
+Qwen3 (q/k norms), Gemma 3 (sliding windows), Qwen2-MoE (sharded experts) and DeepSeek-V3
+(latent attention: heads sharded, the latent replicated), with KV heads that the ranks divide
+and with fewer KV heads than ranks (replicated), and an odd vocabulary (padded slices).
+Phi-3's stacked q/k/v and gate/up rows per rank are tested in one process
+(tests/executor/test_phi3.py).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     # experts split along their intermediate size; the gated shared expert's sum and the
     # routed experts' share one all-reduce
     "qwen2-moe": ("qwen2_moe", {}),
+    # sliding windows of 8, q/k norms, two RoPE bases, softcapped logits
+    "gemma3": ("gemma3", {}),
 }
 PROMPTS = [[11, 12, 13, 14, 15], [30, 31], [40, 41, 42, 43, 44, 45, 46, 47, 48], [7]]
 MAX_NEW = 12

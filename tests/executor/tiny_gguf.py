@@ -3,7 +3,8 @@ its tensor names, its metadata keys, Llama's Q/K rows permuted, Llama-3 RoPE sca
 `rope_freqs` tensor, Phi-3's fused attn_qkv and ffn_up (gate and up) with its LongRoPE factors
 as `rope_factors_long/short` tensors, optionally Q8_0-quantised matrices; DeepSeek as
 `deepseek2`, its kv_b_proj split into attn_k_b / attn_v_b (newer converters) or whole (older
-ones).
+ones); Gemma 2/3 with their four norms per layer, the 1 of their `1 + w` norms added to the
+stored weights, their window and softcaps.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ _GGUF_ARCH = {
     "qwen2_moe": "qwen2moe",
     "qwen3_moe": "qwen3moe",
     "mixtral": "llama",  # llama.cpp converts Mixtral as a Llama with experts
+    "gemma2": "gemma2",
+    "gemma3": "gemma3",
 }
 _TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 _LAYER = {
@@ -61,14 +64,21 @@ _LAYER = {
 }
 # Kept in F32 whatever the file type, as llama.cpp's converter keeps them.
 _ALWAYS_F32 = ("mlp.gate.weight", "mlp.shared_expert_gate.weight")
+_GEMMA_LAYER = {
+    **_LAYER,
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
 
 
-def gguf_name(hf_name: str) -> str:
+def gguf_name(hf_name: str, arch: str = "llama") -> str:
+    layer_names = _GEMMA_LAYER if arch.startswith("gemma") else _LAYER
     base, _, kind = hf_name.rpartition(".")
     if base in _TOP:
         return f"{_TOP[base]}.{kind}"
     _, _, layer, rest = base.split(".", 3)  # model.layers.N.<rest>
-    return f"blk.{layer}.{_LAYER[rest]}.{kind}"
+    return f"blk.{layer}.{layer_names[rest]}.{kind}"
 
 
 def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -147,6 +157,12 @@ def write_tiny_gguf(
     a = _GGUF_ARCH[arch]
     mla = a == "deepseek2"
     rope = cfg.rope_parameters
+    if a == "gemma3":  # one RoPE per layer type; llama.cpp's key is the global one's
+        local, rope = rope["sliding_attention"], rope["full_attention"]
+        if local["rope_theta"] != 10000.0:
+            writer_swa_base: float | None = local["rope_theta"]
+        else:
+            writer_swa_base = None
     writer = gguf.GGUFWriter(str(path), a)
     writer.add_block_count(cfg.num_hidden_layers)
     writer.add_context_length(cfg.max_position_embeddings)
@@ -178,6 +194,21 @@ def write_tiny_gguf(
         if shared:
             writer.add_expert_shared_feed_forward_length(shared)
     _add_tokenizer(writer)
+    if a.startswith("gemma"):
+        writer.add_sliding_window(cfg.sliding_window)
+        if cfg.final_logit_softcapping is not None:
+            writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
+        if a == "gemma2" and cfg.attn_logit_softcapping is not None:
+            writer.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
+        if a == "gemma3" and writer_swa_base is not None:
+            writer.add_rope_freq_base_swa(writer_swa_base)
+        sliding = [t == "sliding_attention" for t in cfg.layer_types]
+        default = [(i + 1) % (2 if a == "gemma2" else 6) != 0 for i in range(len(sliding))]
+        if sliding != default:  # llama.cpp's fixed layout does not fit: one flag per layer
+            writer.add_sliding_window_pattern(sliding)
+        if rope.get("rope_type") == "linear":
+            writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            writer.add_rope_scaling_factor(rope["factor"])
     if rope.get("rope_type") == "llama3":
         writer.add_tensor(
             "rope_freqs.weight", _llama3_rope_factors(cfg.head_dim, rope["rope_theta"], rope)
@@ -201,14 +232,16 @@ def write_tiny_gguf(
                 stored = llama_cpp_permute(data, cfg.num_attention_heads)
             elif a == "llama" and ".k_proj." in name:
                 stored = llama_cpp_permute(data, cfg.num_key_value_heads)
+            elif a.startswith("gemma") and name.endswith("norm.weight"):
+                stored = data + 1.0  # llama.cpp stores Gemma's norms as 1 + w
             quantized = data.ndim == 2 and not name.endswith(_ALWAYS_F32)
             if quantized and qtype != GGMLQuantizationType.F32:
-                writer.add_tensor(gguf_name(name), quantize(stored, qtype), raw_dtype=qtype)
+                writer.add_tensor(gguf_name(name, a), quantize(stored, qtype), raw_dtype=qtype)
                 # Blocks run along rows and the permutation only moves whole rows, so
                 # this is the file's tensor in HF row order.
                 param.copy_(torch.from_numpy(dequantize(quantize(data, qtype), qtype)))
             else:
-                writer.add_tensor(gguf_name(name), np.ascontiguousarray(stored))
+                writer.add_tensor(gguf_name(name, a), np.ascontiguousarray(stored))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -4,6 +4,7 @@ GQA groups, odd head dims."""
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 import pytest
 import torch
@@ -22,7 +23,13 @@ from tests.kernels.helpers import (
 )
 
 
-def batch_tensors(prefix_lens: list[int], extend_lens: list[int]) -> dict[str, torch.Tensor]:
+class BatchTables(TypedDict):
+    prefix_lens: torch.Tensor
+    extend_lens: torch.Tensor
+    extend_starts: torch.Tensor
+
+
+def batch_tensors(prefix_lens: list[int], extend_lens: list[int]) -> BatchTables:
     starts = [sum(extend_lens[:i]) for i in range(len(extend_lens))]
 
     def t(values: list[int]) -> torch.Tensor:

@@ -94,4 +94,31 @@ def test_rejects_bad_arguments(
     args = {name: t.to(DEVICE) for name, t in args.items()}
     x, weight = args.pop("x"), args.pop("weight")
     with pytest.raises(error, match=match):
-        rmsnorm(x, weight, 1e-6, **args)
+        rmsnorm(
+            x,
+            weight,
+            1e-6,
+            residual=args.get("residual"),
+            out=args.get("out"),
+            residual_out=args.get("residual_out"),
+        )
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_unit_offset_matches_gemma_norm(with_residual: bool, dtype: torch.dtype) -> None:
+    """Gemma's (1 + w), kept in fp32 to the one rounding: the twin and GemmaRMSNorm agree."""
+    from services.executor.models.gemma import GemmaRMSNorm
+
+    gen = torch.Generator().manual_seed(11)
+    x = randn(5, 80, dtype=dtype, gen=gen, scale=3.0)
+    residual = randn(5, 80, dtype=dtype, gen=gen) if with_residual else None
+    layer = GemmaRMSNorm(80, 1e-6).to(device=DEVICE, dtype=dtype)
+    layer.weight.data.copy_(randn(80, dtype=dtype, gen=gen, scale=0.3))
+    got, got_res = rmsnorm(x, layer.weight, 1e-6, residual=residual, unit_offset=True)
+    want, want_res = rmsnorm_ref(x, layer.weight, 1e-6, residual=residual, unit_offset=True)
+    close(got, want)
+    torch.testing.assert_close(got_res, want_res, **EXACT_CAST[dtype])
+    model = layer.torch_forward(x, residual)
+    model_out = model if residual is None else model[0]
+    torch.testing.assert_close(want, model_out, atol=0.0, rtol=0.0)

@@ -110,7 +110,10 @@ def test_matches_torch_backend(
     head_dim: int,
     dtype: torch.dtype,
     kv_dtype: torch.dtype | None = None,
+    attn: dict[str, float | int | None] | None = None,
 ) -> None:
+    """attn: the layer's scale, window and softcap (AttentionBackend.forward's keywords)."""
+    attn = attn or {}
     gen = torch.Generator().manual_seed(sum(prefix_lens) * 10 + num_heads + head_dim)
     batch = make_batch(
         mode, prefix_lens, extend_lens, 2, num_kv_heads, head_dim, dtype, gen, kv_dtype
@@ -126,8 +129,8 @@ def test_matches_torch_backend(
         q = randn(n, num_heads, head_dim, dtype=dtype, gen=gen)
         k = randn(n, num_kv_heads, head_dim, dtype=dtype, gen=gen)
         v = randn(n, num_kv_heads, head_dim, dtype=dtype, gen=gen)
-        got = triton_backend.forward(q, k, v, layer, batch)
-        want = torch_backend.forward(q, k, v, layer, twin)
+        got = triton_backend.forward(q, k, v, layer, batch, **attn)  # type: ignore[arg-type]
+        want = torch_backend.forward(q, k, v, layer, twin, **attn)  # type: ignore[arg-type]
         assert got.shape == q.shape and got.dtype == dtype
         torch.testing.assert_close(got, want, **TOLERANCES[dtype])
         pool, twin_pool = batch.kv_pool, twin.kv_pool
@@ -183,6 +186,24 @@ def test_fp8_pool_matches_torch_backend(
     )
 
 
+# Gemma's layers: a sliding window (smaller than, equal to and larger than the contexts), a
+# softcap and a scale of their own, on EXTEND batches with cached prefixes and DECODE ones.
+WINDOW_CASES = [
+    pytest.param(CASES[1], {"window": 5, "softcap": 3.0, "scale": 0.2}, id="extend-w5-cap"),
+    pytest.param(CASES[2], {"window": 9, "softcap": None, "scale": 0.4}, id="extend-w9"),
+    pytest.param(CASES[2], {"window": 1000, "softcap": 3.0, "scale": None}, id="extend-wbig-cap"),
+    pytest.param(CASES[3], {"window": 5, "softcap": 3.0, "scale": 0.2}, id="decode-w5-cap"),
+    pytest.param(CASES[5], {"window": 34, "softcap": None, "scale": None}, id="decode-w34"),
+]
+
+
+@pytest.mark.parametrize(("case", "attn"), WINDOW_CASES)
+def test_window_and_softcap_match_torch_backend(
+    case: tuple[ForwardMode, list[int], list[int]], attn: dict[str, float | int | None]
+) -> None:
+    test_matches_torch_backend(*case, 8, 2, 13, torch.float32, attn=attn)
+
+
 def test_registered_and_decode_buffers_persist() -> None:
     backend = get_backend("triton")
     assert isinstance(backend, TritonBackend)
@@ -228,6 +249,19 @@ def test_tiny_llama_greedy_tokens_match(tmp_path: Path) -> None:
     for backend in ("torch", "triton"):
         model, config = load_model(path, device=DEVICE, attention_backend=backend)
         results[backend] = greedy_with_prefix_reuse(model, config, prompts, steps=6)
+    assert results["triton"][0] == results["torch"][0]
+    torch.testing.assert_close(results["triton"][1], results["torch"][1], atol=1e-4, rtol=1e-4)
+
+
+def test_tiny_gemma2_greedy_tokens_match(tmp_path: Path) -> None:
+    """Gemma 2's window (8), softcap and scale reach the kernels as the torch backend gets
+    them: the first prompt outgrows the window in its prefill and again while decoding."""
+    path = write_tiny_model(tmp_path, "gemma2")
+    prompts = [[5, 9, 200, 17, 3, 88, 41, 7, 7, 1, 2, 3, 4, 5], [260, 72, 101, 108]]
+    results = {}
+    for backend in ("torch", "triton"):
+        model, config = load_model(path, device=DEVICE, attention_backend=backend)
+        results[backend] = greedy_with_prefix_reuse(model, config, prompts, steps=4)
     assert results["triton"][0] == results["torch"][0]
     torch.testing.assert_close(results["triton"][1], results["torch"][1], atol=1e-4, rtol=1e-4)
 

@@ -30,14 +30,20 @@ class AttentionBackend(ABC):
         v: torch.Tensor,
         layer_id: int,
         batch: ForwardBatch,
+        *,
+        scale: float | None = None,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """Write k/v to `batch.kv_pool` at `batch.out_cache_loc`, then attend.
 
         q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim], with
         num_heads a multiple of num_kv_heads (GQA). Each request attends over its whole context,
         read through `batch.req_to_token.req_to_token[row, :seq_len]`; new token i of a request
-        with prefix p sees positions 0..p+i. Scale 1/sqrt(head_dim).
-        Returns [num_tokens, num_heads, head_dim] in q's dtype.
+        with prefix p sees positions 0..p+i. Scores are q.k * scale (None: 1/sqrt(head_dim)),
+        then, with a softcap, softcap * tanh(score / softcap). A window (sliding-window layers)
+        hides keys: the query at position t sees keys at positions > t - window only (the pool
+        keeps them all). Returns [num_tokens, num_heads, head_dim] in q's dtype.
         """
 
     def forward_mla(

@@ -1,7 +1,9 @@
 """The Triton attention backend: kernels/store_kv, extend_attention and decode_attention.
 
 Semantics are TorchRefBackend's: K/V of the new tokens go to the pool first, then every
-request attends over its context read through `req_to_token`, 1/sqrt(head_dim) scale, GQA.
+request attends over its context read through `req_to_token`, GQA; a layer's scale, sliding
+window and softcap go to the kernels as arguments (the window and softcap as constexpr
+switches: layers without them run the plain kernels).
 
 DECODE is CUDA-graph friendly: neither `init_forward_metadata` nor `forward` reads a tensor
 value on the host, and their launches and buffers depend only on the batch size. The
@@ -112,6 +114,10 @@ class TritonBackend(AttentionBackend):
         v: torch.Tensor,
         layer_id: int,
         batch: ForwardBatch,
+        *,
+        scale: float | None = None,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         if self._meta is None or self._meta.batch is not batch:
             self.init_forward_metadata(batch)  # called without the model: tests, kernels
@@ -121,7 +127,7 @@ class TritonBackend(AttentionBackend):
         v_buffer = batch.kv_pool.v_buffers[layer_id]
         store_kv(k=k, v=v, k_buffer=k_buffer, v_buffer=v_buffer, out_cache_loc=batch.out_cache_loc)
         num_heads, head_dim = q.shape[1], q.shape[2]
-        sm_scale = 1.0 / math.sqrt(head_dim)
+        sm_scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
         table = batch.req_to_token.req_to_token
         if meta.num_kv_splits is not None:
             ws = self._decode_workspace(q.shape[0], num_heads, head_dim, q.device)
@@ -141,6 +147,8 @@ class TritonBackend(AttentionBackend):
                 workspace=workspace,
                 sm_scale=sm_scale,
                 num_stages=meta.num_stages,
+                window=window,
+                softcap=softcap,
             )
         assert meta.extend is not None
         return extend_attention(
@@ -154,6 +162,8 @@ class TritonBackend(AttentionBackend):
             extend_starts=meta.extend.extend_starts,
             max_extend_len=meta.extend.max_extend_len,
             sm_scale=sm_scale,
+            window=window,
+            softcap=softcap,
         )
 
     def forward_mla(

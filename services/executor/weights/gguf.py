@@ -1,6 +1,8 @@
 """Reading GGUF files (llama.cpp's format): tensor names mapped to HF's, every tensor
-dequantised to fp32 with the `gguf` package, Llama's Q/K rows put back in HF order, and
-DeepSeek's kv_b_proj put back together where newer converters split it (attn_k_b, attn_v_b).
+dequantised to fp32 with the `gguf` package, Llama's Q/K rows put back in HF order,
+DeepSeek's kv_b_proj put back together where newer converters split it (attn_k_b, attn_v_b),
+Gemma's norm weights back to HF's zero-centred form (llama.cpp's converter adds the 1 of
+`1 + w`).
 """
 
 from __future__ import annotations
@@ -44,9 +46,19 @@ _PER_LAYER = {
     "ffn_down_shexp": "mlp.shared_expert.down_proj",
     "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
+# Gemma 2/3 name their four norms per layer apart from Llama's two.
+_GEMMA_NORMS = {
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+_GEMMA = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 # Where an architecture's tensor of that name holds something else: Phi-3's ffn_up is its
-# stacked [gate; up] (llama.cpp has no ffn_gate for it).
-_PER_LAYER_BY_ARCH = {"Phi3ForCausalLM": {"ffn_up": "mlp.gate_up_proj"}}
+# stacked [gate; up] (llama.cpp has no ffn_gate for it); Gemma's norms.
+_PER_LAYER_BY_ARCH = {
+    "Phi3ForCausalLM": {"ffn_up": "mlp.gate_up_proj"},
+    **dict.fromkeys(_GEMMA, _GEMMA_NORMS),
+}
 # Halves of kv_b_proj, per head: k_b [heads, kv_lora_rank, nope] (transposed) and
 # v_b [heads, v_head_dim, kv_lora_rank].
 _KV_B_HALVES = ("attn_k_b", "attn_v_b")
@@ -119,6 +131,8 @@ def iter_gguf_weights(
         if half == "ffn_gate_inp_shexp":  # stored as [hidden]
             tensor = tensor.reshape(1, -1)
         name = hf_name(t.name, config.architecture)
+        if config.architecture in _GEMMA and name.endswith("norm.weight"):
+            tensor = tensor - 1.0  # never in place: F32 data may be the file's own memory
         if unpermute and t.name.split(".")[-2] == "attn_q":
             tensor = unpermute_qk(tensor, config.num_heads)
         elif unpermute and t.name.split(".")[-2] == "attn_k":

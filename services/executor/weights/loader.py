@@ -259,12 +259,14 @@ def _copy(target: Target, tensor: TensorSource, name: str, source: str) -> None:
 
 
 def init_dummy_weights(model: LlamaForCausalLM, seed: int = 0) -> None:
-    """Random weights for benchmarks: N(0, 0.02) everywhere, norm weights 1."""
+    """Random weights for benchmarks: N(0, 0.02) everywhere, norms the identity (weights 1,
+    or 0 where a model's norms scale by 1 + w: `norm_offset`)."""
     device = next(model.parameters()).device
     gen = torch.Generator(device=device).manual_seed(seed)
+    norm_weight = 1.0 - getattr(model, "norm_offset", 0.0)
     for name, param in model.named_parameters():
         if name.endswith("norm.weight"):
-            param.fill_(1.0)
+            param.fill_(norm_weight)
         else:
             param.normal_(0.0, 0.02, generator=gen)
 
