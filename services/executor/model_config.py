@@ -195,18 +195,11 @@ class ModelConfig:
         num_heads = cfg["num_attention_heads"]
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // num_heads
         context = cfg.get("max_position_embeddings", 2048)
-        # Beyond Gemma's, we only do full attention: such a model is exact up to its window.
-        window = cfg.get("sliding_window")
-        if (
-            window
-            and arch not in WINDOWED_ARCHITECTURES
-            and (arch in _SLIDING_ARCHS or cfg.get("use_sliding_window"))
-        ):
-            context = min(context, window)
         mla = MLAConfig.from_hf(cfg, rope_scaling) if arch in _MLA_ARCHITECTURES else None
         gemma = _hf_gemma(arch, cfg, path) if arch in WINDOWED_ARCHITECTURES else {}
         if gemma:
             rope_theta, rope_scaling = gemma.pop("rope")
+        windows = gemma or _hf_windows(arch, cfg)
         return cls(
             architecture=arch,
             vocab_size=cfg["vocab_size"],
@@ -233,7 +226,7 @@ class ModelConfig:
             rotary_dim=mla.qk_rope_head_dim if mla else int(head_dim * _partial_rotary_factor(cfg)),
             mla=mla,
             moe=MoEConfig.from_hf(cfg),
-            **gemma,
+            **windows,
         )
 
     @classmethod
@@ -263,10 +256,13 @@ class ModelConfig:
         hidden = need(f"{a}.embedding_length")
         num_heads = need(f"{a}.attention.head_count")
         context = int(get(f"{a}.context_length", 2048))
-        served = context
         window = int(get(f"{a}.attention.sliding_window", 0))
-        if a == "phi3" and window > 0:  # full attention, exact up to the window (as from HF)
-            served = min(context, window)
+        windows: dict[str, Any] = {}
+        if a == "phi3" and 0 < window < context:  # every layer, as from config.json
+            windows = {
+                "sliding_window": window,
+                "sliding_layers": (True,) * need(f"{a}.block_count"),
+            }
         rope_scaling = _gguf_rope(get, a, tensors, context)
         mla = _gguf_mla(get, need, a, rope_scaling) if a == "deepseek2" else None
         num_layers = need(f"{a}.block_count")
@@ -301,7 +297,7 @@ class ModelConfig:
             rms_norm_eps=float(get(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)),
             rope_theta=float(get(f"{a}.rope.freq_base", 1e6 if a == "gemma3" else 10000.0)),
             rope_scaling=rope_scaling,
-            max_position_embeddings=served,
+            max_position_embeddings=context,
             tie_word_embeddings="output.weight" not in tensors,
             attention_bias="blk.0.attn_q.bias" in tensors,
             qk_norm="blk.0.attn_q_norm.weight" in tensors,
@@ -315,7 +311,7 @@ class ModelConfig:
             rotary_dim=int(get(f"{a}.rope.dimension_count", 0)),
             mla=mla,
             moe=moe,
-            **gemma,
+            **(gemma or windows),
         )
 
 
@@ -343,8 +339,36 @@ def _id_tuple(*sources: int | list[int] | None) -> tuple[int, ...]:
     return tuple(dict.fromkeys(out))
 
 
-# Architectures whose config's sliding_window always applies (Qwen2's only with a flag).
+# Architectures whose config's sliding_window applies to every layer (Qwen2's only with a
+# flag, and from max_window_layers on).
 _SLIDING_ARCHS = ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM")
+
+
+def _hf_windows(arch: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """ModelConfig's sliding_window / sliding_layers for the families that are not Gemma, as
+    transformers masks them: config.json's `layer_types` where it has them (transformers 5
+    writes them), else every layer of Mistral, Mixtral and Phi-3, and Qwen2's layers from
+    `max_window_layers` on when `use_sliding_window` is set. A window no shorter than the
+    context changes nothing and is left out. The KV pool keeps every token either way: the
+    window is a mask, and the whole context is served."""
+    window = cfg.get("sliding_window")
+    num_layers = cfg["num_hidden_layers"]
+    if not window or window >= cfg.get("max_position_embeddings", 2048):
+        return {}
+    types = cfg.get("layer_types")
+    if types is not None:
+        unknown = set(types) - {"sliding_attention", "full_attention"}
+        if unknown:
+            raise UnsupportedModelError(f"{arch}: unsupported layer types {sorted(unknown)}")
+        sliding = tuple(t == "sliding_attention" for t in types)
+    elif arch in _SLIDING_ARCHS:
+        sliding = (True,) * num_layers
+    elif cfg.get("use_sliding_window"):
+        first = int(cfg.get("max_window_layers") or 0)
+        sliding = tuple(i >= first for i in range(num_layers))
+    else:
+        return {}
+    return {"sliding_window": int(window), "sliding_layers": sliding} if any(sliding) else {}
 
 
 def _hf_rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:

@@ -37,17 +37,17 @@ CASES: dict[str, tuple[str, GGMLQuantizationType, dict[str, Any]]] = {
     "qwen2-f32-bias": ("qwen2", F32, {}),
     "qwen3-q8_0": ("qwen3", Q8_0, {}),
     "phi3-f32-untied": ("phi3", F32, {"tie_word_embeddings": False}),
-    # LongRoPE's factors as rope_factors_long/short tensors (short ones taken: the sliding
-    # window clamps the context to the original 128), RoPE over 12 of 16 dims.
+    # LongRoPE's factors as rope_factors_long/short tensors (short ones taken: the context is
+    # the original 128) and its attention factor, RoPE over 12 of 16 dims, a window of 16.
     "phi3-longrope-q8_0": (
         "phi3",
         Q8_0,
         {
-            "rope_scaling": longrope(rotary_dim=12, original=128),
+            "rope_scaling": {**longrope(rotary_dim=12, original=128), "attention_factor": 1.2},
             "partial_rotary_factor": 0.75,
-            "max_position_embeddings": 1024,
+            "max_position_embeddings": 128,
             "original_max_position_embeddings": 128,
-            "sliding_window": 128,
+            "sliding_window": 16,
         },
     ),
     "qwen2moe-f32-shared-expert": ("qwen2_moe", F32, {}),

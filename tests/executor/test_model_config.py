@@ -85,11 +85,15 @@ def test_linear_rope_and_model_type_fallback(tmp_path: Path) -> None:
     assert config.rope_scaling == {"rope_type": "linear", "factor": 4.0}
 
 
-def test_mistral_sliding_window_caps_context(tmp_path: Path) -> None:
+def test_mistral_sliding_window_masks_every_layer_over_the_whole_context(tmp_path: Path) -> None:
     raw = {**LLAMA_V4, "architectures": ["MistralForCausalLM"], "sliding_window": 4096}
     raw["rope_scaling"] = None
     config = ModelConfig.from_hf_dir(_write(tmp_path, raw))
-    assert config.max_position_embeddings == 4096
+    assert config.max_position_embeddings == 131072
+    assert [config.layer_window(i) for i in range(config.num_layers)] == [4096] * 32
+    # a window no shorter than the context is no window
+    raw["sliding_window"] = 131072
+    assert ModelConfig.from_hf_dir(_write(tmp_path, raw)).sliding_layers == ()
 
 
 def test_unsupported_rope_type_is_named(tmp_path: Path) -> None:

@@ -37,18 +37,25 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen2-bias": ("qwen2", {}),
     "qwen3-qknorm": ("qwen3", {"tie_word_embeddings": False}),
     "phi3": ("phi3", {"tie_word_embeddings": False}),
-    # Served context 128 (the sliding window clamps it) = the original context: LongRoPE's
-    # short factors, as transformers takes them up to 128 tokens; its attention factor comes
-    # from 1024 / 128; RoPE over 12 of each head's 16 dims.
+    # Served context 128 = the original context: LongRoPE's short factors, as transformers
+    # takes them up to 128 tokens, with the config's own attention factor; RoPE over 12 of
+    # each head's 16 dims.
     "phi3-longrope-short-partial": (
         "phi3",
         {
-            "rope_scaling": longrope(rotary_dim=12, original=128),
+            "rope_scaling": {**longrope(rotary_dim=12, original=128), "attention_factor": 1.2},
             "partial_rotary_factor": 0.75,
-            "max_position_embeddings": 1024,
+            "max_position_embeddings": 128,
             "original_max_position_embeddings": 128,
-            "sliding_window": 128,
+            "sliding_window": None,
         },
+    ),
+    # Sliding windows of 8 (the prompts and generations run far past them): Mistral's on
+    # every layer, Qwen2's from max_window_layers on.
+    "mistral-window": ("mistral", {"sliding_window": 8, "tie_word_embeddings": False}),
+    "qwen2-window": (
+        "qwen2",
+        {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1},
     ),
     # Latent attention, every layer dense: V2-Lite's plain q_proj; V3's q_lora_rank with
     # YaRN (mscale != mscale_all_dim: both corrections matter) and un-interleaved rope.

@@ -258,9 +258,11 @@ def test_phi4_mini_partial_rotary(tmp_path: Path) -> None:
     assert config.tie_word_embeddings and config.num_kv_heads == 8
 
 
-def test_phi3_mini_4k_window_caps_context(tmp_path: Path) -> None:
+def test_phi3_mini_4k_window_is_a_mask_over_the_whole_context(tmp_path: Path) -> None:
     config = _config(tmp_path, PHI3_MINI_4K)
-    assert config.max_position_embeddings == 2047 and config.rope_scaling is None
+    assert config.max_position_embeddings == 4096 and config.rope_scaling is None
+    assert config.sliding_window == 2047
+    assert all(config.layer_window(i) == 2047 for i in range(config.num_layers))
 
 
 def test_su_is_longrope_and_an_explicit_attention_factor_wins(tmp_path: Path) -> None:

@@ -259,7 +259,9 @@ def _add_phi3(writer: gguf.GGUFWriter, cfg: Any) -> None:
     if rope.get("rope_type") != "longrope":
         return
     scale = cfg.max_position_embeddings / original
-    attn_factor = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1.0 else 1.0
+    attn_factor = rope.get("attention_factor") or (
+        math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1.0 else 1.0
+    )
     writer.add_rope_scaling_attn_factors(attn_factor)
     for kind in ("long", "short"):
         factors = np.array(rope[f"{kind}_factor"], dtype=np.float32)

@@ -80,6 +80,7 @@ class LlamaAttention(nn.Module):
         ]
         self.qkv_proj = ColumnParallelLinear(hidden, parts, config.attention_bias, tp)
         self.o_proj = RowParallelLinear(q_full, hidden, config.o_proj_bias, tp)
+        self.window = config.layer_window(layer_id)  # Mistral's, Phi-3's...; None: full
 
     def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Hook before RoPE; Llama has no q/k norm."""
@@ -92,7 +93,7 @@ class LlamaAttention(nn.Module):
         k = k.view(n, self.num_kv_heads, self.head_dim)
         v = v.view(n, self.num_kv_heads, self.head_dim)
         q, k = rope.apply(*self.norm_qk(q, k))
-        out = self.backend.forward(q, k, v, self.layer_id, batch)
+        out = self.backend.forward(q, k, v, self.layer_id, batch, window=self.window)
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
 
