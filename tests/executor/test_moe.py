@@ -277,7 +277,8 @@ def test_model_config_of_each_moe_family(tmp_path: Path) -> None:
     assert qwen3.moe.norm_topk_prob and qwen3.moe.shared_intermediate_size == 0
     mixtral = ModelConfig.from_hf_dir(write_tiny_model(tmp_path, "mixtral", sliding_window=100))
     assert mixtral.architecture == "MixtralForCausalLM"
-    assert mixtral.max_position_embeddings == 100  # full attention is exact up to the window
+    assert mixtral.max_position_embeddings == 512  # the whole context, through the window
+    assert [mixtral.layer_window(i) for i in range(mixtral.num_layers)] == [100, 100]
     assert mixtral.moe is not None and mixtral.moe.intermediate_size == 128
     dense = ModelConfig.from_hf_dir(write_tiny_model(tmp_path, "qwen3"))
     assert dense.moe is None
