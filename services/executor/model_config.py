@@ -264,15 +264,9 @@ class ModelConfig:
                 "sliding_layers": (True,) * need(f"{a}.block_count"),
             }
         rope_scaling = _gguf_rope(get, a, tensors, context)
-        mla = _gguf_mla(get, need, a, rope_scaling) if a == "deepseek2" else None
         num_layers = need(f"{a}.block_count")
         moe = MoEConfig.from_gguf(get, a, tensors, num_layers)
-        if moe is not None and a == "deepseek2":
-            raise UnsupportedModelError(
-                f"{source}: GGUF deepseek2 with routed experts: DeepSeek's router (its grouped "
-                "top-k and correction bias) is not read from GGUF metadata yet; serve the "
-                "Hugging Face checkpoint"
-            )
+        mla = _gguf_mla(get, need, a, rope_scaling, moe) if a == "deepseek2" else None
         # MoE GGUFs may leave out the dense size when every layer is sparse.
         ffn = f"{a}.feed_forward_length"
         dense_inter = int(get(ffn, 0)) if moe is not None else need(ffn)
@@ -478,11 +472,14 @@ def _gguf_rope(get: Any, arch: str, tensors: dict[str, Any], context: int) -> di
     return scaling
 
 
-def _gguf_mla(get: Any, need: Any, arch: str, rope_scaling: dict[str, Any] | None) -> MLAConfig:
+def _gguf_mla(
+    get: Any, need: Any, arch: str, rope_scaling: dict[str, Any] | None, moe: MoEConfig | None
+) -> MLAConfig:
     """llama.cpp's deepseek2 metadata. Newer converters describe MLA as MQA over the latent
     (key_length = kv_lora_rank + rope, value_length = kv_lora_rank) and give the per-head
     widths as key_length_mla / value_length_mla; older ones give those as key_length and
-    value_length."""
+    value_length. Which layers are MoE is `moe`'s (a tail of the layers: MoEConfig.from_gguf
+    checks it against leading_dense_block_count), so the two configs agree."""
     rope = need(f"{arch}.rope.dimension_count")
     key = get(f"{arch}.attention.key_length_mla") or need(f"{arch}.attention.key_length")
     value = get(f"{arch}.attention.value_length_mla") or need(f"{arch}.attention.value_length")
@@ -495,9 +492,11 @@ def _gguf_mla(get: Any, need: Any, arch: str, rope_scaling: dict[str, Any] | Non
         v_head_dim=int(value),
         rope_interleave=True,  # llama.cpp runs deepseek2 with interleaved ("norm") RoPE
         rope_scaling=rope_scaling,
-        first_k_dense_replace=int(get(f"{arch}.leading_dense_block_count", 0)),
+        first_k_dense_replace=(
+            moe.sparse_layers[0] if moe else int(get(f"{arch}.leading_dense_block_count", 0))
+        ),
         moe_layer_freq=1,
-        n_routed_experts=get(f"{arch}.expert_count"),
+        n_routed_experts=moe.num_experts if moe else None,
     )
 
 

@@ -123,30 +123,100 @@ class MoEConfig:
         cls, get: Callable[[str, Any], Any], arch: str, tensors: dict[str, Any], num_layers: int
     ) -> MoEConfig | None:
         """From llama.cpp's metadata (`{arch}.expert_count`, ...) and tensor names; None for a
-        dense model. `get(key, default)` reads one metadata key."""
+        dense model. `get(key, default)` reads one metadata key.
+
+        The router is read as llama.cpp runs it: `expert_gating_func` (unset: softmax, as
+        llama.cpp assumes for early deepseek2 files), `expert_weights_norm`,
+        `expert_weights_scale` (0 or unset: 1), `expert_group_count` / `_used_count`. A
+        correction bias (`exp_probs_b`) is DeepSeek-V3's noaux_tc; groups without one are
+        DeepSeek-V2's group-limited greedy."""
         num_experts = int(get(f"{arch}.expert_count", 0) or 0)
         if not num_experts:
             return None
         sparse = tuple(i for i in range(num_layers) if f"blk.{i}.ffn_gate_inp.weight" in tensors)
+        if arch == "deepseek2":
+            _check_leading_dense(get, arch, sparse, num_layers)
         if not sparse:  # experts declared, none used (every layer dense)
             return None
-        gate_exps = tensors.get(f"blk.{sparse[0]}.ffn_gate_exps.weight")
+        first = sparse[0]
+        gate_exps = tensors.get(f"blk.{first}.ffn_gate_exps.weight")
         if gate_exps is None:
             raise ModelLoadError(f"GGUF {arch} with {num_experts} experts has no ffn_gate_exps")
         # ggml shape [hidden, intermediate, experts]
         inter = int(get(f"{arch}.expert_feed_forward_length", 0) or gate_exps.shape[1])
-        shared = int(get(f"{arch}.expert_shared_feed_forward_length", 0) or 0)
-        shexp = tensors.get(f"blk.{sparse[0]}.ffn_gate_shexp.weight")
-        if shexp is not None and not shared:
-            shared = int(shexp.shape[1])
-        # llama.cpp renormalises for Mixtral ("llama") and Qwen3-MoE, not for Qwen2-MoE.
-        norm = bool(get(f"{arch}.expert_weights_norm", arch != "qwen2moe"))
+        n_group = int(get(f"{arch}.expert_group_count", 0) or 1)
+        bias = f"blk.{first}.exp_probs_b.bias" in tensors
+        grouped = "group_limited_greedy" if n_group > 1 else "greedy"  # DeepSeek-V2's
+        topk_method = "noaux_tc" if bias else grouped
+        scale = float(get(f"{arch}.expert_weights_scale", 0.0) or 1.0)
         return cls(
             num_experts=num_experts,
             top_k=int(get(f"{arch}.expert_used_count", 2)),
             intermediate_size=inter,
             sparse_layers=sparse,
-            norm_topk_prob=norm,
-            shared_intermediate_size=shared,
-            shared_gate=f"blk.{sparse[0]}.ffn_gate_inp_shexp.weight" in tensors,
+            scoring=_gguf_scoring(get, arch),
+            norm_topk_prob=bool(get(f"{arch}.expert_weights_norm", arch not in _NO_NORM)),
+            topk_method=topk_method,
+            n_group=n_group,
+            topk_group=int(get(f"{arch}.expert_group_used_count", 0) or n_group),
+            routed_scaling_factor=scale,
+            correction_bias=bias,
+            shared_intermediate_size=_gguf_shared_size(get, arch, tensors, first, inter),
+            shared_gate=f"blk.{first}.ffn_gate_inp_shexp.weight" in tensors,
+            router_fp32=arch == "deepseek2",  # as for DeepSeek's HF checkpoints
+        )
+
+
+# llama.cpp renormalises the top-k weights for Mixtral ("llama") and Qwen3-MoE unless told;
+# not for these unless `expert_weights_norm` says so.
+_NO_NORM = ("qwen2moe", "deepseek2")
+# llama.cpp's expert_gating_func values (gguf.ExpertGatingFuncType); 0 or unset: softmax.
+_GGUF_GATING = {1: "softmax", 2: "sigmoid"}
+
+
+def _gguf_scoring(get: Callable[[str, Any], Any], arch: str) -> str:
+    gating = int(get(f"{arch}.expert_gating_func", 0) or 1)
+    if gating not in _GGUF_GATING:
+        raise UnsupportedModelError(
+            f"GGUF {arch}: expert_gating_func {gating} is not supported; supported: "
+            + ", ".join(f"{value} ({name})" for value, name in _GGUF_GATING.items())
+        )
+    return _GGUF_GATING[gating]
+
+
+def _gguf_shared_size(
+    get: Callable[[str, Any], Any], arch: str, tensors: dict[str, Any], layer: int, inter: int
+) -> int:
+    """The shared expert's intermediate size: Qwen2-MoE's `expert_shared_feed_forward_length`,
+    DeepSeek's `expert_shared_count` experts of `inter` side by side, else the tensor's."""
+    shared = int(get(f"{arch}.expert_shared_feed_forward_length", 0) or 0)
+    shared = shared or int(get(f"{arch}.expert_shared_count", 0) or 0) * inter
+    shexp = tensors.get(f"blk.{layer}.ffn_gate_shexp.weight")
+    if shexp is None:
+        if shared:
+            raise ModelLoadError(
+                f"GGUF {arch} declares shared experts ({shared} wide) but layer {layer} has "
+                "no ffn_gate_shexp"
+            )
+        return 0
+    if shared and shared != int(shexp.shape[1]):  # ggml shape [hidden, intermediate]
+        raise ModelLoadError(
+            f"GGUF {arch}: shared experts {shared} wide by the metadata, "
+            f"{int(shexp.shape[1])} by ffn_gate_shexp of layer {layer}"
+        )
+    return int(shexp.shape[1])
+
+
+def _check_leading_dense(
+    get: Callable[[str, Any], Any], arch: str, sparse: tuple[int, ...], num_layers: int
+) -> None:
+    """deepseek2 has no moe_layer_freq: its layers from `leading_dense_block_count` on are
+    sparse, all of them (what MLAConfig.is_moe_layer is then told)."""
+    lead = int(get(f"{arch}.leading_dense_block_count", sparse[0] if sparse else num_layers))
+    if sparse and sparse != tuple(range(lead, num_layers)):
+        raise UnsupportedModelError(
+            f"GGUF {arch}: routed experts (ffn_gate_inp) in layers {list(sparse)}, but "
+            f"leading_dense_block_count {lead} of {num_layers} layers means every layer from "
+            f"{lead} on; dense layers among sparse ones (moe_layer_freq > 1) are not read "
+            "from GGUF"
         )

@@ -158,6 +158,33 @@ DEEPSEEK_CASES: dict[str, tuple[str, GGMLQuantizationType, bool, dict[str, Any]]
         False,
         {"q_lora_rank": 24, "rope_parameters": {**DEEPSEEK_YARN, "mscale": 0.7}},
     ),
+    # MoE past a dense first layer, one shared expert: V2's softmax router, group-limited
+    # (expert_group_count 2, one used); V3's sigmoid router, correction bias (exp_probs_b),
+    # grouped top-k, renormalised and scaled weights.
+    "deepseek2-v2-moe-q8_0": (
+        "deepseek_v2",
+        Q8_0,
+        True,
+        {
+            "first_k_dense_replace": 1,
+            "n_shared_experts": 1,
+            "topk_method": "group_limited_greedy",
+            "n_group": 2,
+            "topk_group": 1,
+        },
+    ),
+    "deepseek2-v3-moe": (
+        "deepseek_v3",
+        F32,
+        True,
+        {
+            "q_lora_rank": 24,
+            "first_k_dense_replace": 1,
+            "n_shared_experts": 1,
+            "n_group": 2,
+            "topk_group": 1,
+        },
+    ),
 }
 
 
@@ -165,6 +192,7 @@ DEEPSEEK_CASES: dict[str, tuple[str, GGMLQuantizationType, bool, dict[str, Any]]
 def test_deepseek2_gguf_matches_transformers(tmp_path: Path, case: str) -> None:
     arch, qtype, split, overrides = DEEPSEEK_CASES[case]
     hf = make_hf_model(arch, seed=2, **overrides)
+    _randomize_correction_bias(hf)
     path = tmp_path / "model.gguf"
     write_tiny_gguf(path, hf, arch, qtype, split_kv_b=split)
     reader = open_gguf(str(path))
@@ -179,12 +207,63 @@ def test_deepseek2_gguf_matches_transformers(tmp_path: Path, case: str) -> None:
         16,
     )
     assert config.num_kv_heads == config.num_heads == 4 and config.head_dim == 20
+    assert config.moe == ModelConfig.from_hf_dir(_saved(hf, tmp_path)).moe
+    if "first_k_dense_replace" in overrides:
+        assert config.moe is not None and config.moe.sparse_layers == (1,)
+        assert config.moe.correction_bias == (arch == "deepseek_v3")
+        assert [mla.is_moe_layer(i) for i in range(2)] == [False, True]
     driver = BatchDriver(model, config)
     logits = driver.extend([driver.new_request() for _ in PROMPTS], PROMPTS)
     expected = torch.stack([hf_last_logits(hf, p) for p in PROMPTS])
     torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
     ours = greedy_generate(model, config, PROMPTS, max_new_tokens=16)
     assert ours == [hf_greedy(hf, p, 16) for p in PROMPTS]
+
+
+def _randomize_correction_bias(hf: Any) -> None:
+    """transformers keeps V3's e_score_correction_bias as a zero buffer: make it move the
+    expert choice, so the file's exp_probs_b must reach the router."""
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, buffer in hf.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(torch.randn(buffer.shape, generator=gen) * 0.3)
+
+
+def _deepseek2_metadata(**keys: Any) -> Any:
+    """`get` over deepseek2 MoE metadata (4 experts, top-2, 3 layers, the first dense)."""
+    meta = {"expert_count": 4, "expert_used_count": 2, "leading_dense_block_count": 1, **keys}
+    return lambda key, default=None: meta.get(key.removeprefix("deepseek2."), default)
+
+
+def _deepseek2_tensors(sparse: tuple[int, ...]) -> dict[str, Any]:
+    from types import SimpleNamespace
+
+    tensors: dict[str, Any] = {}
+    for i in sparse:  # ggml shapes, fastest dimension first
+        tensors[f"blk.{i}.ffn_gate_inp.weight"] = SimpleNamespace(shape=(64, 4))
+        tensors[f"blk.{i}.ffn_gate_exps.weight"] = SimpleNamespace(shape=(64, 32, 4))
+    return tensors
+
+
+def test_deepseek2_moe_metadata_defaults_and_refusals() -> None:
+    from services.executor.errors import UnsupportedModelError
+    from services.executor.moe_config import MoEConfig
+
+    # An early deepseek2 file: no gating function (llama.cpp: softmax), no norm, no scale.
+    moe = MoEConfig.from_gguf(_deepseek2_metadata(), "deepseek2", _deepseek2_tensors((1, 2)), 3)
+    assert moe == MoEConfig(
+        num_experts=4,
+        top_k=2,
+        intermediate_size=32,
+        sparse_layers=(1, 2),
+        router_fp32=True,
+    )
+    with pytest.raises(UnsupportedModelError, match="moe_layer_freq"):  # layer 1 dense
+        MoEConfig.from_gguf(_deepseek2_metadata(), "deepseek2", _deepseek2_tensors((2,)), 3)
+    with pytest.raises(UnsupportedModelError, match="expert_gating_func 3"):
+        get = _deepseek2_metadata(expert_gating_func=3)
+        MoEConfig.from_gguf(get, "deepseek2", _deepseek2_tensors((1, 2)), 3)
 
 
 def test_merge_kv_b_inverts_the_converter_split() -> None:

@@ -3,8 +3,9 @@ its tensor names, its metadata keys, Llama's Q/K rows permuted, Llama-3 RoPE sca
 `rope_freqs` tensor, Phi-3's fused attn_qkv and ffn_up (gate and up) with its LongRoPE factors
 as `rope_factors_long/short` tensors, optionally Q8_0-quantised matrices; DeepSeek as
 `deepseek2`, its kv_b_proj split into attn_k_b / attn_v_b (newer converters) or whole (older
-ones); Gemma 2/3 with their four norms per layer, the 1 of their `1 + w` norms added to the
-stored weights, their window and softcaps.
+ones), its MoE layers with llama.cpp's router keys, shared experts, `exp_probs_b` correction
+bias and stacked experts; Gemma 2/3 with their four norms per layer, the 1 of their `1 + w`
+norms added to the stored weights, their window and softcaps.
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ _LAYER = {
     "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
     "mlp.shared_expert.up_proj": "ffn_up_shexp",
     "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "mlp.shared_experts.gate_proj": "ffn_gate_shexp",  # DeepSeek's, plain (no gate)
+    "mlp.shared_experts.up_proj": "ffn_up_shexp",
+    "mlp.shared_experts.down_proj": "ffn_down_shexp",
 }
 # Kept in F32 whatever the file type, as llama.cpp's converter keeps them.
 _ALWAYS_F32 = ("mlp.gate.weight", "mlp.shared_expert_gate.weight")
@@ -125,14 +129,38 @@ def _add_deepseek2_metadata(writer: gguf.GGUFWriter, cfg: Any, split_kv_b: bool)
         writer.add_q_lora_rank(cfg.q_lora_rank)
     writer.add_kv_lora_rank(cfg.kv_lora_rank)
     writer.add_rope_dimension_count(rope)
-    writer.add_leading_dense_block_count(cfg.first_k_dense_replace)
-    writer.add_expert_count(cfg.n_routed_experts)
+    _add_deepseek2_moe(writer, cfg)
     params = cfg.rope_parameters
     if params.get("rope_type") == "yarn":
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         writer.add_rope_scaling_factor(params["factor"])
         writer.add_rope_scaling_orig_ctx_len(params["original_max_position_embeddings"])
         writer.add_rope_scaling_yarn_log_mul(0.1 * params["mscale_all_dim"])
+
+
+def _add_deepseek2_moe(writer: gguf.GGUFWriter, cfg: Any) -> None:
+    """The MoE keys llama.cpp's DeepseekV2Model (and TextModel under it) writes. Its
+    converter reads config.json, whose V3 `scoring_func` ("sigmoid") transformers' config
+    drops."""
+    writer.add_leading_dense_block_count(cfg.first_k_dense_replace)
+    writer.add_expert_count(cfg.n_routed_experts)
+    writer.add_expert_used_count(cfg.num_experts_per_tok)
+    writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    writer.add_expert_shared_count(cfg.n_shared_experts or 0)
+    writer.add_expert_weights_scale(cfg.routed_scaling_factor)
+    if cfg.norm_topk_prob:  # written only when set
+        writer.add_expert_weights_norm(True)
+    v3 = cfg.model_type == "deepseek_v3"
+    scoring = getattr(cfg, "scoring_func", None) or ("sigmoid" if v3 else "softmax")
+    writer.add_expert_gating_func(
+        gguf.ExpertGatingFuncType.SIGMOID
+        if scoring == "sigmoid"
+        else gguf.ExpertGatingFuncType.SOFTMAX
+    )
+    if cfg.n_group is not None:
+        writer.add_expert_group_count(cfg.n_group)
+    if cfg.topk_group is not None:
+        writer.add_expert_group_used_count(cfg.topk_group)
 
 
 def _split_kv_b(w: np.ndarray, cfg: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -185,7 +213,7 @@ def write_tiny_gguf(
     writer.add_vocab_size(cfg.vocab_size)
     writer.add_file_type(0 if qtype == GGMLQuantizationType.F32 else 7)  # ALL_F32 / MOSTLY_Q8_0
     experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
-    if experts:
+    if experts and not mla:  # DeepSeek's: _add_deepseek2_moe
         writer.add_expert_count(experts)
         writer.add_expert_used_count(cfg.num_experts_per_tok)
         if a != "llama":
@@ -223,6 +251,10 @@ def write_tiny_gguf(
                 layer = gguf_name(name).split(".")[1]
                 writer.add_tensor(f"blk.{layer}.attn_k_b.weight", k_b)
                 writer.add_tensor(f"blk.{layer}.attn_v_b.weight", v_b)
+                continue
+            if name.endswith("e_score_correction_bias"):  # V3's router bias, kept F32
+                layer = name.split(".")[2]
+                writer.add_tensor(f"blk.{layer}.exp_probs_b.bias", np.ascontiguousarray(data))
                 continue
             if ".mlp.experts." in name or name.endswith("shared_expert_gate.weight"):
                 _write_moe_tensor(writer, name, param, qtype)

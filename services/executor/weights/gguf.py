@@ -2,7 +2,7 @@
 dequantised to fp32 with the `gguf` package, Llama's Q/K rows put back in HF order,
 DeepSeek's kv_b_proj put back together where newer converters split it (attn_k_b, attn_v_b),
 Gemma's norm weights back to HF's zero-centred form (llama.cpp's converter adds the 1 of
-`1 + w`).
+`1 + w`), the stacked `ffn_*_exps` of MoE models split into HF's per-expert tensors.
 """
 
 from __future__ import annotations
@@ -53,11 +53,20 @@ _GEMMA_NORMS = {
     "post_ffw_norm": "post_feedforward_layernorm",
 }
 _GEMMA = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+# DeepSeek's plain shared experts (n_shared of them as one MLP) and V3's router bias; a key
+# with its kind ("exp_probs_b.bias") names the whole HF parameter.
+_DEEPSEEK_MOE = {
+    "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
+    "ffn_up_shexp": "mlp.shared_experts.up_proj",
+    "ffn_down_shexp": "mlp.shared_experts.down_proj",
+    "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
+}
 # Where an architecture's tensor of that name holds something else: Phi-3's ffn_up is its
-# stacked [gate; up] (llama.cpp has no ffn_gate for it); Gemma's norms.
+# stacked [gate; up] (llama.cpp has no ffn_gate for it); Gemma's norms; DeepSeek's experts.
 _PER_LAYER_BY_ARCH = {
     "Phi3ForCausalLM": {"ffn_up": "mlp.gate_up_proj"},
     **dict.fromkeys(_GEMMA, _GEMMA_NORMS),
+    **dict.fromkeys(("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"), _DEEPSEEK_MOE),
 }
 # Halves of kv_b_proj, per head: k_b [heads, kv_lora_rank, nope] (transposed) and
 # v_b [heads, v_head_dim, kv_lora_rank].
@@ -86,7 +95,11 @@ def hf_name(gguf_name: str, architecture: str = "") -> str:
         return f"{_TOP_LEVEL[base]}.{kind}"
     parts = base.split(".", 2)
     per_layer = {**_PER_LAYER, **_PER_LAYER_BY_ARCH.get(architecture, {})}
-    if len(parts) == 3 and parts[0] == "blk" and parts[2] in per_layer:
+    if len(parts) != 3 or parts[0] != "blk":
+        return gguf_name
+    if f"{parts[2]}.{kind}" in per_layer:
+        return f"model.layers.{parts[1]}.{per_layer[f'{parts[2]}.{kind}']}"
+    if parts[2] in per_layer:
         return f"model.layers.{parts[1]}.{per_layer[parts[2]]}.{kind}"
     return gguf_name
 
