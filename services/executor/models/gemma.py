@@ -76,7 +76,7 @@ class GeluAndMulMLP(SiluAndMulMLP):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         if on_gpu(gate_up):
-            from kernels.gelu_tanh_mul import gelu_tanh_mul
+            from kernels.gated_act import gelu_tanh_mul
 
             return self.down_proj(gelu_tanh_mul(gate_up))
         gate, up = gate_up.split(self.intermediate_size, dim=-1)

@@ -74,7 +74,7 @@ class SiluAndMulMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         if on_gpu(gate_up):
-            from kernels.silu_mul import silu_mul
+            from kernels.gated_act import silu_mul
 
             return self.down_proj(silu_mul(gate_up))
         gate, up = gate_up.split(self.intermediate_size, dim=-1)

@@ -135,7 +135,7 @@ class SparseMoE(nn.Module):
         mlp: SiluAndMulMLP = getattr(self, self.shared_name)
         gate_up = mlp.gate_up_proj(x)
         if on_gpu(gate_up):
-            from kernels.silu_mul import silu_mul
+            from kernels.gated_act import silu_mul
 
             act = silu_mul(gate_up)
         else:
