@@ -270,31 +270,10 @@ def decode_attention(
     )
     dev = q.device
     bs = q.shape[0]
-    for name, t in (
-        ("req_rows", req_rows),
-        ("seq_lens", seq_lens),
-        ("num_kv_splits", num_kv_splits),
-    ):
-        check_tensor(op, name, t, shape=(bs,), dims="[bs]", dtypes=INDEX_DTYPES, device=dev)
+    check_decode_state(
+        op, bs, num_heads, head_dim, dev, (req_rows, seq_lens, num_kv_splits), workspace
+    )
     ws_out, ws_lse = workspace.partial_out, workspace.partial_lse
-    if (
-        ws_out.dim() != 4
-        or ws_out.shape[0] < bs
-        or ws_out.shape[1] != num_heads
-        or ws_out.shape[3] != head_dim
-        or ws_lse.shape != ws_out.shape[:3]
-        or ws_out.dtype != torch.float32
-        or ws_lse.dtype != torch.float32
-        or ws_out.stride(-1) != 1
-        or ws_lse.stride(-1) != 1
-        or ws_out.device != dev
-        or ws_lse.device != dev
-    ):
-        raise ValueError(
-            f"{op}: workspace must be fp32 on {dev}, partial_out [>= {bs}, {num_heads}, "
-            f"splits, {head_dim}] and partial_lse [>= {bs}, {num_heads}, splits], got "
-            f"{tuple(ws_out.shape)} {ws_out.dtype} and {tuple(ws_lse.shape)} {ws_lse.dtype}"
-        )
     if out is None:
         out = torch.empty_like(q)
     check_tensor(
@@ -349,7 +328,61 @@ def decode_attention(
         num_warps=num_warps,
         num_stages=num_stages,
     )
-    _decode_stage2_kernel[(bs, num_heads)](
+    merge_splits(workspace, out, seq_lens, num_kv_splits, head_dim, block_n, block_d, window)
+    return out
+
+
+def check_decode_state(
+    op: str,
+    bs: int,
+    num_heads: int,
+    head_dim: int,
+    dev: torch.device,
+    tables: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    workspace: DecodeWorkspace,
+) -> None:
+    """A split-KV decode's per-request tables (req_rows, seq_lens, num_kv_splits: [bs] ints)
+    and its workspace (fp32 partials for at least bs rows of `num_heads` x `head_dim`); the
+    MLA decode (kernels/mla_decode.py) shares them."""
+    for name, t in zip(("req_rows", "seq_lens", "num_kv_splits"), tables, strict=True):
+        check_tensor(op, name, t, shape=(bs,), dims="[bs]", dtypes=INDEX_DTYPES, device=dev)
+    ws_out, ws_lse = workspace.partial_out, workspace.partial_lse
+    if (
+        ws_out.dim() != 4
+        or ws_out.shape[0] < bs
+        or ws_out.shape[1] != num_heads
+        or ws_out.shape[3] != head_dim
+        or ws_lse.shape != ws_out.shape[:3]
+        or ws_out.dtype != torch.float32
+        or ws_lse.dtype != torch.float32
+        or ws_out.stride(-1) != 1
+        or ws_lse.stride(-1) != 1
+        or ws_out.device != dev
+        or ws_lse.device != dev
+    ):
+        raise ValueError(
+            f"{op}: workspace must be fp32 on {dev}, partial_out [>= {bs}, {num_heads}, "
+            f"splits, {head_dim}] and partial_lse [>= {bs}, {num_heads}, splits], got "
+            f"{tuple(ws_out.shape)} {ws_out.dtype} and {tuple(ws_lse.shape)} {ws_lse.dtype}"
+        )
+
+
+def merge_splits(
+    workspace: DecodeWorkspace,
+    out: torch.Tensor,
+    seq_lens: torch.Tensor,
+    num_kv_splits: torch.Tensor,
+    head_dim: int,
+    block_n: int,
+    block_d: int,
+    window: int | None = None,
+) -> None:
+    """Stage 2 of a split-KV decode: each request's chunk partials (workspace) merged by
+    their log-sum-exps into out [bs, heads, head_dim]; the chunking (block_n, window) must be
+    stage 1's."""
+    ws_out, ws_lse = workspace.partial_out, workspace.partial_lse
+    max_splits = workspace.max_kv_splits
+    _decode_stage2_kernel[(out.shape[0], out.shape[1])](
         ws_out,
         ws_lse,
         out,
@@ -371,7 +404,6 @@ def decode_attention(
         USE_WINDOW=window is not None,
         num_warps=4,
     )
-    return out
 
 
 def decode_attention_ref(

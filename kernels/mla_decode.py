@@ -23,8 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import INDEX_DTYPES, check_launch, check_tensor, check_tile, dot_precision
-from kernels.decode_attention import DecodeWorkspace, _decode_stage2_kernel
+from kernels._checks import check_launch, check_tensor, check_tile, dot_precision
+from kernels.decode_attention import DecodeWorkspace, check_decode_state, merge_splits
 from kernels.fp8_kv import gather_kv
 from kernels.mla_extend import check_mla_inputs
 
@@ -148,31 +148,8 @@ def mla_decode(
     op = "mla_decode"
     num_heads, rope = check_mla_inputs(op, q, buffer, rank, req_to_token, "[bs, heads, d]")
     dev, bs = q.device, q.shape[0]
-    for name, t in (
-        ("req_rows", req_rows),
-        ("seq_lens", seq_lens),
-        ("num_kv_splits", num_kv_splits),
-    ):
-        check_tensor(op, name, t, shape=(bs,), dims="[bs]", dtypes=INDEX_DTYPES, device=dev)
+    check_decode_state(op, bs, num_heads, rank, dev, (req_rows, seq_lens, num_kv_splits), workspace)
     ws_out, ws_lse = workspace.partial_out, workspace.partial_lse
-    if (
-        ws_out.dim() != 4
-        or ws_out.shape[0] < bs
-        or ws_out.shape[1] != num_heads
-        or ws_out.shape[3] != rank
-        or ws_lse.shape != ws_out.shape[:3]
-        or ws_out.dtype != torch.float32
-        or ws_lse.dtype != torch.float32
-        or ws_out.stride(-1) != 1
-        or ws_lse.stride(-1) != 1
-        or ws_out.device != dev
-        or ws_lse.device != dev
-    ):
-        raise ValueError(
-            f"{op}: workspace must be fp32 on {dev}, partial_out [>= {bs}, {num_heads}, "
-            f"splits, {rank}] and partial_lse [>= {bs}, {num_heads}, splits], got "
-            f"{tuple(ws_out.shape)} {ws_out.dtype} and {tuple(ws_lse.shape)} {ws_lse.dtype}"
-        )
     if out is None:
         out = q.new_empty(bs, num_heads, rank)
     check_tensor(
@@ -201,18 +178,7 @@ def mla_decode(
         num_warps=num_warps,
         num_stages=num_stages,
     )  # fmt: skip
-    _decode_stage2_kernel[(bs, num_heads)](
-        ws_out, ws_lse, out, seq_lens, num_kv_splits, 0,  # no window: MLA attends to all keys
-        ws_out.stride(0), ws_out.stride(1), ws_out.stride(2), ws_lse.stride(0), ws_lse.stride(1),
-        out.stride(0), out.stride(1),
-        MAX_SPLITS=max_splits,
-        HEAD_DIM=rank,
-        BLOCK_N=block_n,
-        BLOCK_S=triton.next_power_of_2(max_splits),
-        BLOCK_D=block_r,
-        USE_WINDOW=False,
-        num_warps=4,
-    )  # fmt: skip
+    merge_splits(workspace, out, seq_lens, num_kv_splits, rank, block_n, block_r)
     return out
 
 
