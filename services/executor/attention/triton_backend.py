@@ -107,6 +107,24 @@ class TritonBackend(AttentionBackend):
         extend = _ExtendMetadata(prefix_lens, lens, starts_t, max(extend_lens, default=0))
         self._meta = _Metadata(batch, extend, None, 0)
 
+    def _metadata(self, batch: ForwardBatch) -> _Metadata:
+        """This forward's metadata (built here when called without the model: tests, kernels)."""
+        if self._meta is None or self._meta.batch is not batch:
+            self.init_forward_metadata(batch)
+        assert self._meta is not None
+        return self._meta
+
+    def _split_workspace(
+        self, meta: _Metadata, bs: int, num_heads: int, head_dim: int, device: torch.device
+    ) -> DecodeWorkspace:
+        """The decode workspace as a view of its first split_cap chunks (the kernels follow
+        its strides)."""
+        ws = self._decode_workspace(bs, num_heads, head_dim, device)
+        return DecodeWorkspace(
+            partial_out=ws.partial_out[:, :, : meta.split_cap],
+            partial_lse=ws.partial_lse[:, :, : meta.split_cap],
+        )
+
     def forward(
         self,
         q: torch.Tensor,
@@ -119,10 +137,7 @@ class TritonBackend(AttentionBackend):
         window: int | None = None,
         softcap: float | None = None,
     ) -> torch.Tensor:
-        if self._meta is None or self._meta.batch is not batch:
-            self.init_forward_metadata(batch)  # called without the model: tests, kernels
-        meta = self._meta
-        assert meta is not None
+        meta = self._metadata(batch)
         k_buffer = batch.kv_pool.k_buffers[layer_id]
         v_buffer = batch.kv_pool.v_buffers[layer_id]
         store_kv(k=k, v=v, k_buffer=k_buffer, v_buffer=v_buffer, out_cache_loc=batch.out_cache_loc)
@@ -130,12 +145,7 @@ class TritonBackend(AttentionBackend):
         sm_scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
         table = batch.req_to_token.req_to_token
         if meta.num_kv_splits is not None:
-            ws = self._decode_workspace(q.shape[0], num_heads, head_dim, q.device)
-            # A view of the first split_cap chunks: the kernels follow its strides.
-            workspace = DecodeWorkspace(
-                partial_out=ws.partial_out[:, :, : meta.split_cap],
-                partial_lse=ws.partial_lse[:, :, : meta.split_cap],
-            )
+            workspace = self._split_workspace(meta, q.shape[0], num_heads, head_dim, q.device)
             return decode_attention(
                 q=q,
                 k_buffer=k_buffer,
@@ -177,20 +187,13 @@ class TritonBackend(AttentionBackend):
     ) -> torch.Tensor:
         """kernels/mla_decode and mla_extend over the latent pool, the same metadata and
         decode workspace as `forward` (its head dim is `v_dim`: reserve_decode with it)."""
-        if self._meta is None or self._meta.batch is not batch:
-            self.init_forward_metadata(batch)
-        meta = self._meta
-        assert meta is not None
+        meta = self._metadata(batch)
         buffer = batch.kv_pool.k_buffers[layer_id]
         # One latent row per new token: a plain row copy (store_kv takes K and V pairs).
         batch.kv_pool.set_latent(layer_id, batch.out_cache_loc, latent)
         table = batch.req_to_token.req_to_token
         if meta.num_kv_splits is not None:
-            ws = self._decode_workspace(q.shape[0], q.shape[1], v_dim, q.device)
-            workspace = DecodeWorkspace(
-                partial_out=ws.partial_out[:, :, : meta.split_cap],
-                partial_lse=ws.partial_lse[:, :, : meta.split_cap],
-            )
+            workspace = self._split_workspace(meta, q.shape[0], q.shape[1], v_dim, q.device)
             return mla_decode(
                 q=q,
                 buffer=buffer,
