@@ -203,24 +203,16 @@ def _kernel_timings(bw: float) -> dict[str, Any]:
 
 
 def qwen3moe_section(time_limit: float = OFFLINE_RUN_S) -> dict[str, Any]:
+    from loadtest.gpu.sections import OFFLINE_500, _args
+
     bw = copy_bandwidth()
     torch.cuda.empty_cache()  # the copy's buffers back to the device before the KV pool
     model = qwen3_30b_dir(Path(tempfile.mkdtemp()))
     input_len, output_len = 128, 256
-    args = offline.parse_args(
-        [
-            "latency",
-            "--model",
-            str(model),
-            "--load-format",
-            "dummy",
-            "--batch-size",
-            "1",
-            "--input-len",
-            str(input_len),
-            "--output-len",
-            str(output_len),
-        ]
+    args = _args(
+        model,
+        "latency",
+        *("--batch-size", "1", "--input-len", str(input_len), "--output-len", str(output_len)),
     )
     t0 = time.monotonic()
     engine = offline.make_engine(args)
@@ -240,25 +232,7 @@ def qwen3moe_section(time_limit: float = OFFLINE_RUN_S) -> dict[str, Any]:
         "target_share": 0.70,
     }
     print(f"qwen3moe decode: {result}", flush=True)
-    thr = offline.parse_args(
-        [
-            "throughput",
-            "--model",
-            str(model),
-            "--load-format",
-            "dummy",
-            "--num-prompts",
-            "500",
-            "--input-len",
-            "4096",
-            "--output-len",
-            "2048",
-            "--range-ratio",
-            "0.0",
-            "--time-limit",
-            str(time_limit),
-        ]
-    )
+    thr = _args(model, "throughput", *OFFLINE_500, "--time-limit", str(time_limit))
     result["offline"] = offline.run_throughput(engine, thr)
     result["offline"]["kv_pool_tokens"] = engine.policy.kv.num_slots
     result["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30

@@ -17,6 +17,12 @@ from loadtest.gpu.hosttime import HostTimes
 from loadtest.gpu.models import LLAMA_3_1_8B, llama8b_dir, weight_bytes
 from services.executor.weights.loader import hf_state_dict
 
+# SGLang's offline workload: 500 prompts, input U[1, 4096], output U[1, 2048].
+OFFLINE_500 = (
+    *("--num-prompts", "500", "--input-len", "4096", "--output-len", "2048"),
+    *("--range-ratio", "0.0"),
+)
+
 
 def _args(model: Path, mode: str, *extra: str) -> Any:
     return offline.parse_args([mode, "--model", str(model), "--load-format", "dummy", *extra])
@@ -244,14 +250,7 @@ def offline_throughput(time_limit: float = 400.0, kv_cache_dtype: str = "auto") 
     args = _args(
         model,
         "throughput",
-        "--num-prompts",
-        "500",
-        "--input-len",
-        "4096",
-        "--output-len",
-        "2048",
-        "--range-ratio",
-        "0.0",
+        *OFFLINE_500,
         "--time-limit",
         str(time_limit),
         "--kv-cache-dtype",
