@@ -32,6 +32,36 @@ _FILL = 1024  # sorted_ids entries per step of the offsets program
 
 
 @triton.jit
+def _block_experts_and_padding(
+    ends,
+    e_mask,
+    expert_ids_ptr,
+    sorted_ids_ptr,
+    n,
+    num_experts,
+    max_blocks,
+    max_padded,
+    BLOCK_M: tl.constexpr,
+    CHUNK: tl.constexpr,
+    FILL: tl.constexpr,
+):
+    """Both align paths' tail: each block's expert from the runs' padded ends (-1 past the
+    last run), and every sorted slot set to padding (n) before the pairs are placed."""
+    for b0 in range(0, max_blocks, CHUNK):
+        blocks = b0 + tl.arange(0, CHUNK)
+        at = blocks * BLOCK_M
+        # a block's expert: how many runs end at or before its first row
+        before = (ends[None, :] <= at[:, None]) & e_mask[None, :]
+        expert = tl.sum(before.to(tl.int32), 1)
+        expert = tl.where(expert < num_experts, expert, -1)
+        tl.store(expert_ids_ptr + blocks, expert, mask=blocks < max_blocks)
+    for s0 in range(0, max_padded, FILL):
+        offs = s0 + tl.arange(0, FILL)
+        padding = tl.zeros([FILL], dtype=tl.int32) + n
+        tl.store(sorted_ids_ptr + offs, padding, mask=offs < max_padded)
+
+
+@triton.jit
 def _count_kernel(ids_ptr, counts_ptr, rank_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
@@ -63,18 +93,10 @@ def _offsets_kernel(
     ends = tl.cumsum(padded, 0)
     tl.store(starts_ptr + e, ends - padded, mask=e_mask)
     tl.store(total_ptr, tl.sum(padded, 0))
-    for b0 in range(0, max_blocks, CHUNK):
-        blocks = b0 + tl.arange(0, CHUNK)
-        at = blocks * BLOCK_M
-        # a block's expert: how many runs end at or before its first row
-        before = (ends[None, :] <= at[:, None]) & e_mask[None, :]
-        expert = tl.sum(before.to(tl.int32), 1)
-        expert = tl.where(expert < num_experts, expert, -1)
-        tl.store(expert_ids_ptr + blocks, expert, mask=blocks < max_blocks)
-    for s0 in range(0, max_padded, FILL):
-        offs = s0 + tl.arange(0, FILL)
-        padding = tl.zeros([FILL], dtype=tl.int32) + n
-        tl.store(sorted_ids_ptr + offs, padding, mask=offs < max_padded)
+    _block_experts_and_padding(
+        ends, e_mask, expert_ids_ptr, sorted_ids_ptr, n, num_experts, max_blocks, max_padded,
+        BLOCK_M, CHUNK, FILL,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -114,17 +136,10 @@ def _align_one_program_kernel(
     ends = tl.cumsum(padded, 0)
     starts = ends - padded
     tl.store(total_ptr, tl.sum(padded, 0))
-    for b0 in range(0, max_blocks, CHUNK):
-        blocks = b0 + tl.arange(0, CHUNK)
-        at = blocks * BLOCK_M
-        before = (ends[None, :] <= at[:, None]) & e_mask[None, :]
-        expert = tl.sum(before.to(tl.int32), 1)
-        expert = tl.where(expert < num_experts, expert, -1)
-        tl.store(expert_ids_ptr + blocks, expert, mask=blocks < max_blocks)
-    for s0 in range(0, max_padded, FILL):
-        offs = s0 + tl.arange(0, FILL)
-        padding = tl.zeros([FILL], dtype=tl.int32) + n
-        tl.store(sorted_ids_ptr + offs, padding, mask=offs < max_padded)
+    _block_experts_and_padding(
+        ends, e_mask, expert_ids_ptr, sorted_ids_ptr, n, num_experts, max_blocks, max_padded,
+        BLOCK_M, CHUNK, FILL,
+    )  # fmt: skip
     tl.debug_barrier()  # every thread's padding is written before any pair lands on it
     rank = tl.sum(tl.cumsum(onehot, 0) * onehot, 1) - 1  # earlier pairs of the same expert
     start = tl.sum(onehot * starts[None, :], 1)
