@@ -197,6 +197,21 @@ def _extend_kernel(
         )
 
 
+def check_extend_tables(
+    op: str,
+    dev: torch.device,
+    tables: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+) -> int:
+    """An extend's per-request tables (req_rows, prefix_lens, extend_lens, extend_starts:
+    [bs] ints on `dev`); their bs. The MLA extend (kernels/mla_extend.py) shares them."""
+    check_tensor(op, "req_rows", tables[0], shape=(None,), dims="[bs]", dtypes=INDEX_DTYPES)
+    bs = tables[0].shape[0]
+    names = ("req_rows", "prefix_lens", "extend_lens", "extend_starts")
+    for name, t in zip(names, tables, strict=True):
+        check_tensor(op, name, t, shape=(bs,), dims="[bs]", dtypes=INDEX_DTYPES, device=dev)
+    return bs
+
+
 def extend_attention(
     *,
     q: torch.Tensor,
@@ -237,15 +252,7 @@ def extend_attention(
         op, q, k_buffer, v_buffer, req_to_token, "[n, heads, d]"
     )
     dev = q.device
-    check_tensor(op, "req_rows", req_rows, shape=(None,), dims="[bs]", dtypes=INDEX_DTYPES)
-    bs = req_rows.shape[0]
-    for name, t in (
-        ("req_rows", req_rows),
-        ("prefix_lens", prefix_lens),
-        ("extend_lens", extend_lens),
-        ("extend_starts", extend_starts),
-    ):
-        check_tensor(op, name, t, shape=(bs,), dims="[bs]", dtypes=INDEX_DTYPES, device=dev)
+    bs = check_extend_tables(op, dev, (req_rows, prefix_lens, extend_lens, extend_starts))
     if out is None:
         out = torch.empty_like(q)
     check_tensor(op, "out", out, shape=q.shape, dims="[n, heads, d]", dtypes=(q.dtype,), device=dev)

@@ -29,6 +29,7 @@ from kernels._checks import (
     check_tile,
     dot_precision,
 )
+from kernels.extend_attention import check_extend_tables
 from kernels.fp8_kv import FP8_FORMATS, gather_kv
 
 
@@ -165,15 +166,7 @@ def mla_extend(
     op = "mla_extend"
     num_heads, rope = check_mla_inputs(op, q, buffer, rank, req_to_token, "[n, heads, d]")
     dev = q.device
-    check_tensor(op, "req_rows", req_rows, shape=(None,), dims="[bs]", dtypes=INDEX_DTYPES)
-    bs = req_rows.shape[0]
-    for name, t in (
-        ("req_rows", req_rows),
-        ("prefix_lens", prefix_lens),
-        ("extend_lens", extend_lens),
-        ("extend_starts", extend_starts),
-    ):
-        check_tensor(op, name, t, shape=(bs,), dims="[bs]", dtypes=INDEX_DTYPES, device=dev)
+    bs = check_extend_tables(op, dev, (req_rows, prefix_lens, extend_lens, extend_starts))
     if out is None:
         out = q.new_empty(q.shape[0], num_heads, rank)
     check_tensor(
