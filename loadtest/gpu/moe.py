@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from loadtest import offline
+from loadtest.gpu.bandwidth import copy_bandwidth
 
 QWEN3_30B_A3B: dict[str, Any] = {
     "architectures": ["Qwen3MoeForCausalLM"],
@@ -84,16 +85,6 @@ def step_bytes(config: dict[str, Any], context: int, experts_read: int) -> dict[
     }
     parts["total"] = sum(parts.values())
     return parts
-
-
-def copy_bandwidth() -> float:
-    """Device-to-device copy, bytes read + written per second (as the roofline section).
-    Its 4 GiB are released to the caching allocator on return, not to the device."""
-    n = 2 * 2**30
-    src = torch.empty(n, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ms = _time_ms(lambda: dst.copy_(src), reps=20)
-    return 2 * n / (ms / 1000)  # the buffers go with this frame
 
 
 def _time_ms(fn: Callable[[], object], reps: int = 50) -> float:
@@ -205,8 +196,7 @@ def _kernel_timings(bw: float) -> dict[str, Any]:
 def qwen3moe_section(time_limit: float = OFFLINE_RUN_S) -> dict[str, Any]:
     from loadtest.gpu.sections import OFFLINE_500, _args
 
-    bw = copy_bandwidth()
-    torch.cuda.empty_cache()  # the copy's buffers back to the device before the KV pool
+    bw = copy_bandwidth()  # its buffers are back on the device before the KV pool is sized
     model = qwen3_30b_dir(Path(tempfile.mkdtemp()))
     input_len, output_len = 128, 256
     args = _args(

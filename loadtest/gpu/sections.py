@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from loadtest import offline
+from loadtest.gpu.bandwidth import copy_bandwidth
 from loadtest.gpu.hosttime import HostTimes
 from loadtest.gpu.models import LLAMA_3_1_8B, llama8b_dir, weight_bytes
 from services.executor.weights.loader import hf_state_dict
@@ -30,19 +31,7 @@ def _args(model: Path, mode: str, *extra: str) -> Any:
 
 def roofline() -> dict[str, Any]:
     """Device-to-device copy bandwidth (bytes read + written) and the batch-1 decode floor."""
-    n = 2 * 2**30  # 2 GiB each way
-    src = torch.empty(n, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    reps = 20
-    start.record()
-    for _ in range(reps):
-        dst.copy_(src)
-    end.record()
-    torch.cuda.synchronize()
-    bw = 2 * n * reps / (start.elapsed_time(end) / 1000)
+    bw = copy_bandwidth()
     wb = weight_bytes(LLAMA_3_1_8B)
     return {
         "gpu": torch.cuda.get_device_name(),

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from loadtest.gpu.bandwidth import copy_bandwidth
 from loadtest.gpu.models import LLAMA_3_1_8B, llama8b_dir, weight_bytes
 from loadtest.gpu.timeline import device_intervals
 
@@ -30,26 +31,6 @@ GREEDY_TOKENS = 64
 DECODE_IN, DECODE_OUT = 128, 256
 LM_HEAD_STD = 0.1  # wider than the rest, so greedy picks are not all near-ties
 SHARD_BYTES = 4 * 2**30
-
-
-def copy_bandwidth(device: str) -> float:
-    """Bytes read + written per second by a device-to-device copy of 2 GiB."""
-    n = 2 * 2**30
-    src = torch.empty(n, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    with torch.cuda.device(device):
-        for _ in range(3):
-            dst.copy_(src)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(20):
-            dst.copy_(src)
-        end.record()
-        torch.cuda.synchronize()
-    bw = 2 * n * 20 / (start.elapsed_time(end) / 1000)
-    del src, dst
-    torch.cuda.empty_cache()
-    return bw
 
 
 def write_checkpoint(

@@ -25,9 +25,9 @@ from typing import Any
 import aiohttp
 
 from loadtest.dp_bench import stop
+from loadtest.gpu.bandwidth import copy_bandwidth
 from loadtest.gpu.models import LLAMA_3_1_8B, llama8b_dir, weight_bytes
 from loadtest.gpu.sections import _serve
-from loadtest.gpu.tp import copy_bandwidth
 
 LLAMA_3_1_70B: dict[str, Any] = {
     **LLAMA_3_1_8B,
