@@ -89,7 +89,6 @@ class GemmaAttention(LlamaAttention):
     ) -> None:
         super().__init__(config, layer_id, backend, tp)
         self.scale = config.attention_scale
-        self.window = config.layer_window(layer_id)
         self.softcap = config.attn_logit_softcap
         self.qk_norm = config.qk_norm
         if config.qk_norm:
@@ -102,19 +101,6 @@ class GemmaAttention(LlamaAttention):
         q_normed, k_normed = self.q_norm(q), self.k_norm(k)
         assert isinstance(q_normed, torch.Tensor) and isinstance(k_normed, torch.Tensor)
         return q_normed, k_normed
-
-    def forward(self, x: torch.Tensor, rope: Rope, batch: ForwardBatch) -> torch.Tensor:
-        n = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
-        q = q.view(n, self.num_heads, self.head_dim)
-        k = k.view(n, self.num_kv_heads, self.head_dim)
-        v = v.view(n, self.num_kv_heads, self.head_dim)
-        q, k = rope.apply(*self.norm_qk(q, k))
-        out = self.backend.forward(
-            q, k, v, self.layer_id, batch,
-            scale=self.scale, window=self.window, softcap=self.softcap,
-        )  # fmt: skip
-        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
 
 class GemmaDecoderLayer(nn.Module):

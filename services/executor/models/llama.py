@@ -81,6 +81,9 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = ColumnParallelLinear(hidden, parts, config.attention_bias, tp)
         self.o_proj = RowParallelLinear(q_full, hidden, config.o_proj_bias, tp)
         self.window = config.layer_window(layer_id)  # Mistral's, Phi-3's...; None: full
+        # Gemma's: a query_pre_attn_scalar scale and a score cap (None: 1/sqrt(head_dim), none)
+        self.scale: float | None = None
+        self.softcap: float | None = None
 
     def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Hook before RoPE; Llama has no q/k norm."""
@@ -93,7 +96,10 @@ class LlamaAttention(nn.Module):
         k = k.view(n, self.num_kv_heads, self.head_dim)
         v = v.view(n, self.num_kv_heads, self.head_dim)
         q, k = rope.apply(*self.norm_qk(q, k))
-        out = self.backend.forward(q, k, v, self.layer_id, batch, window=self.window)
+        out = self.backend.forward(
+            q, k, v, self.layer_id, batch,
+            scale=self.scale, window=self.window, softcap=self.softcap,
+        )  # fmt: skip
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
 
