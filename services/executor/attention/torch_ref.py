@@ -71,6 +71,13 @@ class TorchRefBackend(AttentionBackend):
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         self._meta = _build_metadata(batch)
 
+    def _metadata(self, batch: ForwardBatch) -> _Metadata:
+        """This forward's metadata (built here when called without the model: tests, kernels)."""
+        if self._meta is None or self._meta.batch is not batch:
+            self.init_forward_metadata(batch)
+        assert self._meta is not None
+        return self._meta
+
     def forward(
         self,
         q: torch.Tensor,
@@ -83,16 +90,14 @@ class TorchRefBackend(AttentionBackend):
         window: int | None = None,
         softcap: float | None = None,
     ) -> torch.Tensor:
-        if self._meta is None or self._meta.batch is not batch:
-            self.init_forward_metadata(batch)  # called without the model: tests, kernels
-        assert self._meta is not None
+        meta = self._metadata(batch)
         batch.kv_pool.set_kv(layer_id, batch.out_cache_loc, k, v)
         k_buf = batch.kv_pool.k_buffers[layer_id]
         v_buf = batch.kv_pool.v_buffers[layer_id]
         attn = _Attend(scale, window, softcap)
         if batch.mode is ForwardMode.DECODE:
-            return _decode(q, k_buf, v_buf, self._meta, attn)
-        return _extend(q, k_buf, v_buf, self._meta, attn)
+            return _decode(q, k_buf, v_buf, meta, attn)
+        return _extend(q, k_buf, v_buf, meta, attn)
 
     def forward_mla(
         self,
@@ -103,16 +108,14 @@ class TorchRefBackend(AttentionBackend):
         sm_scale: float,
         v_dim: int,
     ) -> torch.Tensor:
-        if self._meta is None or self._meta.batch is not batch:
-            self.init_forward_metadata(batch)
-        assert self._meta is not None
+        meta = self._metadata(batch)
         batch.kv_pool.set_latent(layer_id, batch.out_cache_loc, latent)
         buf = batch.kv_pool.k_buffers[layer_id]  # [slots, 1, cache_dim]
         # Values are the latent part of the same rows: a view, nothing copied.
         attn = _Attend(sm_scale, None, None)
         if batch.mode is ForwardMode.DECODE:
-            return _decode(q, buf, buf[..., :v_dim], self._meta, attn)
-        return _extend(q, buf, buf[..., :v_dim], self._meta, attn)
+            return _decode(q, buf, buf[..., :v_dim], meta, attn)
+        return _extend(q, buf, buf[..., :v_dim], meta, attn)
 
 
 def _build_metadata(batch: ForwardBatch) -> _Metadata:
