@@ -17,7 +17,8 @@ the stack) and tp_kill (a TP=2 group losing a rank under load: gpu/tp_stack.py),
 (the MLA decode kernel's latent-cache bandwidth at DeepSeek-V2-Lite's shapes against the copy
 bandwidth: gpu/mla_kernel.py), moe_kernel (the fused MoE kernel against a torch loop over
 experts) and qwen3moe (Qwen3-30B-A3B's shapes: batch-1 decode against its roofline, the
-500-prompt offline workload: gpu/moe.py).
+500-prompt offline workload: gpu/moe.py) and dsv2lite (DeepSeek-V2-Lite's shapes, MLA and
+MoE: the same two figures, gpu/deepseek.py).
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ TIME_LIMITS = {
     "mla_kernel": 240,
     "moe_kernel": 240,
     "qwen3moe": 480,
+    "dsv2lite": 480,
 }
 OFFLINE_RUN_S = 130  # the 500-prompt run stops here and reports what it finished
 
@@ -152,8 +154,12 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         from loadtest.gpu.moe import qwen3moe_section
 
         return qwen3moe_section()
+    if name == "dsv2lite":
+        from loadtest.gpu.deepseek import dsv2lite_section
+
+        return dsv2lite_section()
     extra = ["burst", "engine_ab", "protocols", "dp", "observability", "tools"]
-    extra += ["tp", "tp70b", "tp_kill", "mla_kernel", "moe_kernel", "qwen3moe"]
+    extra += ["tp", "tp70b", "tp_kill", "mla_kernel", "moe_kernel", "qwen3moe", "dsv2lite"]
     raise SystemExit(f"unknown section {name!r}; known: {', '.join([*SECTIONS, *extra])}")
 
 
@@ -295,18 +301,19 @@ def table(results: dict[str, Any]) -> str:
                 f"graph==eager {c['graph_equals_eager']}, flips {c['flips']}",
             )
         )
-    moe_share = get("qwen3moe", "decode_share_of_roofline")
-    if moe_share is not None:
-        rows.append(
-            (
-                "Qwen3-30B-A3B batch-1 decode tok/s",
-                f"{get('qwen3moe', 'decode1', 'decode_tok_s'):.1f} = {100 * moe_share:.0f}% of "
-                f"roofline {get('qwen3moe', 'decode_roofline_tok_s'):.0f} (target 70%)",
+    for key, label in (("qwen3moe", "Qwen3-30B-A3B"), ("dsv2lite", "DeepSeek-V2-Lite")):
+        share = get(key, "decode_share_of_roofline")
+        if share is not None:
+            rows.append(
+                (
+                    f"{label} batch-1 decode tok/s",
+                    f"{get(key, 'decode1', 'decode_tok_s'):.1f} = {100 * share:.0f}% of "
+                    f"roofline {get(key, 'decode_roofline_tok_s'):.0f} (target 70%)",
+                )
             )
-        )
-    moe_off = get("qwen3moe", "offline", "output_tok_s")
-    if moe_off is not None:
-        rows.append(("Qwen3-30B-A3B offline 500 prompts output tok/s", f"{moe_off:.0f}"))
+        off = get(key, "offline", "output_tok_s")
+        if off is not None:
+            rows.append((f"{label} offline 500 prompts output tok/s", f"{off:.0f}"))
     width = max((len(k) for k, _ in rows), default=10)
     lines = [f"GPU: {gpu}"] + [f"{k:<{width}}  {v}" for k, v in rows]
     return "\n".join(lines)

@@ -56,13 +56,13 @@ TOKENS = (1, 64, 512)
 OFFLINE_RUN_S = 130  # the 500-prompt run stops here and reports what it finished
 
 
-def qwen3_30b_dir(root: Path) -> Path:
-    """config.json of Qwen3-30B-A3B and the tiny byte tokenizer (dummy-weight serving)."""
+def model_dir(root: Path, name: str, config: dict[str, Any]) -> Path:
+    """`config` as config.json beside the tiny byte tokenizer (dummy-weight serving)."""
     from tests.executor.helpers import make_tokenizer
 
-    path = root / "qwen3-30b-a3b-dummy"
+    path = root / name
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(QWEN3_30B_A3B, indent=1))
+    (path / "config.json").write_text(json.dumps(config, indent=1))
     make_tokenizer().save_pretrained(path)
     return path
 
@@ -194,22 +194,28 @@ def _kernel_timings(bw: float) -> dict[str, Any]:
 
 
 def qwen3moe_section(time_limit: float = OFFLINE_RUN_S) -> dict[str, Any]:
+    read = step_bytes(QWEN3_30B_A3B, DECODE_IN + DECODE_OUT // 2, 8)
+    return decode_and_offline(QWEN3_30B_A3B, "qwen3-30b-a3b-dummy", read, time_limit)
+
+
+DECODE_IN, DECODE_OUT = 128, 256
+
+
+def decode_and_offline(
+    config: dict[str, Any], name: str, read: dict[str, int], time_limit: float
+) -> dict[str, Any]:
+    """Batch-1 decode (in DECODE_IN, out DECODE_OUT) against the roofline of `read` (bytes
+    per step at the mean context), then the 500-prompt offline workload on the same engine."""
     from loadtest.gpu.sections import OFFLINE_500, _args
 
     bw = copy_bandwidth()  # its buffers are back on the device before the KV pool is sized
-    model = qwen3_30b_dir(Path(tempfile.mkdtemp()))
-    input_len, output_len = 128, 256
-    args = _args(
-        model,
-        "latency",
-        *("--batch-size", "1", "--input-len", str(input_len), "--output-len", str(output_len)),
-    )
+    model = model_dir(Path(tempfile.mkdtemp()), name, config)
+    lens = ("--input-len", str(DECODE_IN), "--output-len", str(DECODE_OUT))
+    args = _args(model, "latency", "--batch-size", "1", *lens)
     t0 = time.monotonic()
     engine = offline.make_engine(args)
     startup_s = time.monotonic() - t0
     decode = offline.run_latency(engine, args)
-    # the mean context over the decode steps
-    read = step_bytes(QWEN3_30B_A3B, input_len + output_len // 2, 8)
     roofline_tok_s = bw / read["total"]
     result: dict[str, Any] = {
         "gpu": torch.cuda.get_device_name(),
@@ -221,7 +227,7 @@ def qwen3moe_section(time_limit: float = OFFLINE_RUN_S) -> dict[str, Any]:
         "decode_share_of_roofline": decode["decode_tok_s"] / roofline_tok_s,
         "target_share": 0.70,
     }
-    print(f"qwen3moe decode: {result}", flush=True)
+    print(f"{name} decode: {result}", flush=True)
     thr = _args(model, "throughput", *OFFLINE_500, "--time-limit", str(time_limit))
     result["offline"] = offline.run_throughput(engine, thr)
     result["offline"]["kv_pool_tokens"] = engine.policy.kv.num_slots
