@@ -8,12 +8,18 @@ width: head_dim, or less where a model rotates only the first dims of each head 
 through untouched). For i < rotary_dim / 2, with x1 = x[i], x2 = x[i + rotary_dim / 2]:
 x[i] <- x1 cos - x2 sin, x[i + rotary_dim / 2] <- x2 cos + x1 sin, in fp32, rounded once.
 
-Grid: (num_tokens,); a program rotates all q heads and all k heads of one token.
+With a `QKNorm` (Qwen3's and Gemma 3's per-head RMSNorm on q and k before RoPE), each head is
+normed first, in the same program, rounded as the models' norm rounds it (to x's dtype), and
+then rotated: the norm costs no launch and no extra pass over q and k. Dims past rotary_dim
+are normed and left unrotated.
+
+Grid: (num_tokens, head blocks of q then of k); a program rotates BLOCK_H heads of one token,
+so a decode step's few tokens still spread over many programs.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -23,21 +29,74 @@ from kernels._checks import FLOAT_DTYPES, INDEX_DTYPES, check_device, check_tens
 from kernels.rope_freq import rope_attention_factor, rope_inv_freq
 
 
+class QKNorm(NamedTuple):
+    """Per-head RMSNorm of q and k before rotation: weights [head_dim] each (x's dtype). Plain:
+    w * rmsnorm(x) rounded as layers.RMSNorm does; unit_offset (Gemma): (1 + w) in fp32."""
+
+    q_weight: torch.Tensor
+    k_weight: torch.Tensor
+    eps: float
+    unit_offset: bool = False
+
+
+@triton.jit
+def _normed(x, rstd, w, UNIT_OFFSET: tl.constexpr, DTYPE: tl.constexpr):
+    """x (fp32) normed by rstd and scaled by w, rounded to DTYPE as the torch norms round."""
+    if UNIT_OFFSET:
+        return (x * rstd * (w + 1.0)).to(DTYPE).to(tl.float32)
+    normed = (x * rstd).to(DTYPE).to(tl.float32)
+    return (w * normed).to(DTYPE).to(tl.float32)
+
+
 @triton.jit
 def _rotate_heads(
-    x_ptr, stride_h, num_heads, cos, sin, offs_d, d_mask, HALF: tl.constexpr, BLOCK_H: tl.constexpr
+    x_ptr,
+    stride_h,
+    h_start,
+    num_heads,
+    cos,
+    sin,
+    offs_d,
+    d_mask,
+    w_ptr,
+    eps,
+    head_dim,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    NORM: tl.constexpr,
+    UNIT_OFFSET: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
-    """Rotate rows x_ptr + h * stride_h, h < num_heads, BLOCK_H heads at a time."""
-    for h0 in range(0, num_heads, BLOCK_H):
-        offs_h = h0 + tl.arange(0, BLOCK_H)
-        mask = (offs_h < num_heads)[:, None] & d_mask[None, :]
-        ptr1 = x_ptr + offs_h[:, None] * stride_h + offs_d[None, :]
-        x1 = tl.load(ptr1, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(ptr1 + HALF, mask=mask, other=0.0).to(tl.float32)
-        o1 = x1 * cos[None, :] - x2 * sin[None, :]
-        o2 = x2 * cos[None, :] + x1 * sin[None, :]
-        tl.store(ptr1, o1.to(x_ptr.dtype.element_ty), mask=mask)
-        tl.store(ptr1 + HALF, o2.to(x_ptr.dtype.element_ty), mask=mask)
+    """Rotate rows x_ptr + h * stride_h for h in [h_start, min(h_start + BLOCK_H,
+    num_heads)); with NORM, RMSNorm each row (weight w_ptr) first."""
+    dtype = x_ptr.dtype.element_ty
+    if NORM:
+        offs_full = tl.arange(0, BLOCK_D)
+        full_mask = offs_full < head_dim
+        w_full = tl.load(w_ptr + offs_full, mask=full_mask, other=0.0).to(tl.float32)
+        w1 = tl.load(w_ptr + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+        w2 = tl.load(w_ptr + HALF + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+    offs_h = h_start + tl.arange(0, BLOCK_H)
+    h_mask = offs_h < num_heads
+    mask = h_mask[:, None] & d_mask[None, :]
+    ptr1 = x_ptr + offs_h[:, None] * stride_h + offs_d[None, :]
+    x1 = tl.load(ptr1, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(ptr1 + HALF, mask=mask, other=0.0).to(tl.float32)
+    if NORM:
+        # the whole head for its mean square; the rotated halves are normed below and the
+        # dims past rotary_dim stored normed here (disjoint from the rotated ones)
+        ptr_full = x_ptr + offs_h[:, None] * stride_h + offs_full[None, :]
+        f_mask = h_mask[:, None] & full_mask[None, :]
+        xf = tl.load(ptr_full, mask=f_mask, other=0.0).to(tl.float32)
+        rstd = (1.0 / tl.sqrt(tl.sum(xf * xf, 1) / head_dim + eps))[:, None]
+        rest = _normed(xf, rstd, w_full[None, :], UNIT_OFFSET, dtype)
+        tl.store(ptr_full, rest.to(dtype), mask=f_mask & (offs_full >= 2 * HALF)[None, :])
+        x1 = _normed(x1, rstd, w1[None, :], UNIT_OFFSET, dtype)
+        x2 = _normed(x2, rstd, w2[None, :], UNIT_OFFSET, dtype)
+    o1 = x1 * cos[None, :] - x2 * sin[None, :]
+    o2 = x2 * cos[None, :] + x1 * sin[None, :]
+    tl.store(ptr1, o1.to(dtype), mask=mask)
+    tl.store(ptr1 + HALF, o2.to(dtype), mask=mask)
 
 
 @triton.jit
@@ -46,6 +105,8 @@ def _rotary_kernel(
     k_ptr,
     positions_ptr,
     cache_ptr,
+    wq_ptr,
+    wk_ptr,
     stride_qt,
     stride_qh,
     stride_kt,
@@ -53,21 +114,46 @@ def _rotary_kernel(
     stride_cache,
     num_q_heads,
     num_k_heads,
+    head_dim,
+    eps,
     HALF: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    NORM: tl.constexpr,
+    UNIT_OFFSET: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     tok = tl.program_id(0).to(tl.int64)
+    block = tl.program_id(1)
+    q_blocks = tl.cdiv(num_q_heads, BLOCK_H)
     pos = tl.load(positions_ptr + tok).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_HALF)
     d_mask = offs_d < HALF
     cos = tl.load(cache_ptr + pos * stride_cache + offs_d, mask=d_mask, other=0.0)
     sin = tl.load(cache_ptr + pos * stride_cache + HALF + offs_d, mask=d_mask, other=0.0)
+    if block < q_blocks:
+        x_ptr, stride_h, w_ptr, heads = q_ptr + tok * stride_qt, stride_qh, wq_ptr, num_q_heads
+        h_start = block * BLOCK_H
+    else:
+        x_ptr, stride_h, w_ptr, heads = k_ptr + tok * stride_kt, stride_kh, wk_ptr, num_k_heads
+        h_start = (block - q_blocks) * BLOCK_H
     _rotate_heads(
-        q_ptr + tok * stride_qt, stride_qh, num_q_heads, cos, sin, offs_d, d_mask, HALF, BLOCK_H
-    )
-    _rotate_heads(
-        k_ptr + tok * stride_kt, stride_kh, num_k_heads, cos, sin, offs_d, d_mask, HALF, BLOCK_H
+        x_ptr,
+        stride_h,
+        h_start,
+        heads,
+        cos,
+        sin,
+        offs_d,
+        d_mask,
+        w_ptr,
+        eps,
+        head_dim,
+        HALF,
+        BLOCK_H,
+        NORM,
+        UNIT_OFFSET,
+        BLOCK_D,
     )
 
 
@@ -97,9 +183,15 @@ def build_cos_sin_cache(
 
 
 def apply_rotary(
-    *, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
+    *,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    norm: QKNorm | None = None,
 ) -> None:
-    """Rotate q [n, num_heads, head_dim] and k [n, num_kv_heads, head_dim] in place.
+    """Rotate q [n, num_heads, head_dim] and k [n, num_kv_heads, head_dim] in place (each
+    head RMS-normed first with `norm`).
 
     Any token/head strides (q and k may be views of one fused qkv tensor). positions: [n]
     ints, each < cos_sin_cache.shape[0] (not checked: that would sync the host).
@@ -140,15 +232,26 @@ def apply_rotary(
             f"{op}: cos_sin_cache's rotary_dim must be even and in (0, head_dim = {head_dim}], "
             f"got {rotary_dim}"
         )
+    if norm is not None:
+        for name, w in (("norm.q_weight", norm.q_weight), ("norm.k_weight", norm.k_weight)):
+            check_tensor(op, name, w, shape=(head_dim,), dims="[d]", dtypes=(q.dtype,), device=dev)
     if n == 0:
         return
+    if q.stride(2) != 1 or k.stride(2) != 1:
+        raise ValueError(f"{op}: q and k must have contiguous heads (last stride 1)")
     half = rotary_dim // 2
     block_half = triton.next_power_of_2(half)
-    _rotary_kernel[(n,)](
+    block_d = triton.next_power_of_2(head_dim)
+    # a few heads a program: 8 of 128 dims (decode's one token still fills a few programs)
+    block_h = max(1, min(triton.next_power_of_2(max(num_heads, k.shape[1])), 1024 // block_d))
+    grid = (n, triton.cdiv(num_heads, block_h) + triton.cdiv(k.shape[1], block_h))
+    _rotary_kernel[grid](
         q,
         k,
         positions.contiguous(),
         cos_sin_cache,
+        q if norm is None else norm.q_weight,  # unused without NORM
+        k if norm is None else norm.k_weight,
         q.stride(0),
         q.stride(1),
         k.stride(0),
@@ -156,17 +259,31 @@ def apply_rotary(
         cos_sin_cache.stride(0),
         num_heads,
         k.shape[1],
+        head_dim,
+        0.0 if norm is None else norm.eps,
         HALF=half,
         BLOCK_HALF=block_half,
-        BLOCK_H=max(1, min(triton.next_power_of_2(num_heads), 4096 // block_half)),
+        BLOCK_H=block_h,
+        NORM=norm is not None,
+        UNIT_OFFSET=norm is not None and norm.unit_offset,
+        BLOCK_D=block_d,
         num_warps=4,
     )
 
 
 def apply_rotary_ref(
-    *, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
+    *,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    norm: QKNorm | None = None,
 ) -> None:
-    """The torch twin of `apply_rotary` (in place, fp32 math, rounded once)."""
+    """The torch twin of `apply_rotary` (in place, fp32 math, rounded once after the norm
+    and once after the rotation)."""
+    if norm is not None:
+        q.copy_(qk_norm_ref(q, norm.q_weight, norm.eps, norm.unit_offset))
+        k.copy_(qk_norm_ref(k, norm.k_weight, norm.eps, norm.unit_offset))
     half = cos_sin_cache.shape[1] // 2
     cos_sin = cos_sin_cache[positions]
     cos, sin = cos_sin[:, None, :half], cos_sin[:, None, half:]
@@ -174,3 +291,15 @@ def apply_rotary_ref(
         x1, x2 = x[..., :half].float(), x[..., half : 2 * half].float()
         rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
         x[..., : 2 * half].copy_(rotated.to(x.dtype))
+
+
+def qk_norm_ref(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool
+) -> torch.Tensor:
+    """Per-head RMSNorm of x [n, heads, head_dim] as layers.RMSNorm (or, unit_offset,
+    models/gemma.GemmaRMSNorm) computes it in torch."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    if unit_offset:
+        return (x32 * (1.0 + weight.float())).to(x.dtype)
+    return weight * x32.to(x.dtype)

@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from kernels.rotary import apply_rotary, apply_rotary_ref, build_cos_sin_cache
+from kernels.rotary import QKNorm, apply_rotary, apply_rotary_ref, build_cos_sin_cache
 from services.executor.models import layers
+from services.executor.models.gemma import GemmaRMSNorm
 from tests.executor.helpers import LLAMA3_ROPE, longrope
 from tests.kernels.helpers import ALL_DTYPES, DEVICE, TOLERANCES, Tol, randn
 
@@ -178,4 +179,107 @@ def test_rejects_bad_arguments(what: str, error: type[Exception], match: str) ->
         }[what]
     )
     with pytest.raises(error, match=match):
-        apply_rotary(**{name: t.to(DEVICE) for name, t in args.items()})
+        apply_rotary(
+            q=args["q"].to(DEVICE),
+            k=args["k"].to(DEVICE),
+            positions=args["positions"].to(DEVICE),
+            cos_sin_cache=args["cos_sin_cache"].to(DEVICE),
+        )
+
+
+def head_norms(head_dim: int, unit_offset: bool, dtype: torch.dtype, gen: torch.Generator) -> Any:
+    """q and k norms as the models hold them (Qwen3's RMSNorm, Gemma's GemmaRMSNorm), with
+    random weights."""
+    norms = []
+    for _ in range(2):
+        norm = GemmaRMSNorm(head_dim, 1e-6) if unit_offset else layers.RMSNorm(head_dim, 1e-6)
+        with torch.no_grad():
+            norm.weight.copy_(
+                torch.randn(head_dim, generator=gen) * 0.5 + (0 if unit_offset else 1)
+            )
+        norms.append(norm.to(device=DEVICE, dtype=dtype))
+    return norms[0], norms[1]
+
+
+@pytest.mark.parametrize("unit_offset", [False, True], ids=["qwen3", "gemma"])
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize(
+    ("num_tokens", "num_heads", "num_kv_heads", "head_dim", "rotary_dim"),
+    [(1, 4, 4, 64, 64), (3, 8, 2, 128, 128), (5, 6, 2, 80, 48)],
+)
+def test_head_norm_fused_before_rotation(
+    num_tokens: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    rotary_dim: int,
+    dtype: torch.dtype,
+    unit_offset: bool,
+) -> None:
+    """Each head normed, then rotated, in one launch: as the models' own norm modules and
+    rotation compute it, q and k views of one fused qkv tensor, v untouched; the dims past
+    rotary_dim normed and not rotated."""
+    gen = torch.Generator().manual_seed(head_dim + num_tokens)
+    cache = build_cos_sin_cache(
+        head_dim=rotary_dim, theta=10000.0, scaling=None, max_positions=256, device=DEVICE
+    )
+    qkv = randn(num_tokens, num_heads + 2 * num_kv_heads, head_dim, dtype=dtype, gen=gen) * 3
+    before = qkv.clone()
+    q, k = qkv[:, :num_heads], qkv[:, num_heads : num_heads + num_kv_heads]
+    qn, kn = head_norms(head_dim, unit_offset, dtype, gen)
+    positions = torch.randint(0, 256, (num_tokens,), generator=gen).to(DEVICE)
+    norm = QKNorm(qn.weight.detach(), kn.weight.detach(), 1e-6, unit_offset)
+    apply_rotary(q=q, k=k, positions=positions, cos_sin_cache=cache, norm=norm)
+    # the twin: the model's norm modules on the CPU path, then the reference rotation
+    with torch.no_grad():
+        q_ref = qn(before[:, :num_heads])
+        k_ref = kn(before[:, num_heads : num_heads + num_kv_heads])
+    assert q_ref.dtype == dtype
+    apply_rotary_ref(q=q_ref, k=k_ref, positions=positions, cos_sin_cache=cache)
+    # The kernel's 1/sqrt and torch's rsqrt may differ in fp32's last bit, which can round a
+    # normed value one ulp of x's dtype apart; the rotation then adds two such values, so
+    # the bound is a few ulps at the largest magnitude (exact in fp32 up to its own ulps).
+    for got, want in ((q, q_ref), (k, k_ref)):
+        ulp = torch.finfo(dtype).eps * float(want.float().abs().max())
+        torch.testing.assert_close(got.float(), want.float(), atol=4 * ulp, rtol=0)
+    torch.testing.assert_close(
+        qkv[:, num_heads + num_kv_heads :], before[:, num_heads + num_kv_heads :], rtol=0, atol=0
+    )
+    # the norm did something the rotation alone does not
+    plain_q = before[:, :num_heads].clone()
+    plain_k = before[:, num_heads : num_heads + num_kv_heads].clone()
+    apply_rotary_ref(q=plain_q, k=plain_k, positions=positions, cos_sin_cache=cache)
+    assert not torch.allclose(q.float(), plain_q.float(), atol=1e-2)
+
+
+def test_rope_apply_fuses_the_head_norms_as_its_cpu_path_computes_them() -> None:
+    """layers.Rope.apply with norms: the CUDA form (cos/sin cache, one kernel) against the CPU
+    form (the norm modules, then the model's apply_rotary) in fp32."""
+    gen = torch.Generator().manual_seed(7)
+    qn, kn = head_norms(64, False, torch.float32, gen)
+    positions = torch.tensor([0, 9, 100], device=DEVICE)
+    cache = build_cos_sin_cache(
+        head_dim=64, theta=10000.0, scaling=None, max_positions=128, device=DEVICE
+    )
+    cos, sin = layers.RotaryEmbedding(64, 10000.0, None, 128)(positions)
+    q = randn(3, 4, 64, dtype=torch.float32, gen=gen)
+    k = randn(3, 2, 64, dtype=torch.float32, gen=gen)
+    with torch.no_grad():
+        want_q, want_k = layers.Rope(positions, cos, sin, None).apply(q, k, (qn, kn))
+        got_q, got_k = layers.Rope(positions, None, None, cache).apply(
+            q.clone(), k.clone(), (qn, kn)
+        )
+    torch.testing.assert_close(got_q, want_q, **TOLERANCES[torch.float32])
+    torch.testing.assert_close(got_k, want_k, **TOLERANCES[torch.float32])
+
+
+def test_rejects_a_head_norm_of_the_wrong_width() -> None:
+    norm = QKNorm(torch.ones(6, device=DEVICE), torch.ones(8, device=DEVICE), 1e-6)
+    with pytest.raises(ValueError, match=r"norm.q_weight must have shape \[d\] = \(8\)"):
+        apply_rotary(
+            q=torch.zeros(3, 2, 8, device=DEVICE),
+            k=torch.zeros(3, 1, 8, device=DEVICE),
+            positions=torch.zeros(3, dtype=torch.int64, device=DEVICE),
+            cos_sin_cache=torch.zeros(16, 8, device=DEVICE),
+            norm=norm,
+        )

@@ -35,6 +35,8 @@ class GemmaRMSNorm(nn.Module):
     fused as in layers.RMSNorm: returns (norm(x + residual), x + residual). The checkpoint's
     weight is w (zero-centred), as HF stores it."""
 
+    unit_offset = True  # for the fused q/k norm of kernels/rotary
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(dim))
@@ -90,17 +92,10 @@ class GemmaAttention(LlamaAttention):
         super().__init__(config, layer_id, backend, tp)
         self.scale = config.attention_scale
         self.softcap = config.attn_logit_softcap
-        self.qk_norm = config.qk_norm
         if config.qk_norm:
             self.q_norm = GemmaRMSNorm(config.head_dim, config.rms_norm_eps)
             self.k_norm = GemmaRMSNorm(config.head_dim, config.rms_norm_eps)
-
-    def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.qk_norm:
-            return q, k
-        q_normed, k_normed = self.q_norm(q), self.k_norm(k)
-        assert isinstance(q_normed, torch.Tensor) and isinstance(k_normed, torch.Tensor)
-        return q_normed, k_normed
+            self.qk_norms = (self.q_norm, self.k_norm)
 
 
 class GemmaDecoderLayer(nn.Module):

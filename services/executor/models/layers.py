@@ -6,7 +6,7 @@ fp32, cast back afterwards) so fp32 logits match it to rounding error.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, overload
+from typing import Any, NamedTuple, Protocol, overload
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +25,8 @@ def on_gpu(x: torch.Tensor) -> bool:
 class RMSNorm(nn.Module):
     """`forward(x)` -> normed; `forward(x, residual)` -> (norm(x + residual), x + residual):
     the residual add is fused into the norm, as the decoder layers use it."""
+
+    unit_offset = False  # the weight scales as w (Gemma's norms: 1 + w)
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -137,20 +139,46 @@ class RotaryEmbedding(nn.Module):
         return self.cos_sin_cache
 
 
+class HeadNorm(Protocol):
+    """A per-head q or k norm (RMSNorm, Gemma's GemmaRMSNorm): its weight and eps for the
+    fused CUDA kernel, its own forward on [n, heads, head_dim] for the CPU."""
+
+    weight: nn.Parameter
+    eps: float
+    unit_offset: bool
+
+    def __call__(self, x: torch.Tensor) -> Any: ...
+
+
 class Rope(NamedTuple):
     positions: torch.Tensor  # [num_tokens]
     cos: torch.Tensor | None  # CPU path: [num_tokens, rotary_dim] fp32
     sin: torch.Tensor | None
     cos_sin_cache: torch.Tensor | None  # CUDA path: [max_positions, rotary_dim] fp32
 
-    def apply(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q [n, heads, head_dim], k [n, kv_heads, head_dim] -> rotated (in place on CUDA)."""
+    def apply(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        norms: tuple[HeadNorm, HeadNorm] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [n, heads, head_dim], k [n, kv_heads, head_dim] -> rotated (in place on CUDA),
+        each head normed by `norms` (q's, k's) first: on CUDA in the same kernel."""
         if self.cos_sin_cache is not None:
+            from kernels.rotary import QKNorm
             from kernels.rotary import apply_rotary as rotary_kernel
 
-            rotary_kernel(q=q, k=k, positions=self.positions, cos_sin_cache=self.cos_sin_cache)
+            fused = None
+            if norms is not None:
+                qn, kn = norms
+                fused = QKNorm(qn.weight, kn.weight, qn.eps, qn.unit_offset)
+            rotary_kernel(
+                q=q, k=k, positions=self.positions, cos_sin_cache=self.cos_sin_cache, norm=fused
+            )
             return q, k
         assert self.cos is not None and self.sin is not None
+        if norms is not None:
+            q, k = norms[0](q), norms[1](k)
         return apply_rotary(q, self.cos, self.sin), apply_rotary(k, self.cos, self.sin)
 
 

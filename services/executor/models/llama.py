@@ -27,7 +27,7 @@ from services.executor.distributed.layers import (
 )
 from services.executor.forward_batch import ForwardBatch
 from services.executor.model_config import ModelConfig
-from services.executor.models.layers import RMSNorm, Rope, RotaryEmbedding
+from services.executor.models.layers import HeadNorm, RMSNorm, Rope, RotaryEmbedding
 from services.executor.models.moe import build_mlp
 
 # checkpoint module name -> (our fused module, shard index in it)
@@ -84,10 +84,8 @@ class LlamaAttention(nn.Module):
         # Gemma's: a query_pre_attn_scalar scale and a score cap (None: 1/sqrt(head_dim), none)
         self.scale: float | None = None
         self.softcap: float | None = None
-
-    def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Hook before RoPE; Llama has no q/k norm."""
-        return q, k
+        # Qwen3's and Gemma 3's per-head q and k norms before RoPE (None: Llama has none)
+        self.qk_norms: tuple[HeadNorm, HeadNorm] | None = None
 
     def forward(self, x: torch.Tensor, rope: Rope, batch: ForwardBatch) -> torch.Tensor:
         n = x.shape[0]
@@ -95,7 +93,7 @@ class LlamaAttention(nn.Module):
         q = q.view(n, self.num_heads, self.head_dim)
         k = k.view(n, self.num_kv_heads, self.head_dim)
         v = v.view(n, self.num_kv_heads, self.head_dim)
-        q, k = rope.apply(*self.norm_qk(q, k))
+        q, k = rope.apply(q, k, self.qk_norms)
         out = self.backend.forward(
             q, k, v, self.layer_id, batch,
             scale=self.scale, window=self.window, softcap=self.softcap,

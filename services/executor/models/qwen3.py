@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from services.executor.attention import AttentionBackend
 from services.executor.distributed.group import SINGLE, TPGroup
 from services.executor.model_config import ModelConfig
@@ -18,10 +16,8 @@ class Qwen3Attention(LlamaAttention):
         super().__init__(config, layer_id, backend, tp)
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
-
-    def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # RMSNorm over the last dim of [num_tokens, heads, head_dim] normalises each head.
-        return self.q_norm(q), self.k_norm(k)
+        # RMSNorm over the last dim of [num_tokens, heads, head_dim] normalises each head
+        self.qk_norms = (self.q_norm, self.k_norm)
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):
