@@ -147,8 +147,11 @@ def _align_one_program_kernel(
 
 
 def max_padded_pairs(num_pairs: int, num_experts: int, block_m: int) -> int:
-    """The most rows the padded runs can take: every expert may waste block_m - 1."""
-    return triton.cdiv(num_pairs + num_experts * (block_m - 1), block_m) * block_m
+    """The most rows the padded runs can take: every expert with pairs may waste block_m - 1,
+    and at most min(experts, pairs) experts have any. A decode step's few pairs thus get a
+    few blocks (Qwen3-30B-A3B at batch 1: 8, not 121), and fused_moe launches that many."""
+    used = min(num_experts, num_pairs)
+    return triton.cdiv(num_pairs + used * (block_m - 1), block_m) * block_m
 
 
 def moe_align(
