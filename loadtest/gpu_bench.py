@@ -18,7 +18,8 @@ the stack) and tp_kill (a TP=2 group losing a rank under load: gpu/tp_stack.py),
 bandwidth: gpu/mla_kernel.py), moe_kernel (the fused MoE kernel against a torch loop over
 experts) and qwen3moe (Qwen3-30B-A3B's shapes: batch-1 decode against its roofline, the
 500-prompt offline workload: gpu/moe.py) and dsv2lite (DeepSeek-V2-Lite's shapes, MLA and
-MoE: the same two figures, gpu/deepseek.py).
+MoE: the same two figures, gpu/deepseek.py); qwen3moe_decode and dsv2lite_decode run the
+decode half alone.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ SECTIONS = [
 # Seconds per section; together they fit one ten-minute command.
 TIME_LIMITS = {
     "roofline": 30,
-    "correctness": 130,  # four tiny models, DeepSeek's MLA kernels compiled for the last
+    "correctness": 260,  # seven tiny models, each family's kernel variants compiled
     "decode1": 60,
     "peer": 90,
     "heavy": 60,
@@ -71,6 +72,8 @@ TIME_LIMITS = {
     "moe_kernel": 240,
     "qwen3moe": 480,
     "dsv2lite": 480,
+    "qwen3moe_decode": 240,  # the decode half alone (no offline workload)
+    "dsv2lite_decode": 240,
 }
 OFFLINE_RUN_S = 130  # the 500-prompt run stops here and reports what it finished
 
@@ -150,16 +153,17 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         from loadtest.gpu.moe import moe_kernel_section
 
         return moe_kernel_section()
-    if name == "qwen3moe":
+    if name in ("qwen3moe", "qwen3moe_decode"):
         from loadtest.gpu.moe import qwen3moe_section
 
-        return qwen3moe_section()
-    if name == "dsv2lite":
+        return qwen3moe_section(0 if name.endswith("_decode") else OFFLINE_RUN_S)
+    if name in ("dsv2lite", "dsv2lite_decode"):
         from loadtest.gpu.deepseek import dsv2lite_section
 
-        return dsv2lite_section()
+        return dsv2lite_section(0 if name.endswith("_decode") else OFFLINE_RUN_S)
     extra = ["burst", "engine_ab", "protocols", "dp", "observability", "tools"]
     extra += ["tp", "tp70b", "tp_kill", "mla_kernel", "moe_kernel", "qwen3moe", "dsv2lite"]
+    extra += ["qwen3moe_decode", "dsv2lite_decode"]
     raise SystemExit(f"unknown section {name!r}; known: {', '.join([*SECTIONS, *extra])}")
 
 
@@ -267,7 +271,7 @@ def table(results: dict[str, Any]) -> str:
                 from loadtest.stack_scrape import summary
 
                 rows.append((f"  where {run}'s time went", summary(r["services"])))
-    for arch in ("llama", "qwen2", "qwen3", "deepseek_v2"):
+    for arch in ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "deepseek_v2"):
         c = get("correctness", arch)
         if c is not None:
             rows.append(

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from loadtest import offline
 from loadtest.gpu.bandwidth import copy_bandwidth
+from loadtest.gpu.timeline import profile_decode
 
 QWEN3_30B_A3B: dict[str, Any] = {
     "architectures": ["Qwen3MoeForCausalLM"],
@@ -189,8 +190,63 @@ def _kernel_timings(bw: float) -> dict[str, Any]:
             "graph_share_of_copy_bw": expert_bytes / (graph_ms / 1000) / bw,
             "max_abs_diff_vs_loop": diff,
         }
+        if tokens <= 64:
+            rows[str(tokens)]["tiles"] = _tile_grid(x, w13, w2, topk_weights, topk_ids)
         print(f"moe_kernel {tokens} tokens: {rows[str(tokens)]}", flush=True)
     return rows
+
+
+# (block_m, block_n, block_k, num_warps, num_stages) tried at decode sizes
+TILE_GRID = [
+    (16, 32, 128, 4, 3),
+    (16, 64, 128, 4, 3),
+    (16, 32, 256, 4, 3),
+    (16, 64, 64, 4, 4),
+    (16, 128, 64, 4, 3),
+    (16, 32, 64, 2, 4),
+    (16, 64, 128, 8, 3),
+    (16, 16, 256, 4, 3),
+]
+
+
+def _tile_grid(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> list[dict[str, Any]]:
+    """fused_moe's graphed time under each TILE_GRID launch configuration, fastest first."""
+    from kernels.fused_moe import fused_moe
+
+    out: list[dict[str, Any]] = []
+    for bm, bn, bk, warps, stages in TILE_GRID:
+
+        def call() -> torch.Tensor:
+            return fused_moe(
+                x,
+                w13,
+                w2,
+                topk_weights,
+                topk_ids,
+                block_m=bm,  # noqa: B023
+                block_n=bn,  # noqa: B023
+                block_k=bk,  # noqa: B023
+                num_warps=warps,  # noqa: B023
+                num_stages=stages,  # noqa: B023
+            )
+
+        try:
+            call()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                call()
+            ms = _time_ms(graph.replay)
+        except Exception as e:  # a configuration the GPU cannot hold (shared memory)
+            out.append({"tiles": [bm, bn, bk, warps, stages], "error": str(e)[:120]})
+            continue
+        out.append({"tiles": [bm, bn, bk, warps, stages], "graph_ms": ms})
+    return sorted(out, key=lambda r: r.get("graph_ms", float("inf")))
 
 
 def qwen3moe_section(time_limit: float = OFFLINE_RUN_S) -> dict[str, Any]:
@@ -205,7 +261,8 @@ def decode_and_offline(
     config: dict[str, Any], name: str, read: dict[str, int], time_limit: float
 ) -> dict[str, Any]:
     """Batch-1 decode (in DECODE_IN, out DECODE_OUT) against the roofline of `read` (bytes
-    per step at the mean context), then the 500-prompt offline workload on the same engine."""
+    per step at the mean context) and its device timeline, then the 500-prompt offline
+    workload on the same engine for `time_limit` seconds (none when it is 0)."""
     from loadtest.gpu.sections import OFFLINE_500, _args
 
     bw = copy_bandwidth()  # its buffers are back on the device before the KV pool is sized
@@ -217,6 +274,9 @@ def decode_and_offline(
     startup_s = time.monotonic() - t0
     decode = offline.run_latency(engine, args)
     roofline_tok_s = bw / read["total"]
+    # where a batch-1 step's device time goes, kernel by kernel
+    prompt = [(7 * j) % 200 + 10 for j in range(DECODE_IN)]
+    timeline = profile_decode(engine, [offline.request("t", prompt, 512)], 8, 30, top_kernels=40)
     result: dict[str, Any] = {
         "gpu": torch.cuda.get_device_name(),
         "startup_s": startup_s,
@@ -226,8 +286,11 @@ def decode_and_offline(
         "decode1": decode,
         "decode_share_of_roofline": decode["decode_tok_s"] / roofline_tok_s,
         "target_share": 0.70,
+        "decode1_timeline": timeline,
     }
     print(f"{name} decode: {result}", flush=True)
+    if time_limit <= 0:
+        return result
     thr = _args(model, "throughput", *OFFLINE_500, "--time-limit", str(time_limit))
     result["offline"] = offline.run_throughput(engine, thr)
     result["offline"]["kv_pool_tokens"] = engine.policy.kv.num_slots

@@ -43,11 +43,12 @@ def roofline() -> dict[str, Any]:
 
 
 def correctness(
-    archs: tuple[str, ...] = ("llama", "qwen2", "qwen3", "deepseek_v2"),
+    archs: tuple[str, ...] = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "deepseek_v2"),
 ) -> dict[str, Any]:
-    """Greedy tokens of small random-weight models (`archs`, write_tiny_model's names; DeepSeek's
-    latent attention among the defaults) in bf16 on the Triton backend with CUDA graphs,
-    against transformers on the same weights; CUDA-graph and eager decode agree."""
+    """Greedy tokens of small random-weight models (`archs`, write_tiny_model's names; Phi-3,
+    Gemma's windows and soft caps, and DeepSeek's latent attention among the defaults) in bf16
+    on the Triton backend with CUDA graphs, against transformers on the same weights; CUDA-graph
+    and eager decode agree."""
     from transformers import AutoModelForCausalLM
 
     from tests.executor.helpers import write_tiny_model
@@ -84,8 +85,10 @@ def correctness(
         matches, flips = 0, []
         for i, p in enumerate(prompts):
             with torch.no_grad():
+                ids = torch.tensor([p], device="cuda")
                 ref = hf.generate(
-                    torch.tensor([p], device="cuda"),
+                    ids,
+                    attention_mask=torch.ones_like(ids),  # else token 0, the pad id, is masked
                     do_sample=False,
                     max_new_tokens=64,
                     min_new_tokens=64,

@@ -37,7 +37,9 @@ def device_intervals(trace: dict[str, Any]) -> list[tuple[float, float, str]]:
     return out
 
 
-def summarize(intervals: list[tuple[float, float, str]], steps: int) -> dict[str, Any]:
+def summarize(
+    intervals: list[tuple[float, float, str]], steps: int, top_kernels: int = 12
+) -> dict[str, Any]:
     """Busy and idle device time per step over the traced window, the longest idle
     stretches with the activity on either side, and the kernels that take the most time."""
     if not intervals:
@@ -58,7 +60,7 @@ def summarize(intervals: list[tuple[float, float, str]], steps: int) -> dict[str
     busy += cur_end - cur_start
     window = intervals[-1][1] - intervals[0][0]
     idle = sum(g for g, _, _ in gaps)
-    top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:12]
+    top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:top_kernels]
     gaps.sort(reverse=True)
     return {
         "steps": steps,
@@ -67,6 +69,7 @@ def summarize(intervals: list[tuple[float, float, str]], steps: int) -> dict[str
         "busy_share": busy / window,
         f"idle_ms_per_step_in_gaps_over_{GAP_REPORTED_US:g}us": idle / steps / 1000,
         "gaps_per_step": len(gaps) / steps,
+        "device_ops_per_step": len(intervals) / steps,
         "longest_gaps_us": [(round(g, 1), before, after) for g, before, after in gaps[:8]],
         "top_kernels_us_per_step": [(round(us / steps, 1), name) for name, us in top],
     }
@@ -99,6 +102,7 @@ def profile_decode(
     warm: int,
     steps: int,
     host: HostTimes | None = None,
+    top_kernels: int = 12,
 ) -> dict[str, Any]:
     """Submit `reqs`, run until every prompt is computed plus `warm` decode steps, trace the
     next `steps` steps, then abort what is left. The requests must decode past that.
@@ -122,7 +126,7 @@ def profile_decode(
         prof.export_chrome_trace(str(path))
         trace = json.loads(path.read_text())
     abort_all(engine)
-    out = summarize(device_intervals(trace), steps)
+    out = summarize(device_intervals(trace), steps, top_kernels)
     out["wall_ms_per_step_profiled"] = 1000 * wall / steps
     walls = sorted(w for w, _ in per_step)
     out["host_step_ms_median"] = 1000 * walls[len(walls) // 2]
