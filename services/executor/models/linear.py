@@ -2,9 +2,10 @@
 it reads the weight faster than cuBLAS, and cuBLAS everywhere else.
 
 Which one is faster depends on the GPU and the shape, so nothing is assumed: `choose_gemv`
-times both on the device at start (before CUDA graphs are captured) for every projection
-shape of the model and every row count up to kernels.gemv.MAX_M, and each `Linear` keeps
-the winner per row count. Without a choice (the CPU, tests) a `Linear` is nn.Linear.
+times both on the device at start (before the model's CUDA graphs are captured, each inside
+a graph of its own, as decode runs them) for every projection shape of the model and every
+row count up to kernels.gemv.MAX_M, and each `Linear` keeps the winner per row count.
+Without a choice (the CPU, tests) a `Linear` is nn.Linear.
 """
 
 from __future__ import annotations
@@ -61,16 +62,31 @@ class Linear(nn.Linear):
         return out if self.bias is None else out + self.bias
 
 
-def _time_us(fn: Callable[[], object], reps: int = 30) -> float:
+def _time_us(fn: Callable[[], object], reps: int = 20) -> float:
+    """Device microseconds per call of `fn`, replayed from a CUDA graph of `reps` calls (median
+    of three replays). Decode runs its projections inside CUDA graphs, where a launch costs
+    the host nothing: timed eagerly, a short kernel would be judged by its launcher's host
+    overhead (Triton's is several times torch's), and cuBLAS would win shapes it loses."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()  # compiles; allocations settle before capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    times = []
     for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return 1000 * start.elapsed_time(end) / reps
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(1000 * start.elapsed_time(end) / reps)
+    del graph
+    return sorted(times)[1]
 
 
 def _plan(weight: torch.Tensor) -> tuple[dict[int, GemvConfig], float]:
