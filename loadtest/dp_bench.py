@@ -160,7 +160,10 @@ def run_one(run: Run, a: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     finally:
         stop(proc)
     head = {"run": run.name, "serve_args": run.serve_args, "ready_s": ready_s}
-    return head | metrics.to_json() | {"services": services, "executor_series": samples}
+    lines = stack_scrape.series_table(samples)
+    print(f"{run.name}, over the run:", *lines, sep="\n  ", flush=True)
+    tail = {"services": services, "series": samples, "series_table": lines}
+    return head | metrics.to_json() | tail
 
 
 def table(results: list[dict[str, Any]]) -> str:

@@ -101,25 +101,38 @@ def summary(services: dict[str, dict[str, Any]]) -> str:
 
 
 GAUGES = {"sglang:num_running_reqs": "running", "sglang:num_queue_reqs": "queued"}
+GENERATED = "radixserve:executor_generated_tokens"
+PENDING = "radixserve:stream_pending"
 
 
-def gauges(text: str) -> dict[str, float]:
-    """An executor's running and queued requests, from one /metrics page."""
-    out: dict[str, float] = {}
+def series_sample(text: str) -> dict[str, Any]:
+    """One child's figures for the series: CPU seconds, its input streams' unread or
+    unacknowledged entries, and for an executor its running and queued requests, tokens
+    generated and seconds spent stepping (both cumulative)."""
+    out: dict[str, Any] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name in GAUGES:
                 out[GAUGES[s.name]] = s.value
+            elif s.name == "process_cpu_seconds_total":
+                out["cpu_s"] = s.value
+            elif s.name in (GENERATED, f"{GENERATED}_total"):
+                out["generated"] = out.get("generated", 0.0) + s.value
+            elif s.name == f"{STEP_METRIC}_sum":
+                out["busy_s"] = out.get("busy_s", 0.0) + s.value
+            elif s.name == PENDING and s.value:
+                out.setdefault("pending", {})[s.labels.get("stream", "?")] = s.value
     return out
 
 
 class Series(threading.Thread):
-    """Every executor's running and queued requests, sampled every `period_s` until stopped:
-    when each filled up, and how long each ran short of work, across a run."""
+    """Every child's /metrics sampled every `period_s` until stopped (`series_sample`), and
+    this process's CPU seconds as "client": when each executor filled up or ran short of
+    work, which service's CPU or input backlog grew, across a run."""
 
     def __init__(self, ports: dict[str, int], period_s: float = 0.5) -> None:
         super().__init__(name="stack-series", daemon=True)
-        self.ports = {n: p for n, p in ports.items() if n.startswith("executor")}
+        self.ports = ports
         self.period_s = period_s
         self.samples: list[dict[str, Any]] = []
         self._stop_event = threading.Event()
@@ -128,10 +141,11 @@ class Series(threading.Thread):
     def run(self) -> None:
         while not self._stop_event.is_set():
             row: dict[str, Any] = {"t": round(time.monotonic() - self._t0, 3)}
+            row["client"] = {"cpu_s": time.process_time()}
             for name, port in self.ports.items():
                 try:
                     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
-                        row[name] = gauges(r.read().decode())
+                        row[name] = series_sample(r.read().decode())
                 except OSError:
                     continue
             self.samples.append(row)
@@ -141,3 +155,38 @@ class Series(threading.Thread):
         self._stop_event.set()
         self.join(timeout=10)
         return self.samples
+
+
+def _rate(now: dict[str, Any], then: dict[str, Any], key: str, dt: float) -> float:
+    return (now.get(key, 0.0) - then.get(key, 0.0)) / dt if dt > 0 else 0.0
+
+
+def series_table(samples: list[dict[str, Any]], every_s: float = 2.0) -> list[str]:
+    """The series as lines of text, one per `every_s` of the run: per executor its running
+    and queued requests, share of the interval spent stepping and tokens per second; every
+    other child's CPU share over the interval and its largest input backlog."""
+    lines: list[str] = []
+    last: dict[str, Any] | None = None
+    for row in samples:
+        if last is not None and row["t"] - last["t"] < every_s:
+            continue
+        if last is None:
+            last = row
+            continue
+        dt = row["t"] - last["t"]
+        parts = [f"t={row['t']:6.1f}"]
+        for name in sorted(k for k in row if k != "t"):
+            now, then = row[name], last.get(name, {})
+            if "running" in now:
+                parts.append(
+                    f"{name} run {now['running']:.0f} q {now.get('queued', 0):.0f} "
+                    f"busy {_rate(now, then, 'busy_s', dt):.2f} "
+                    f"{_rate(now, then, 'generated', dt):.0f} tok/s"
+                )
+            else:
+                backlog = max(now.get("pending", {}).values(), default=0)
+                cpu = f"{name} cpu {_rate(now, then, 'cpu_s', dt):.2f}"
+                parts.append(cpu + (f" backlog {backlog:.0f}" if backlog else ""))
+        lines.append(" | ".join(parts))
+        last = row
+    return lines

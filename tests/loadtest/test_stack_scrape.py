@@ -3,9 +3,19 @@ executor steps between two scrapes."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from loadtest.stack_scrape import STEP_METRIC, child_ports, sample, summary, usage
+from loadtest.stack_scrape import (
+    STEP_METRIC,
+    child_ports,
+    sample,
+    series_sample,
+    series_table,
+    summary,
+    usage,
+)
 
 
 def test_child_ports_come_from_the_line_serve_prints() -> None:
@@ -93,6 +103,54 @@ def test_the_series_samples_each_executor_until_stopped() -> None:
         samples = series.stop()
     finally:
         server.shutdown()
-    assert all(set(s) == {"t", "executor-0"} for s in samples)  # executors only
+    assert all(set(s) == {"t", "client", "executor-0", "gateway-0"} for s in samples)
     assert samples[0]["executor-0"] == {"running": 12.0, "queued": 3.0}
     assert samples[-1]["t"] >= samples[0]["t"]
+    assert samples[-1]["client"]["cpu_s"] >= samples[0]["client"]["cpu_s"] > 0
+
+
+def _series_page(cpu: float, running: int, generated: int, busy: float, backlog: int) -> str:
+    lines = [
+        f"process_cpu_seconds_total {cpu}",
+        f"sglang:num_running_reqs {running}",
+        "sglang:num_queue_reqs 0",
+        f"radixserve:executor_generated_tokens_total {generated}",
+        f'{STEP_METRIC}_sum{{phase="decode"}} {busy}',
+        f'{STEP_METRIC}_sum{{phase="extend"}} 0.5',
+        f'radixserve:stream_pending{{stream="replies"}} {backlog}',
+        'radixserve:stream_pending{stream="aborts"} 0',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _gateway_page(cpu: float, backlog: int) -> str:
+    return f'process_cpu_seconds_total {cpu}\nradixserve:stream_pending{{stream="out"}} {backlog}\n'
+
+
+def test_a_series_sample_reads_cpu_backlog_tokens_and_busy_time() -> None:
+    got = series_sample(_series_page(3.0, 7, 1000, 2.5, 40))
+    assert got == {
+        "cpu_s": 3.0,
+        "running": 7.0,
+        "queued": 0.0,
+        "generated": 1000.0,
+        "busy_s": 3.0,  # decode and extend together
+        "pending": {"replies": 40.0},  # empty streams left out
+    }
+
+
+def test_the_series_table_gives_rates_per_interval() -> None:
+    def row(t: float, cpu: float, gen: int, busy: float, backlog: int) -> dict[str, Any]:
+        return {
+            "t": t,
+            "client": {"cpu_s": cpu / 2},
+            "executor-0": series_sample(_series_page(cpu, 5, gen, busy, 0)),
+            "gateway-0": series_sample(_gateway_page(cpu, backlog)),
+        }
+
+    samples = [row(0.0, 1.0, 0, 0.0, 0), row(1.0, 1.5, 50, 0.5, 3), row(2.0, 2.0, 500, 1.5, 9)]
+    (line,) = series_table(samples, every_s=2.0)
+    assert line.startswith("t=   2.0")
+    assert "client cpu 0.25" in line
+    assert "executor-0 run 5 q 0 busy 0.75 250 tok/s" in line
+    assert "gateway-0 cpu 0.50 backlog 9" in line
