@@ -83,7 +83,7 @@ async def send(
                 text = await resp.text(errors="replace")
                 out.status, out.kind = resp.status, kind_of(resp.status)
                 wait = retry_after_s(resp.headers)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             out.kind, out.error = "hung", f"no answer within {hang_s:.1f}s"
             break
         except aiohttp.ClientError as e:  # refused, reset, or dropped mid-answer

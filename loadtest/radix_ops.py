@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
     return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "bench": "radix_ops",
         "config": vars(args) | {"output_file": str(args.output_file)},
         "host": {"python": platform.python_version(), "machine": platform.machine()},

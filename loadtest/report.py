@@ -84,7 +84,7 @@ def _jsonable(value: Any) -> Any:
 def append_jsonl(path: Path, m: Metrics, config: dict[str, Any]) -> dict[str, Any]:
     """Append one object (date, config, every metric) as a line of `path`; return it."""
     record = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "config": {k: _jsonable(v) for k, v in config.items()},
         **m.to_json(),
     }

@@ -168,7 +168,7 @@ class Dispatcher:
                 raise unreachable(e) from e
             try:
                 reply = await asyncio.wait_for(queue.get(), timeout_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise ApiError(504, f"no tokenizer answered within {timeout_s:g}s") from None
         finally:
             self.router.unregister(rid)
@@ -228,13 +228,23 @@ class Pending:
                 self.abort_reason = "deadline"
                 raise ApiError(504, f"request timed out after {self.timeout_s:g}s")
             try:
-                message = await asyncio.wait_for(self.queue.get(), min(left, DISCONNECT_POLL_S))
+                # asyncio.timeout, not wait_for: no task created per token of a stream
+                async with asyncio.timeout(min(left, DISCONNECT_POLL_S)):
+                    message = await self.queue.get()
                 return self._seen(message)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 if request is not None and client_gone(request):
                     self.abort_reason = "client disconnected"
                     raise ClientGone() from None
         return self._seen(self.queue.get_nowait())
+
+    def ready(self) -> list[GenerationReply]:
+        """The replies already queued, up to and including the last one (none once it has
+        been taken): what a stream can send in one write when it has fallen behind."""
+        out: list[GenerationReply] = []
+        while not self.finished and not self.queue.empty():
+            out.append(self._seen(self.queue.get_nowait()))
+        return out
 
     def first_token(self, hops: HopTimes) -> dict[str, float]:
         """Called by the handler as it takes the request's first delta (the one that carries

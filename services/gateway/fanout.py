@@ -137,6 +137,8 @@ async def _stream_many(
     group: int,
 ) -> None:
     """Relay every sample's replies as they come; the first error ends the stream."""
+    if len(pendings) == 1:
+        return await _stream_one(request, pendings[0], renderer, resp, accs, firsts[0], group)
     queue: asyncio.Queue[tuple[int, GenerationReply | ApiError]] = asyncio.Queue()
 
     async def pump(i: int, p: Pending, first: GenerationReply) -> None:
@@ -178,3 +180,37 @@ async def _stream_many(
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _stream_one(
+    request: web.Request,
+    p: Pending,
+    renderer: ManyRenderer,
+    resp: web.StreamResponse,
+    accs: list[Accumulated],
+    message: GenerationReply,
+    group: int,
+) -> None:
+    """One sample's stream, relayed without a pump task between it and the response. The
+    replies that queued up while the last write was out go out together in one write, so
+    a gateway that falls behind catches up instead of paying a wakeup and a write each."""
+    acc = accs[0]
+    while True:
+        events: list[Any] = []
+        for m in [message, *p.ready()]:
+            if isinstance(m, Failure):
+                await send_events(resp, [*events, ApiError.from_info(m.error).body()])
+                return
+            if m.hops is not None:
+                acc.hop_ms = p.first_token(m.hops)
+            acc.add(m)
+            events += renderer.delta_at(0, m, acc)
+            if m.finish_reason is not None:
+                await send_events(resp, events + renderer.tail(total_usage(accs, group)))
+                return
+        await send_events(resp, events)
+        try:
+            message = await p.next(request)
+        except ApiError as e:  # the deadline passed
+            await send_events(resp, [e.body()])
+            return

@@ -45,7 +45,7 @@ async def health(request: web.Request) -> web.StreamResponse:
         readiness = await asyncio.wait_for(
             read_readiness(state.r, state.settings.detokenizer_partitions), REDIS_TIMEOUT_S
         )
-    except (*TRANSIENT, asyncio.TimeoutError) as e:
+    except (TimeoutError, *TRANSIENT) as e:
         reason = str(e) or f"no answer within {REDIS_TIMEOUT_S:g}s"
         return unavailable("unavailable", f"redis is unreachable: {reason}", missing=["redis"])
     if not readiness.ready:
@@ -70,7 +70,7 @@ async def unready(state: GatewayState) -> str | None:
         readiness = await asyncio.wait_for(
             read_readiness(state.r, state.settings.detokenizer_partitions), REDIS_TIMEOUT_S
         )
-    except (*TRANSIENT, asyncio.TimeoutError) as e:
+    except (TimeoutError, *TRANSIENT) as e:
         return f"redis is unreachable: {e or f'no answer within {REDIS_TIMEOUT_S:g}s'}"
     return None if readiness.ready else f"not ready: {readiness.message()}"
 

@@ -35,7 +35,7 @@ async def refresh(metrics: ServiceMetrics) -> None:
             asyncio.gather(*(f() for f in metrics.refreshers), return_exceptions=True),
             REFRESH_TIMEOUT_S,
         )
-    except asyncio.TimeoutError:
+    except TimeoutError:
         log.debug("metrics refresh timed out")
         return
     for r in results:

@@ -8,7 +8,7 @@ warm cache as use would turn every warm worker away.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 
@@ -64,7 +64,7 @@ def loads_response(
     per_rank = [scheduler_load(i, load, sections) for i, load in ranked]
     n = max(1, len(per_rank))
     return sgl.GetLoadsResponse(
-        timestamp=datetime.now(timezone.utc).isoformat(),
+        timestamp=datetime.now(UTC).isoformat(),
         version=f"radixserve-{radixserve.__version__}",
         dp_rank_count=len(loads),
         loads=per_rank,
