@@ -19,7 +19,8 @@ bandwidth: gpu/mla_kernel.py), moe_kernel (the fused MoE kernel against a torch 
 experts) and qwen3moe (Qwen3-30B-A3B's shapes: batch-1 decode against its roofline, the
 500-prompt offline workload: gpu/moe.py) and dsv2lite (DeepSeek-V2-Lite's shapes, MLA and
 MoE: the same two figures, gpu/deepseek.py); qwen3moe_decode and dsv2lite_decode run the
-decode half alone.
+decode half alone; scale (decode at long contexts and big batches against its roofline, the
+100,000-token prefill, host time per step at batch 256: gpu/scale.py).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ TIME_LIMITS = {
     "moe_kernel": 240,
     "qwen3moe": 480,
     "dsv2lite": 480,
+    "scale": 480,
     "qwen3moe_decode": 240,  # the decode half alone (no offline workload)
     "dsv2lite_decode": 240,
 }
@@ -153,6 +155,10 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         from loadtest.gpu.moe import moe_kernel_section
 
         return moe_kernel_section()
+    if name == "scale":
+        from loadtest.gpu.scale import scale_section
+
+        return scale_section()
     if name in ("qwen3moe", "qwen3moe_decode"):
         from loadtest.gpu.moe import qwen3moe_section
 
@@ -163,7 +169,7 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         return dsv2lite_section(0 if name.endswith("_decode") else OFFLINE_RUN_S)
     extra = ["burst", "engine_ab", "protocols", "dp", "observability", "tools"]
     extra += ["tp", "tp70b", "tp_kill", "mla_kernel", "moe_kernel", "qwen3moe", "dsv2lite"]
-    extra += ["qwen3moe_decode", "dsv2lite_decode"]
+    extra += ["qwen3moe_decode", "dsv2lite_decode", "scale"]
     raise SystemExit(f"unknown section {name!r}; known: {', '.join([*SECTIONS, *extra])}")
 
 
@@ -318,6 +324,10 @@ def table(results: dict[str, Any]) -> str:
         off = get(key, "offline", "output_tok_s")
         if off is not None:
             rows.append((f"{label} offline 500 prompts output tok/s", f"{off:.0f}"))
+    if results.get("scale"):
+        from loadtest.gpu.scale import table_rows
+
+        rows += table_rows(results["scale"])
     width = max((len(k) for k, _ in rows), default=10)
     lines = [f"GPU: {gpu}"] + [f"{k:<{width}}  {v}" for k, v in rows]
     return "\n".join(lines)

@@ -44,7 +44,16 @@ class GemvConfig:
 
 
 # Launch configurations tried against cuBLAS: rows per program x columns per step.
-CANDIDATES = (GemvConfig(8, 512, 4, 3), GemvConfig(16, 256, 4, 3), GemvConfig(4, 512, 4, 4))
+CANDIDATES = (
+    GemvConfig(8, 512, 4, 3),
+    GemvConfig(16, 256, 4, 3),
+    GemvConfig(4, 512, 4, 4),
+    # fewer rows a program, deeper K steps: more programs for the small projections of MoE
+    # and MLA models (2,048 to 5,120 outputs), whose last wave otherwise runs half empty
+    GemvConfig(4, 1024, 4, 3),
+    GemvConfig(2, 1024, 4, 4),
+    GemvConfig(8, 1024, 8, 3),
+)
 
 
 class Linear(nn.Linear):
