@@ -37,6 +37,20 @@ def test_llama_8b_projection_shapes(m: int, n: int, k: int) -> None:
     torch.testing.assert_close(gemv(x, w), gemv_ref(x, w), atol=1.6e-2, rtol=1.6e-2)
 
 
+@pytest.mark.parametrize("m", [1, 3])
+def test_every_configuration_choose_gemv_may_pick(m: int) -> None:
+    """choose_gemv picks by time alone: each candidate must compute the same product, on a
+    shape that leaves partial blocks in both N and K."""
+    from services.executor.models.linear import CANDIDATES
+
+    gen = torch.Generator().manual_seed(m)
+    x = randn(m, 1100, dtype=torch.bfloat16, gen=gen)
+    w = randn(203, 1100, dtype=torch.bfloat16, gen=gen, scale=0.05)
+    want = gemv_ref(x, w)
+    for cfg in CANDIDATES:
+        torch.testing.assert_close(cfg(x, w), want, atol=1.6e-2, rtol=1.6e-2, msg=str(cfg))
+
+
 def test_strided_rows_of_x_weight_and_out() -> None:
     gen = torch.Generator().manual_seed(7)
     x = randn(3, 80, dtype=torch.float32, gen=gen)[:, :64]  # row stride 80
