@@ -49,6 +49,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--tokenizer-replicas", type=int, default=1, check=positive, help="tokenizer processes"
     )
     p.add_flag(
+        "--gateway-replicas",
+        type=int,
+        default=1,
+        check=positive,
+        help="gateway processes, sharing --port (and --grpc-port) through SO_REUSEPORT: the "
+        "kernel spreads new connections over them. Each has its own --max-inflight and "
+        "--max-inflight-per-key counts, and answers /metrics on the API port for itself "
+        "(--metrics-port gives each its own port to scrape)",
+    )
+    p.add_flag(
         "--dp-size",
         type=int,
         default=1,
@@ -80,6 +90,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="seconds to wait for every service to be ready",
     )
     a = p.parse_args(argv)
+    for flag, port in (("--port", a.port), ("--grpc-port", a.grpc_port)):
+        if port == 0 and a.gateway_replicas > 1:
+            p.error(
+                f"{flag} 0 would give each of the --gateway-replicas its own free port; name "
+                "the port they share"
+            )
     gpus = _gpu_count(a.device) if a.dp_size > 1 or a.tp_size > 1 else 0
     if gpus and a.tp_size > gpus and a.nnodes == 1:
         p.error(f"--tp-size {a.tp_size} needs {a.tp_size} GPUs; this machine has {gpus}")
@@ -171,6 +187,7 @@ def child_specs(a: argparse.Namespace, suffix: str = "") -> list[ChildSpec]:
             "tokenizer": a.tokenizer_replicas,
             "detokenizer": a.detokenizer_partitions,
             "executor": a.dp_size,
+            "gateway": a.gateway_replicas,
         }
         for i in range(count.get(service, 1)):
             argv = [*cmd, service]
@@ -178,6 +195,8 @@ def child_specs(a: argparse.Namespace, suffix: str = "") -> list[ChildSpec]:
                 argv += ["--partition", str(i)]
             if service == "executor" and (a.dp_size > 1 or a.tp_size > 1):
                 argv += ["--device", a.executor_devices[i]]
+            if service == "gateway" and a.gateway_replicas > 1:
+                argv += ["--reuse-port"]  # one port, the kernel spreading connections
             if a.metrics_port > 0:
                 port = next_free_port(port)
                 argv += ["--metrics-port", str(port)]
@@ -206,10 +225,33 @@ def metrics_ports(specs: list[ChildSpec]) -> list[str]:
     ]
 
 
-def executors_live(client: redis.Redis, suffix: str) -> int:
-    """Executors of this launch whose heartbeat is live (each beats once its model loaded)."""
+def port_in_use(host: str, port: int) -> str | None:
+    """Why nothing new can listen on host:port, or None. With SO_REUSEPORT the gateways would
+    share a port with whatever else listens on it with that option (another launch, as the
+    same user), so `main` asks first; a bad address is left for the gateway to report."""
     try:
-        pattern = constants.live_key("executor", f"*{suffix}")
+        addresses = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror:
+        return None
+    for family, kind, proto, _, address in addresses:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the gateway binds
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                s.bind(address)
+            except OSError as e:
+                return f"cannot listen on {address[0]}:{port}: {e.strerror or e}"
+    return None
+
+
+def live_count(client: redis.Redis, service: str, suffix: str) -> int:
+    """Instances of `service` of this launch whose heartbeat is live (an executor beats once
+    its model loaded, a gateway just before it listens)."""
+    try:
+        pattern = constants.live_key(service, f"*{suffix}")
         return sum(1 for _ in client.scan_iter(match=pattern, count=500))
     except redis.RedisError:
         return 0
@@ -226,6 +268,11 @@ def health_ok(url: str) -> bool:
 def main(argv: list[str] | None = None) -> None:
     a = parse_args(argv)
     name = check_model(a)
+    if a.gateway_replicas > 1 or a.reuse_port:
+        for port in (a.port, a.grpc_port):
+            problem = port > 0 and port_in_use(a.host, port)
+            if problem:
+                raise SystemExit(f"radixserve serve: {problem}")
     redis_server = None
     suffix = f"-{socket.gethostname()}-{os.getpid()}"
     if not a.redis_url:
@@ -262,8 +309,12 @@ def main(argv: list[str] | None = None) -> None:
         )
 
     def is_ready() -> bool:
-        """Serving end to end, with every executor --dp-size asked for."""
-        return health_ok(url) and executors_live(progress_client, suffix) >= a.dp_size
+        """Serving end to end, with every executor --dp-size asked for and every gateway."""
+        return (
+            health_ok(url)
+            and live_count(progress_client, "executor", suffix) >= a.dp_size
+            and live_count(progress_client, "gateway", suffix) >= a.gateway_replicas
+        )
 
     specs = child_specs(a, suffix)
     scrape = metrics_ports(specs)

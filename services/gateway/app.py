@@ -176,15 +176,21 @@ async def build_app(
 
 
 async def start_site(
-    app: web.Application, host: str, port: int, shutdown_timeout: float = 30.0
+    app: web.Application,
+    host: str,
+    port: int,
+    shutdown_timeout: float = 30.0,
+    reuse_port: bool = False,
 ) -> web.AppRunner:
     """Serve `app` on host:port (0 picks a free port: see `bound_port`). Handlers are cancelled
     when their client disconnects, which aborts the request downstream. `runner.cleanup()`
-    stops accepting, then waits up to `shutdown_timeout` for in-flight requests."""
+    stops accepting, then waits up to `shutdown_timeout` for in-flight requests. With
+    `reuse_port` other gateways may listen on the same port (SO_REUSEPORT: the kernel spreads
+    new connections over them); without it a port in use is a ListenError."""
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=shutdown_timeout)
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port).start()
+        await web.TCPSite(runner, host, port, reuse_port=reuse_port).start()
     except OSError as e:  # not a bus outage to wait out: say so and stop
         await runner.cleanup()
         raise ListenError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None

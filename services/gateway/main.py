@@ -53,6 +53,13 @@ def add_flags(p: EnvArgumentParser) -> None:
         help="also serve gRPC on this port (SMG's SGLang worker protocol, radixserve.v1."
         "RadixServe, grpc.health.v1, reflection); -1: off, 0: any free port",
     )
+    p.add_bool(
+        "--reuse-port",
+        help="share --port and --grpc-port with other gateway processes of this user "
+        "(SO_REUSEPORT): the kernel spreads new connections over them, a connection staying "
+        "with the process that accepted it. Off: a port in use is an error. `radixserve "
+        "serve --gateway-replicas N` sets it on each of N > 1 gateways",
+    )
     p.add_flag(
         "--request-timeout",
         type=float,
@@ -72,7 +79,9 @@ def add_flags(p: EnvArgumentParser) -> None:
         type=int,
         default=4096,
         check=positive,
-        help="requests in flight at once; more get 503 with Retry-After",
+        help="requests in flight at once through this gateway; more get 503 with Retry-After. "
+        "Each gateway counts its own: `serve --gateway-replicas N` admits up to N times this "
+        "(--max-queued-tokens is the limit over the whole stack)",
     )
     p.add_flag(
         "--max-queued-tokens",
@@ -117,7 +126,8 @@ def add_flags(p: EnvArgumentParser) -> None:
         type=int,
         default=0,
         check=non_negative,
-        help="generation calls one API key may have in flight here; more get 429 (0: no limit)",
+        help="generation calls one API key may have in flight on this gateway; more get 429 "
+        "(0: no limit). Each gateway counts its own, as --max-inflight",
     )
     for name, default in vars(Buckets()).items():
         p.add_flag(
@@ -196,7 +206,9 @@ class Gateway:
             buckets_of(self.args),
             self.service.tracing,
         )
-        runner = await start_site(app, self.args.host, self.args.port, self.args.drain_timeout)
+        runner = await start_site(
+            app, self.args.host, self.args.port, self.args.drain_timeout, self.args.reuse_port
+        )
         state = app[STATE]
         assert state.listener is not None
         self.port = bound_port(runner)
@@ -206,7 +218,11 @@ class Gateway:
             from services.gateway.grpc.server import GrpcServer
 
             grpc_server = GrpcServer(
-                state, self.args.host, self.args.grpc_port, self.args.drain_timeout
+                state,
+                self.args.host,
+                self.args.grpc_port,
+                self.args.drain_timeout,
+                self.args.reuse_port,
             )
             try:
                 self.grpc_port = await grpc_server.start()

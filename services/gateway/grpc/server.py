@@ -31,7 +31,14 @@ SERVICES = (
 
 
 class GrpcServer:
-    def __init__(self, state: GatewayState, host: str, port: int, drain_timeout_s: float) -> None:
+    def __init__(
+        self,
+        state: GatewayState,
+        host: str,
+        port: int,
+        drain_timeout_s: float,
+        reuse_port: bool = False,
+    ) -> None:
         self.state, self.host, self.port = state, host, port
         self.drain_timeout_s = drain_timeout_s
         limit = state.settings.max_body_bytes  # a message is a body: the same bound as HTTP
@@ -40,7 +47,8 @@ class GrpcServer:
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", limit),
-                ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared socket
+                # Off, a port in use is an error; on, gateway replicas share the port.
+                ("grpc.so_reuseport", int(reuse_port)),
             ],
         )
         self.health = health_aio.HealthServicer()
