@@ -24,6 +24,7 @@ from loadtest import dp_bench
 from loadtest.gpu.models import LLAMA_3_1_8B, llama8b_dir, weight_bytes
 
 DP_SIZE = 2
+GATEWAYS = 4
 CARD_SHARE = 0.85  # of the card's memory for weights and KV pools, all executors together
 WORKLOAD = {
     "--gsp-num-groups": 64,
@@ -61,7 +62,10 @@ def bench_args(model: Path, pool_each: int, out_dir: Path) -> argparse.Namespace
     argv += ["--out", str(out_dir / "dp_runs.json")]
     for flag, value in WORKLOAD.items():
         argv += [flag, str(value)]
-    return dp_bench.build_parser().parse_args([*argv, "--", "--load-format", "dummy"])
+    # Every run, one executor or two, behind the same GATEWAYS gateways: one gateway process
+    # saturates its core relaying two executors' tokens (20K a second over 512 streams).
+    serve = ["--load-format", "dummy", "--gateway-replicas", str(GATEWAYS)]
+    return dp_bench.build_parser().parse_args([*argv, "--", *serve])
 
 
 def runs(a: argparse.Namespace) -> list[dp_bench.Run]:

@@ -56,10 +56,11 @@ def test_the_gpu_section_splits_the_card_and_runs_cache_aware_first(tmp_path: Pa
     assert (a.gsp_num_groups, a.gsp_prompts_per_group, a.gsp_output_len) == (64, 16, 256)
     runs = dp.runs(a)
     assert [r.name for r in runs] == ["cache_aware", "round_robin", "single"]
-    assert runs[0].serve_args == ["--load-format", "dummy", "--dp-size", "2",
+    front = ["--load-format", "dummy", "--gateway-replicas", "4"]  # the same for every run
+    assert runs[0].serve_args == [*front, "--dp-size", "2",
                                   "--load-balance-method", "cache_aware",
                                   "--max-total-tokens", "153182"]  # fmt: skip
-    assert runs[2].serve_args == ["--load-format", "dummy"]  # the whole card, by default
+    assert runs[2].serve_args == front  # the whole card, by default
 
 
 def test_the_gpu_table_shows_each_dp_run() -> None:
