@@ -5,6 +5,7 @@ going past one request's failure."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -15,6 +16,7 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 
 from services.gateway.access_policy import AccessPolicy
 from services.gateway.grpc.server import GrpcServer
+from services.gateway.state import GatewayState
 from shared.grpc_api import radixserve_pb2 as pb
 from shared.grpc_api import radixserve_pb2_grpc as pb_grpc
 from tests.gateway.fake_backend import FakeBackend
@@ -146,6 +148,43 @@ async def test_until_ready_calls_are_unavailable(start_grpc: Start, backend: Fak
     assert e.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "the server is starting" in (e.value.details() or "")
     assert "retry-after" in trailers(e.value)
+
+
+async def test_stop_ends_the_health_watch_though_its_cancel_is_lost(
+    start_gateway: Callable[..., Awaitable[Running]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """stop() cancels the health watch, often mid Redis read; before Python 3.12
+    asyncio.wait_for (in unready) drops that cancel when the read has just finished, and
+    returns its answer. The watch must end anyway, not poll on with stop() waiting for it."""
+    reading, polled_again = asyncio.Event(), asyncio.Event()
+
+    async def unready(state: GatewayState) -> str | None:
+        if reading.is_set():
+            polled_again.set()
+        reading.set()
+        try:
+            await asyncio.Event().wait()  # the read, in flight until cancelled
+        except asyncio.CancelledError:
+            if polled_again.is_set():
+                raise
+            return "not ready"  # the first cancel dropped, as wait_for drops it
+        return None
+
+    monkeypatch.setattr("services.gateway.grpc.server.unready", unready)
+    monkeypatch.setattr("services.gateway.grpc.server.HEALTH_POLL_S", 0.0)  # no pause to poll
+    gw = await start_gateway()
+    server = GrpcServer(gw.state, "127.0.0.1", 0, drain_timeout_s=1.0)
+    await server.start()
+    await reading.wait()
+    stop = asyncio.create_task(server.stop())
+    again = asyncio.create_task(polled_again.wait())
+    await asyncio.wait({stop, again}, return_when=asyncio.FIRST_COMPLETED)
+    again.cancel()
+    if not stop.done():  # the watch polled on: a second cancel ends it, and then stop()
+        assert server._watch is not None
+        server._watch.cancel()
+    await stop
+    assert not polled_again.is_set(), "the health watch kept polling after stop()"
 
 
 async def test_the_clients_deadline_is_the_requests_and_aborts_it(

@@ -53,6 +53,7 @@ class GrpcServer:
         )
         self.health = health_aio.HealthServicer()
         self._watch: asyncio.Task[None] | None = None
+        self._stopping = False  # the health watch's own way out: see _follow_readiness
 
     async def start(self) -> int:
         """Serve; the bound port (an ephemeral one when `port` is 0)."""
@@ -73,6 +74,7 @@ class GrpcServer:
 
     async def stop(self) -> None:
         """Stop taking calls; the ones in flight get `drain_timeout_s` to finish."""
+        self._stopping = True
         if self._watch is not None:
             self._watch.cancel()
             await asyncio.gather(self._watch, return_exceptions=True)
@@ -89,9 +91,15 @@ class GrpcServer:
             await self.health.set(name, status)
 
     async def _follow_readiness(self) -> None:
+        # Ends on `_stopping` as well as on stop()'s cancel, which can be lost: before Python
+        # 3.12, asyncio.wait_for (unready's Redis read) returns the result of a read that had
+        # just finished when the cancel came, dropping the cancel. This loop then polled on
+        # forever and stop() never returned (seen as hung test teardowns).
         last: bool | None = None
-        while True:
+        while not self._stopping:
             why = await unready(self.state)
+            if self._stopping:
+                return
             serving = why is None
             if serving != last:
                 log.debug("gRPC health: %s", "serving" if serving else f"not serving ({why})")
