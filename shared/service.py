@@ -138,8 +138,10 @@ class Service:
                 await self.beat_once()
             except TRANSIENT as e:
                 log.warning("heartbeat failed: %s", e)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), constants.HEARTBEAT_INTERVAL_S)
+            with contextlib.suppress(TimeoutError):
+                # asyncio.timeout keeps a cancel that 3.11's wait_for can drop
+                async with asyncio.timeout(constants.HEARTBEAT_INTERVAL_S):
+                    await self.stopping.wait()
 
     def _install_signals(self) -> None:
         loop = asyncio.get_running_loop()

@@ -129,8 +129,9 @@ async def serve(a: argparse.Namespace) -> None:
         while not svc.stopping.is_set():
             partition = await leases.take_any(a.partition)
             if partition is None:  # every partition is owned: stand by
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(svc.stopping.wait(), TAKE_EVERY_S)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(TAKE_EVERY_S):  # a cancel is kept (3.11)
+                        await svc.stopping.wait()
                 continue
             try:
                 await serve_partition(svc, leases, tokenizer, partition, a.redis_url, metrics)

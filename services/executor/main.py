@@ -217,8 +217,9 @@ async def run_engine(
         while not svc.stopping.is_set() or engine.policy.has_work():
             if not engine.has_work():
                 wake.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(wake.wait(), 0.2)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.2):  # keeps a cancel, unlike 3.11's wait_for
+                        await wake.wait()
                 continue
             started = time.perf_counter()
             result = await loop.run_in_executor(stepper_pool, engine.step)

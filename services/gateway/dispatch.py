@@ -167,7 +167,8 @@ class Dispatcher:
             except TRANSIENT as e:
                 raise unreachable(e) from e
             try:
-                reply = await asyncio.wait_for(queue.get(), timeout_s)
+                async with asyncio.timeout(timeout_s):  # keeps a cancel, unlike 3.11's wait_for
+                    reply = await queue.get()
             except TimeoutError:
                 raise ApiError(504, f"no tokenizer answered within {timeout_s:g}s") from None
         finally:

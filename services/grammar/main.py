@@ -201,7 +201,8 @@ class GrammarWorker:
         loop = asyncio.get_running_loop()
         work = loop.run_in_executor(self.pool, self.compiler.compile, constraint)
         try:
-            result = await asyncio.wait_for(asyncio.shield(work), self.compile_timeout_s)
+            async with asyncio.timeout(self.compile_timeout_s):  # a cancel is kept (3.11)
+                result = await asyncio.shield(work)
         except TimeoutError:
             result = self._timed_out(constraint)
         await self.store.put(key, result)

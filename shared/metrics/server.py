@@ -31,10 +31,10 @@ async def refresh(metrics: ServiceMetrics) -> None:
     if not metrics.refreshers:
         return
     try:
-        results = await asyncio.wait_for(
-            asyncio.gather(*(f() for f in metrics.refreshers), return_exceptions=True),
-            REFRESH_TIMEOUT_S,
-        )
+        async with asyncio.timeout(REFRESH_TIMEOUT_S):  # keeps a cancel, unlike 3.11's wait_for
+            results = await asyncio.gather(
+                *(f() for f in metrics.refreshers), return_exceptions=True
+            )
     except TimeoutError:
         log.debug("metrics refresh timed out")
         return
