@@ -314,11 +314,12 @@ def test_cache_aware_routing_keeps_each_prefix_on_the_worker_holding_it(
     stacks = (tiny_stack, second_stack)
     for name, prefix in PREFIXES.items():
         assert sum(holds(s, prefix) for s in stacks) == 1, name
-    # Requests sharing nothing are spread by load: sent at once, they land on both workers
-    # (which two prompts went first, and where, is SMG's tie-break, so the prefixes above
-    # may share a worker).
-    unrelated = [f"Topic {k} alone. " + " ".join(f"w{k}-{j}" for j in range(40)) for k in range(8)]
-    with ThreadPoolExecutor(8) as pool:
+    # Requests sharing nothing go to the worker whose tree is smaller (SMG's rule below its
+    # cache threshold). Each is longer than both prefixes above together, so whichever worker
+    # holds them (SMG's tie-break may have put both on one), the first unrelated prompt makes
+    # its worker's tree the larger and the next goes to the other: they land on both.
+    unrelated = [f"Topic {k} alone. " + " ".join(f"w{k}-{j}" for j in range(360)) for k in range(2)]
+    with ThreadPoolExecutor(2) as pool:  # two: what both pools hold beside the prefixes
         list(pool.map(lambda text: prefixed_chat(client, text, "and?"), unrelated))
     where = [[holds(s, text, "and?") for s in stacks] for text in unrelated]
     assert all(sum(w) == 1 for w in where), where
