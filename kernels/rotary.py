@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from kernels._checks import FLOAT_DTYPES, INDEX_DTYPES, check_device, check_tensor
+from kernels.rmsnorm import rmsnorm_ref
 from kernels.rope_freq import rope_attention_factor, rope_inv_freq
 
 
@@ -282,8 +283,8 @@ def apply_rotary_ref(
     """The torch twin of `apply_rotary` (in place, fp32 math, rounded once after the norm
     and once after the rotation)."""
     if norm is not None:
-        q.copy_(qk_norm_ref(q, norm.q_weight, norm.eps, norm.unit_offset))
-        k.copy_(qk_norm_ref(k, norm.k_weight, norm.eps, norm.unit_offset))
+        for x, w in ((q, norm.q_weight), (k, norm.k_weight)):
+            x.copy_(rmsnorm_ref(x, w, norm.eps, unit_offset=norm.unit_offset)[0])
     half = cos_sin_cache.shape[1] // 2
     cos_sin = cos_sin_cache[positions]
     cos, sin = cos_sin[:, None, :half], cos_sin[:, None, half:]
@@ -291,15 +292,3 @@ def apply_rotary_ref(
         x1, x2 = x[..., :half].float(), x[..., half : 2 * half].float()
         rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
         x[..., : 2 * half].copy_(rotated.to(x.dtype))
-
-
-def qk_norm_ref(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool
-) -> torch.Tensor:
-    """Per-head RMSNorm of x [n, heads, head_dim] as layers.RMSNorm (or, unit_offset,
-    models/gemma.GemmaRMSNorm) computes it in torch."""
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    if unit_offset:
-        return (x32 * (1.0 + weight.float())).to(x.dtype)
-    return weight * x32.to(x.dtype)
