@@ -12,6 +12,7 @@ from aiohttp import web
 
 from services.gateway.dispatch import ClientGone
 from services.gateway.errors import ApiError, error_body
+from services.gateway.readiness import Readiness
 from services.gateway.ready_gate import read_readiness
 from services.gateway.responses import json_response, traceparent
 from services.gateway.state import STATE, GatewayState
@@ -41,12 +42,9 @@ async def health(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     if state.draining:
         return unavailable("draining", "the gateway is shutting down")
-    try:
-        async with asyncio.timeout(REDIS_TIMEOUT_S):  # keeps a cancel, unlike 3.11's wait_for
-            readiness = await read_readiness(state.r, state.settings.detokenizer_partitions)
-    except (TimeoutError, *TRANSIENT) as e:
-        reason = str(e) or f"no answer within {REDIS_TIMEOUT_S:g}s"
-        return unavailable("unavailable", f"redis is unreachable: {reason}", missing=["redis"])
+    readiness = await read_now(state)
+    if isinstance(readiness, str):
+        return unavailable("unavailable", readiness, missing=["redis"])
     if not readiness.ready:
         return unavailable(
             "unavailable",
@@ -65,12 +63,20 @@ async def unready(state: GatewayState) -> str | None:
     can): for the gRPC health services, which answer a status and a reason, not a body."""
     if state.draining:
         return "the gateway is shutting down"
+    readiness = await read_now(state)
+    if isinstance(readiness, str):
+        return readiness
+    return None if readiness.ready else f"not ready: {readiness.message()}"
+
+
+async def read_now(state: GatewayState) -> Readiness | str:
+    """The stack's readiness as Redis holds it, or why Redis could not say within
+    REDIS_TIMEOUT_S: what GET /health and the gRPC health services both judge from."""
     try:
         async with asyncio.timeout(REDIS_TIMEOUT_S):  # keeps a cancel, unlike 3.11's wait_for
-            readiness = await read_readiness(state.r, state.settings.detokenizer_partitions)
+            return await read_readiness(state.r, state.settings.detokenizer_partitions)
     except (TimeoutError, *TRANSIENT) as e:
-        return f"redis is unreachable: {e or f'no answer within {REDIS_TIMEOUT_S:g}s'}"
-    return None if readiness.ready else f"not ready: {readiness.message()}"
+        return f"redis is unreachable: {str(e) or f'no answer within {REDIS_TIMEOUT_S:g}s'}"
 
 
 class ProbeFailed(Exception):

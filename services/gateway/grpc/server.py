@@ -91,10 +91,12 @@ class GrpcServer:
             await self.health.set(name, status)
 
     async def _follow_readiness(self) -> None:
-        # Ends on `_stopping` as well as on stop()'s cancel, which can be lost: before Python
-        # 3.12, asyncio.wait_for (unready's Redis read) returns the result of a read that had
-        # just finished when the cancel came, dropping the cancel. This loop then polled on
-        # forever and stop() never returned (seen as hung test teardowns).
+        # Ends on `_stopping` as well as on stop()'s cancel, which an awaited call can lose:
+        # Python 3.11's asyncio.wait_for (unready's Redis read once went through it) returned
+        # the result of a read that had just finished when the cancel came, dropping the
+        # cancel, and this loop polled on while stop() waited forever (hung test teardowns).
+        # unready now waits with asyncio.timeout, which keeps the cancel; the flag stays so
+        # that no call under unready can bring the hang back.
         last: bool | None = None
         while not self._stopping:
             why = await unready(self.state)
