@@ -57,7 +57,8 @@ class GemmaRMSNorm(nn.Module):
     def torch_forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """The CPU path (and q/k norms' [n, heads, head_dim] on any device)."""
+        """The CPU path, q/k norms' [n, heads, head_dim] included (on CUDA those are fused
+        into the rotary kernel: layers.Rope.apply)."""
         if residual is not None:
             x = x + residual
             residual = x
