@@ -22,7 +22,14 @@ from aiohttp import web
 from services.gateway.dispatch import ClientGone, Pending, client_gone
 from services.gateway.errors import ApiError
 from services.gateway.logprob_format import cumulative_logprob
-from services.gateway.responses import DONE, SSE_HEADERS, Accumulated, json_response, send_events
+from services.gateway.responses import (
+    DONE,
+    SSE_HEADERS,
+    Accumulated,
+    json_response,
+    send_events,
+    sse_bytes,
+)
 from shared.messages.reply import Delta, Failure, GenerationReply, Usage
 
 log = logging.getLogger(__name__)
@@ -196,19 +203,26 @@ async def _stream_one(
     a gateway that falls behind catches up instead of paying a wakeup and a write each."""
     acc = accs[0]
     while True:
-        events: list[Any] = []
+        # each reply's events are encoded before the next reply extends the accumulator
+        # (the native renderer's cumulative objects share its token list)
+        chunks: list[bytes] = []
         for m in [message, *p.ready()]:
             if isinstance(m, Failure):
-                await send_events(resp, [*events, ApiError.from_info(m.error).body()])
+                chunks.append(sse_bytes([ApiError.from_info(m.error).body()]))
+                await resp.write(b"".join(chunks))
                 return
             if m.hops is not None:
                 acc.hop_ms = p.first_token(m.hops)
             acc.add(m)
-            events += renderer.delta_at(0, m, acc)
+            events = renderer.delta_at(0, m, acc)
             if m.finish_reason is not None:
-                await send_events(resp, events + renderer.tail(total_usage(accs, group)))
+                events += renderer.tail(total_usage(accs, group))
+                chunks.append(sse_bytes(events))
+                await resp.write(b"".join(chunks))
                 return
-        await send_events(resp, events)
+            chunks.append(sse_bytes(events))
+        if any(chunks):
+            await resp.write(b"".join(chunks))
         try:
             message = await p.next(request)
         except ApiError as e:  # the deadline passed

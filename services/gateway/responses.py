@@ -72,6 +72,12 @@ def traceparent_of(given: str | None) -> str:
     return given if _TRACEPARENT.match(given) else ""
 
 
+def sse_bytes(events: list[Any]) -> bytes:
+    """`events` as server-sent events, encoded now: a renderer's objects may hold the
+    accumulator's lists, which the next reply extends."""
+    return b"".join(b"data: " + _encode(e) + b"\n\n" for e in events)
+
+
 async def send_events(resp: web.StreamResponse, events: list[Any]) -> None:
     if events:
-        await resp.write(b"".join(b"data: " + _encode(e) + b"\n\n" for e in events))
+        await resp.write(sse_bytes(events))
