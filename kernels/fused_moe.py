@@ -33,6 +33,8 @@ from kernels._checks import (
     dot_precision,
 )
 from kernels.moe_align import moe_align
+from kernels.moe_gemv import MAX_TOKENS as GEMV_MAX_TOKENS
+from kernels.moe_gemv import moe_gemv
 
 
 @triton.jit
@@ -137,6 +139,7 @@ def fused_moe(
     block_k: int | None = None,
     num_warps: int = 4,
     num_stages: int = 3,
+    path: str = "auto",
 ) -> torch.Tensor:
     """sum over j of topk_weights[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t])), e =
     topk_ids[t, j]; returns [tokens, hidden] in x's dtype.
@@ -144,7 +147,8 @@ def fused_moe(
     x: [tokens, hidden]; w13: [experts, 2 * I, hidden] (rows [0, I) gate, [I, 2I) up);
     w2: [experts, hidden, I]; topk_weights: [tokens, top_k] fp32; topk_ids: [tokens, top_k]
     int32/int64 in [0, experts). block_m/block_n/block_k: the tiles (powers of two >= 16);
-    None takes `choose_tiles`'s.
+    None takes `choose_tiles`'s. path: "grouped" (the grouped GEMM), "gemv" (kernels/moe_gemv,
+    at most its MAX_TOKENS tokens; the tiles do not apply) or "auto" (gemv where it may run).
     """
     op = "fused_moe"
     check_tensor(op, "x", x, shape=(None, None), dims="[tokens, hidden]", dtypes=FLOAT_DTYPES)
@@ -198,6 +202,10 @@ def fused_moe(
     check_launch(op, num_warps, num_stages)
     if x.stride(0) != hidden or w13.stride(1) != hidden or w2.stride(1) != inter:
         raise ValueError(f"{op}: x, w13 and w2 must have contiguous rows")
+    if path not in ("auto", "grouped", "gemv"):
+        raise ValueError(f"{op}: path must be 'auto', 'grouped' or 'gemv', got {path!r}")
+    if path == "gemv" or (path == "auto" and 0 < tokens <= GEMV_MAX_TOKENS):
+        return moe_gemv(x, w13, w2, topk_weights, topk_ids)
     out = torch.empty((tokens, hidden), dtype=x.dtype, device=x.device)
     if tokens == 0:
         return out
