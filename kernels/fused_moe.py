@@ -35,6 +35,7 @@ from kernels._checks import (
 from kernels.moe_align import moe_align
 from kernels.moe_gemv import MAX_TOKENS as GEMV_MAX_TOKENS
 from kernels.moe_gemv import moe_gemv
+from kernels.pdl import pdl_launch, pdl_prologue
 
 
 @triton.jit
@@ -60,7 +61,9 @@ def _fused_moe_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     pid_m = pid // num_pid_n
@@ -101,8 +104,11 @@ def _fused_moe_kernel(
 
 
 @triton.jit
-def _moe_sum_kernel(in_ptr, out_ptr, hidden, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+def _moe_sum_kernel(
+    in_ptr, out_ptr, hidden, TOP_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
+):
     """out[t] = sum over j of in[t * TOP_K + j], in fp32, rounded once (as torch.sum)."""
+    pdl_prologue(PDL)
     tok = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < hidden
@@ -243,6 +249,7 @@ def fused_moe(
         SILU_MUL=True,
         MUL_WEIGHT=False,
         **common,
+        **pdl_launch(x.device),
     )
     # down, weighted: act [pairs, I] -> per_pair [pairs, hidden]
     _fused_moe_kernel[(blocks * triton.cdiv(hidden, bn),)](
@@ -264,11 +271,18 @@ def fused_moe(
         SILU_MUL=False,
         MUL_WEIGHT=True,
         **common,
+        **pdl_launch(act.device),
     )
     # the top_k rows of each token summed: one small launch (torch's strided reduction takes
     # about twice as long at decode sizes)
     _moe_sum_kernel[(tokens, triton.cdiv(hidden, _SUM_BLOCK))](
-        per_pair, out, hidden, TOP_K=top_k, BLOCK=_SUM_BLOCK, num_warps=4
+        per_pair,
+        out,
+        hidden,
+        TOP_K=top_k,
+        BLOCK=_SUM_BLOCK,
+        num_warps=4,
+        **pdl_launch(per_pair.device),
     )
     return out
 

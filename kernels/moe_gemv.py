@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.pdl import pdl_launch, pdl_prologue
+
 MAX_TOKENS = 4  # past this, experts see several tokens each and the grouped GEMM reads less
 
 
@@ -42,7 +44,9 @@ def _moe_gate_up_gemv_kernel(
     TOP_K: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     pair = tl.program_id(0)
     expert = tl.load(ids_ptr + pair).to(tl.int64)
     x_row = x_ptr + (pair // TOP_K).to(tl.int64) * stride_xm
@@ -82,7 +86,9 @@ def _moe_down_gemv_kernel(
     TOP_K: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     tok = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
@@ -136,10 +142,12 @@ def moe_gemv(
     _moe_gate_up_gemv_kernel[(pairs, triton.cdiv(inter, block_n))](
         x, w13, act, ids, inter, hidden, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
         **launch,
+        **pdl_launch(x.device),
     )  # fmt: skip
     _moe_down_gemv_kernel[(tokens, triton.cdiv(hidden, block_n))](
         act, w2, out, ids, weights, hidden, inter,
         act.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
         **launch,
+        **pdl_launch(act.device),
     )  # fmt: skip
     return out
