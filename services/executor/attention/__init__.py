@@ -49,7 +49,7 @@ class AttentionBackend(ABC):
     def forward_mla(
         self,
         q: torch.Tensor,
-        latent: torch.Tensor,
+        latent: torch.Tensor | None,
         layer_id: int,
         batch: ForwardBatch,
         sm_scale: float,
@@ -59,7 +59,8 @@ class AttentionBackend(ABC):
         pool's latent rows (`KVPool.set_latent`) at `batch.out_cache_loc`, then attend, MQA.
 
         q: [num_tokens, num_heads, cache_dim]; latent: [num_tokens, 1, cache_dim], both the
-        latent part (`v_dim` = kv_lora_rank wide) then the rotated part. Keys are the cached
+        latent part (`v_dim` = kv_lora_rank wide) then the rotated part; None where the caller
+        has written the rows already. Keys are the cached
         rows, values their first `v_dim` elements; masks as in `forward`, scale `sm_scale`.
         Returns [num_tokens, num_heads, v_dim] in q's dtype.
         """

@@ -179,7 +179,7 @@ class TritonBackend(AttentionBackend):
     def forward_mla(
         self,
         q: torch.Tensor,
-        latent: torch.Tensor,
+        latent: torch.Tensor | None,
         layer_id: int,
         batch: ForwardBatch,
         sm_scale: float,
@@ -190,7 +190,8 @@ class TritonBackend(AttentionBackend):
         meta = self._metadata(batch)
         buffer = batch.kv_pool.k_buffers[layer_id]
         # One latent row per new token: a plain row copy (store_kv takes K and V pairs).
-        batch.kv_pool.set_latent(layer_id, batch.out_cache_loc, latent)
+        if latent is not None:  # else the caller wrote the rows (kernels/mla_prep)
+            batch.kv_pool.set_latent(layer_id, batch.out_cache_loc, latent)
         table = batch.req_to_token.req_to_token
         if meta.num_kv_splits is not None:
             workspace = self._split_workspace(meta, q.shape[0], q.shape[1], v_dim, q.device)
