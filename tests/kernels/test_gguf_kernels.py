@@ -1,0 +1,176 @@
+"""GGUF blocks on the GPU: the torch dequantiser against the `gguf` package's own, then the
+dequantise kernel, the decode GEMV and the prefill matmul against their torch twins.
+
+The `gguf` package quantises Q8_0 (used here on random weights) but only dequantises the
+K-quants, so Q4_K and Q6_K blocks are random bytes with finite fp16 scales: every bit
+pattern of the packed fields is a valid block, and random bytes reach all of them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+
+from kernels.gemv import MAX_M
+from kernels.gguf_blocks import LAYOUTS, dequantize_ref, row_bytes
+from kernels.gguf_dequant import gguf_dequantize, gguf_dequantize_ref
+from kernels.gguf_gemv import gguf_gemv, gguf_gemv_ref
+from kernels.gguf_matmul import gguf_matmul
+
+from .helpers import DEVICE, EXACT_CAST, poison, randn
+
+QTYPES = list(LAYOUTS)
+# (byte offset in the block, scale of the random values) of each type's fp16 fields
+_FP16_FIELDS = {"Q8_0": [(0, 0.02)], "Q4_K": [(0, 0.004), (2, 0.01)], "Q6_K": [(208, 0.002)]}
+
+
+def random_blocks(n: int, k: int, qtype: str, gen: torch.Generator) -> torch.Tensor:
+    """uint8 [n, row_bytes(qtype, k)] on DEVICE: random bytes, fp16 fields set to finite
+    values (some negative, as llama.cpp's quantisers never write but the format allows)."""
+    lay = LAYOUTS[qtype]
+    blocks = torch.randint(0, 256, (n, k // lay.elems, lay.bytes), generator=gen, dtype=torch.uint8)
+    for at, scale in _FP16_FIELDS[qtype]:
+        values = (torch.randn(n, k // lay.elems, 1, generator=gen) * scale).half()
+        blocks[..., at : at + 2] = values.view(torch.uint8)
+    return blocks.reshape(n, -1).to(DEVICE)
+
+
+def gguf_package_dequantize(blocks: torch.Tensor, qtype: str) -> torch.Tensor:
+    arr = blocks.cpu().numpy()
+    return torch.from_numpy(dequantize(arr, GGMLQuantizationType[qtype]).copy())
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_torch_dequantiser_matches_the_gguf_package_bit_for_bit(qtype: str) -> None:
+    gen = torch.Generator().manual_seed(0)
+    blocks = random_blocks(5, 3 * 256, qtype, gen).cpu()
+    want = gguf_package_dequantize(blocks, qtype)
+    got = dequantize_ref(blocks, qtype)
+    assert got.shape == (5, 768) and got.dtype == torch.float32
+    assert torch.equal(got, want.reshape(5, 768))
+
+
+def test_q8_0_from_the_gguf_quantiser_round_trips_within_about_half_a_step() -> None:
+    """Half a step of rounding, plus the scale's own rounding to fp16 (2^-11 of it) times
+    at most 127."""
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(6, 128, generator=gen)
+    blocks = torch.from_numpy(quantize(w.numpy(), GGMLQuantizationType.Q8_0))
+    assert blocks.shape == (6, row_bytes("Q8_0", 128))
+    step = w.reshape(6, 4, 32).abs().amax(-1, keepdim=True) / 127
+    err = (dequantize_ref(blocks, "Q8_0").reshape(6, 4, 32) - w.reshape(6, 4, 32)).abs()
+    assert bool((err <= step * (0.5 + 127 * 2**-11)).all())
+
+
+# (n, k, block_n, groups): one block, several (super-)blocks, odd row counts, tiles that
+# overhang the rows and the groups
+DEQUANT_SHAPES = [(1, 256, 16, 16), (13, 512, 8, 4), (7, 768, 4, 32)]
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize(("n", "k", "block_n", "groups"), DEQUANT_SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_dequantize_kernel_matches_its_twin(
+    qtype: str, n: int, k: int, block_n: int, groups: int, dtype: torch.dtype
+) -> None:
+    gen = torch.Generator().manual_seed(n * k)
+    blocks = random_blocks(n, k, qtype, gen)
+    out = poison(torch.empty(n, k + 9, dtype=dtype, device=DEVICE))[:, :k]  # row stride k + 9
+    gguf_dequantize(blocks, qtype=qtype, k=k, dtype=dtype, out=out, block_n=block_n, groups=groups)
+    want = gguf_dequantize_ref(blocks, qtype=qtype, dtype=dtype)
+    torch.testing.assert_close(out, want, **EXACT_CAST[dtype])
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("m", range(1, MAX_M + 1))
+def test_gemv_matches_its_twin_for_every_row_count(qtype: str, m: int) -> None:
+    """19 outputs (not a multiple of block_n), 3 super-blocks a row, block_k not dividing k."""
+    gen = torch.Generator().manual_seed(m)
+    n, k = 19, 768
+    blocks = random_blocks(n, k, qtype, gen)
+    x = randn(m, k, dtype=torch.float32, gen=gen)
+    out = poison(torch.empty(m, n, dtype=torch.float32, device=DEVICE))
+    gguf_gemv(x, blocks, qtype=qtype, out=out, block_n=8, block_k=512)
+    torch.testing.assert_close(out, gguf_gemv_ref(x, blocks, qtype=qtype), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_gemv_in_bf16_with_strided_x_and_out(qtype: str) -> None:
+    gen = torch.Generator().manual_seed(11)
+    n, k = 10, 512
+    blocks = random_blocks(n, k, qtype, gen)
+    x = randn(3, k + 64, dtype=torch.bfloat16, gen=gen)[:, :k]
+    out = poison(torch.empty(3, n + 6, dtype=torch.bfloat16, device=DEVICE))[:, :n]
+    gguf_gemv(x, blocks, qtype=qtype, out=out, block_n=4, block_k=256)
+    torch.testing.assert_close(out, gguf_gemv_ref(x, blocks, qtype=qtype), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_matmul_past_max_m_expands_slices_of_rows(qtype: str) -> None:
+    """chunk_elems of 5 rows: 13 outputs in slices of 5, 5 and 3."""
+    gen = torch.Generator().manual_seed(5)
+    n, k, m = 13, 512, MAX_M + 3
+    blocks = random_blocks(n, k, qtype, gen)
+    x = randn(m, k, dtype=torch.float32, gen=gen)
+    out = poison(torch.empty(m, n, dtype=torch.float32, device=DEVICE))
+    gguf_matmul(x, blocks, qtype=qtype, out=out, chunk_elems=5 * k + 7)
+    torch.testing.assert_close(out, gguf_gemv_ref(x, blocks, qtype=qtype), atol=1e-4, rtol=1e-4)
+
+
+def test_matmul_takes_the_gemv_up_to_max_m(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kernels.gguf_matmul
+
+    seen: list[int] = []
+
+    def counted(x: torch.Tensor, blocks: torch.Tensor, **kw: object) -> torch.Tensor:
+        seen.append(x.shape[0])
+        return gguf_gemv(x, blocks, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(kernels.gguf_matmul, "gguf_gemv", counted)
+    gen = torch.Generator().manual_seed(6)
+    blocks = random_blocks(4, 64, "Q8_0", gen)
+    for m in (1, MAX_M, MAX_M + 1):
+        x = randn(m, 64, dtype=torch.float32, gen=gen)
+        got = gguf_matmul(x, blocks, qtype="Q8_0")
+        torch.testing.assert_close(got, gguf_gemv_ref(x, blocks, qtype="Q8_0"))
+    assert seen == [1, MAX_M]
+
+
+@pytest.mark.parametrize(
+    ("qtype", "k", "nbytes", "error", "match"),
+    [
+        ("Q5_K", 256, 176, ValueError, r"Q5_K.*supported: Q8_0, Q4_K, Q6_K"),
+        ("Q4_K", 128, 72, ValueError, r"multiples of 256 weights"),
+        ("Q6_K", 256, 208, ValueError, r"blocks must have shape \[n, k / 256 \* 210\]"),
+    ],
+)
+def test_rejects_bad_blocks(
+    qtype: str, k: int, nbytes: int, error: type[Exception], match: str
+) -> None:
+    x = torch.zeros(1, k, device=DEVICE)
+    blocks = torch.zeros(3, nbytes, dtype=torch.uint8, device=DEVICE)
+    with pytest.raises(error, match=match):
+        gguf_gemv(x, blocks, qtype=qtype)
+    with pytest.raises(error, match=match):
+        gguf_dequantize(blocks, qtype=qtype, k=k)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize(("n", "k"), [(4096, 4096), (1027, 14336), (6144, 4096)])
+def test_real_shapes_in_bf16(qtype: str, n: int, k: int) -> None:
+    """Llama-3.1-8B's projections (and an odd row count): every row count of the GEMV, a
+    prefill through cuBLAS, and the dequantised weight, each against the torch twins."""
+    gen = torch.Generator().manual_seed(n + k)
+    blocks = random_blocks(n, k, qtype, gen)
+    want_w = gguf_dequantize_ref(blocks, qtype=qtype, dtype=torch.bfloat16)
+    got_w = gguf_dequantize(blocks, qtype=qtype, k=k)
+    torch.testing.assert_close(got_w, want_w, atol=0.0, rtol=0.0)
+    for m in (*range(1, MAX_M + 1), 300):
+        x = randn(m, k, dtype=torch.bfloat16, gen=gen)
+        want = gguf_gemv_ref(x, blocks, qtype=qtype).float()
+        got = gguf_matmul(x, blocks, qtype=qtype).float()
+        # bf16 rounding of the output plus, past MAX_M, of the weights cuBLAS multiplies
+        scale = want.abs().amax()
+        torch.testing.assert_close(got, want, atol=2e-2 * float(scale), rtol=2e-2, msg=f"m={m}")
