@@ -42,6 +42,8 @@ LAYOUTS = {
     "Q4_K": BlockLayout(type_id=12, elems=256, bytes=144, group=32),
     "Q6_K": BlockLayout(type_id=14, elems=256, bytes=210, group=16),
 }
+# (byte offset in the block, spread of the random values) of each type's fp16 fields
+_FP16_FIELDS = {"Q8_0": [(0, 0.02)], "Q4_K": [(0, 0.004), (2, 0.01)], "Q6_K": [(208, 0.002)]}
 _Q8_0: tl.constexpr = tl.constexpr(8)
 _Q4_K: tl.constexpr = tl.constexpr(12)
 _Q6_K: tl.constexpr = tl.constexpr(14)
@@ -177,3 +179,19 @@ def dequantize_ref(blocks: torch.Tensor, qtype: str) -> torch.Tensor:
     q = ((low | (high << 4)) - 32).reshape(n, -1, 16, 16).float()
     scale = _fp16_field(b, 208) * b[..., 192:208].contiguous().view(torch.int8).float()
     return (scale[..., None] * q).reshape(n, -1)
+
+
+def random_blocks(
+    n: int, k: int, qtype: str, gen: torch.Generator, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """uint8 [n, row_bytes(qtype, k)] of valid random blocks for tests and benchmarks: every
+    packed field random (each bit pattern of them is valid), the fp16 scales finite, some
+    negative (llama.cpp's quantisers never write those, but the format allows them), drawn
+    from `gen` on the CPU and moved, so any device gets the same blocks."""
+    lay = layout("random_blocks", qtype)
+    nb = k // lay.elems
+    blocks = torch.randint(0, 256, (n, nb, lay.bytes), generator=gen, dtype=torch.uint8)
+    for at, spread in _FP16_FIELDS[qtype]:
+        values = (torch.randn(n, nb, 1, generator=gen) * spread).half()
+        blocks[..., at : at + 2] = values.view(torch.uint8)
+    return blocks.reshape(n, nb * lay.bytes).to(device)

@@ -2,38 +2,34 @@
 dequantise kernel, the decode GEMV and the prefill matmul against their torch twins.
 
 The `gguf` package quantises Q8_0 (used here on random weights) but only dequantises the
-K-quants, so Q4_K and Q6_K blocks are random bytes with finite fp16 scales: every bit
-pattern of the packed fields is a valid block, and random bytes reach all of them."""
+K-quants, so the blocks are random bytes with finite fp16 scales (gguf_blocks.random_blocks):
+every bit pattern of the packed fields is a valid block, and random bytes reach all of them."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
+from kernels import gguf_blocks
 from kernels.gemv import MAX_M
 from kernels.gguf_blocks import LAYOUTS, dequantize_ref, row_bytes
 from kernels.gguf_dequant import gguf_dequantize, gguf_dequantize_ref
+from kernels.gguf_gemm import gguf_gemm
 from kernels.gguf_gemv import gguf_gemv, gguf_gemv_ref
 from kernels.gguf_matmul import gguf_matmul
 
-from .helpers import DEVICE, EXACT_CAST, poison, randn
+from .helpers import DEVICE, DOT_DTYPES, EXACT_CAST, TOLERANCES, poison, randn
 
 QTYPES = list(LAYOUTS)
-# (byte offset in the block, scale of the random values) of each type's fp16 fields
-_FP16_FIELDS = {"Q8_0": [(0, 0.02)], "Q4_K": [(0, 0.004), (2, 0.01)], "Q6_K": [(208, 0.002)]}
 
 
 def random_blocks(n: int, k: int, qtype: str, gen: torch.Generator) -> torch.Tensor:
-    """uint8 [n, row_bytes(qtype, k)] on DEVICE: random bytes, fp16 fields set to finite
-    values (some negative, as llama.cpp's quantisers never write but the format allows)."""
-    lay = LAYOUTS[qtype]
-    blocks = torch.randint(0, 256, (n, k // lay.elems, lay.bytes), generator=gen, dtype=torch.uint8)
-    for at, scale in _FP16_FIELDS[qtype]:
-        values = (torch.randn(n, k // lay.elems, 1, generator=gen) * scale).half()
-        blocks[..., at : at + 2] = values.view(torch.uint8)
-    return blocks.reshape(n, -1).to(DEVICE)
+    return gguf_blocks.random_blocks(n, k, qtype, gen, DEVICE)
 
 
 def gguf_package_dequantize(blocks: torch.Tensor, qtype: str) -> torch.Tensor:
@@ -106,35 +102,65 @@ def test_gemv_in_bf16_with_strided_x_and_out(qtype: str) -> None:
     torch.testing.assert_close(out, gguf_gemv_ref(x, blocks, qtype=qtype), atol=2e-2, rtol=2e-2)
 
 
+# (m, n, k, block_n, block_k): one tile; odd rows and outputs over several tiles of each;
+# block_k of two Q6_K groups up to one whole K-quant super-block
+GEMM_SHAPES = [(5, 16, 256, 16, 64), (17, 37, 512, 16, 32), (33, 21, 768, 32, 256)]
+
+
 @pytest.mark.parametrize("qtype", QTYPES)
-def test_matmul_past_max_m_expands_slices_of_rows(qtype: str) -> None:
+@pytest.mark.parametrize(("m", "n", "k", "block_n", "block_k"), GEMM_SHAPES)
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+def test_gemm_matches_its_twin(
+    qtype: str, m: int, n: int, k: int, block_n: int, block_k: int, dtype: torch.dtype
+) -> None:
+    gen = torch.Generator().manual_seed(m * n)
+    blocks = random_blocks(n, k, qtype, gen)
+    x = randn(m, k + 32, dtype=dtype, gen=gen)[:, :k]  # row stride k + 32
+    out = poison(torch.empty(m, n + 3, dtype=dtype, device=DEVICE))[:, :n]
+    gguf_gemm(x, blocks, qtype=qtype, out=out, block_n=block_n, block_k=block_k)
+    # the weights are rounded to x's dtype for the tensor cores: fp16's error on top of its
+    # rounded output, relative to the largest output (sums of random signs are cancellations)
+    want = gguf_gemv_ref(x, blocks, qtype=qtype).float()
+    scale = float(want.abs().amax())
+    tol = TOLERANCES[dtype]
+    torch.testing.assert_close(
+        out.float(), want, atol=tol["atol"] * scale, rtol=tol["rtol"], check_dtype=False
+    )
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_matmul_past_gemm_max_m_expands_slices_of_rows(qtype: str) -> None:
     """chunk_elems of 5 rows: 13 outputs in slices of 5, 5 and 3."""
     gen = torch.Generator().manual_seed(5)
     n, k, m = 13, 512, MAX_M + 3
     blocks = random_blocks(n, k, qtype, gen)
     x = randn(m, k, dtype=torch.float32, gen=gen)
     out = poison(torch.empty(m, n, dtype=torch.float32, device=DEVICE))
-    gguf_matmul(x, blocks, qtype=qtype, out=out, chunk_elems=5 * k + 7)
+    gguf_matmul(x, blocks, qtype=qtype, out=out, gemm_max_m=MAX_M, chunk_elems=5 * k + 7)
     torch.testing.assert_close(out, gguf_gemv_ref(x, blocks, qtype=qtype), atol=1e-4, rtol=1e-4)
 
 
-def test_matmul_takes_the_gemv_up_to_max_m(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_matmul_takes_the_gemv_then_the_gemm_then_cublas(monkeypatch: pytest.MonkeyPatch) -> None:
     import kernels.gguf_matmul
 
-    seen: list[int] = []
+    seen: list[tuple[str, int]] = []
 
-    def counted(x: torch.Tensor, blocks: torch.Tensor, **kw: object) -> torch.Tensor:
-        seen.append(x.shape[0])
-        return gguf_gemv(x, blocks, **kw)  # type: ignore[arg-type]
+    def counted(name: str, fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        def wrapped(x: torch.Tensor, blocks: torch.Tensor, **kw: Any) -> torch.Tensor:
+            seen.append((name, x.shape[0]))
+            return fn(x, blocks, **kw)
 
-    monkeypatch.setattr(kernels.gguf_matmul, "gguf_gemv", counted)
+        return wrapped
+
+    monkeypatch.setattr(kernels.gguf_matmul, "gguf_gemv", counted("gemv", gguf_gemv))
+    monkeypatch.setattr(kernels.gguf_matmul, "gguf_gemm", counted("gemm", gguf_gemm))
     gen = torch.Generator().manual_seed(6)
     blocks = random_blocks(4, 64, "Q8_0", gen)
-    for m in (1, MAX_M, MAX_M + 1):
+    for m in (1, MAX_M, MAX_M + 1, 8, 9):
         x = randn(m, 64, dtype=torch.float32, gen=gen)
-        got = gguf_matmul(x, blocks, qtype="Q8_0")
+        got = gguf_matmul(x, blocks, qtype="Q8_0", gemm_max_m=8)
         torch.testing.assert_close(got, gguf_gemv_ref(x, blocks, qtype="Q8_0"))
-    assert seen == [1, MAX_M]
+    assert seen == [("gemv", 1), ("gemv", MAX_M), ("gemm", MAX_M + 1), ("gemm", 8)]
 
 
 @pytest.mark.parametrize(
@@ -160,14 +186,15 @@ def test_rejects_bad_blocks(
 @pytest.mark.parametrize("qtype", QTYPES)
 @pytest.mark.parametrize(("n", "k"), [(4096, 4096), (1027, 14336), (6144, 4096)])
 def test_real_shapes_in_bf16(qtype: str, n: int, k: int) -> None:
-    """Llama-3.1-8B's projections (and an odd row count): every row count of the GEMV, a
-    prefill through cuBLAS, and the dequantised weight, each against the torch twins."""
+    """Llama-3.1-8B's projections (and an odd row count): every row count of the GEMV, the
+    dequantising GEMM, a prefill through cuBLAS, and the dequantised weight, each against
+    the torch twins."""
     gen = torch.Generator().manual_seed(n + k)
     blocks = random_blocks(n, k, qtype, gen)
     want_w = gguf_dequantize_ref(blocks, qtype=qtype, dtype=torch.bfloat16)
     got_w = gguf_dequantize(blocks, qtype=qtype, k=k)
     torch.testing.assert_close(got_w, want_w, atol=0.0, rtol=0.0)
-    for m in (*range(1, MAX_M + 1), 300):
+    for m in (*range(1, MAX_M + 1), 5, 64, 256, 300):
         x = randn(m, k, dtype=torch.bfloat16, gen=gen)
         want = gguf_gemv_ref(x, blocks, qtype=qtype).float()
         got = gguf_matmul(x, blocks, qtype=qtype).float()
