@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from kernels._checks import FLOAT_DTYPES, check_device, check_tensor
+from kernels.pdl import pdl_launch, pdl_prologue
 
 MAX_M = 4  # rows of x; past that a tensor-core GEMM reads the weight just as well
 
@@ -33,7 +34,9 @@ def _gemv_kernel(
     M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     rows = offs_n.to(tl.int64)[:, None] * stride_wn
@@ -116,6 +119,7 @@ def gemv(
         BLOCK_K=block_k,
         num_warps=num_warps,
         num_stages=num_stages,
+        **pdl_launch(x.device),
     )
     return out
 

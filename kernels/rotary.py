@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from kernels._checks import FLOAT_DTYPES, INDEX_DTYPES, check_device, check_tensor
+from kernels.pdl import pdl_launch, pdl_prologue
 from kernels.rmsnorm import rmsnorm_ref
 from kernels.rope_freq import rope_attention_factor, rope_inv_freq
 
@@ -123,7 +124,9 @@ def _rotary_kernel(
     NORM: tl.constexpr,
     UNIT_OFFSET: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     tok = tl.program_id(0).to(tl.int64)
     block = tl.program_id(1)
     q_blocks = tl.cdiv(num_q_heads, BLOCK_H)
@@ -269,6 +272,7 @@ def apply_rotary(
         UNIT_OFFSET=norm is not None and norm.unit_offset,
         BLOCK_D=block_d,
         num_warps=4,
+        **pdl_launch(q.device),
     )
 
 
