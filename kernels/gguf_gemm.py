@@ -27,6 +27,7 @@ from kernels._checks import (
     dot_precision,
 )
 from kernels.gguf_blocks import check_blocks, decode_groups
+from kernels.pdl import pdl_launch, pdl_prologue
 
 
 @triton.jit
@@ -46,7 +47,9 @@ def _gguf_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
@@ -123,5 +126,6 @@ def gguf_gemm(
         PRECISION=dot_precision(x.dtype),
         num_warps=num_warps,
         num_stages=num_stages,
+        **pdl_launch(x.device),
     )
     return out

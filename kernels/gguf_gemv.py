@@ -19,6 +19,7 @@ import triton.language as tl
 from kernels._checks import FLOAT_DTYPES, check_device, check_launch, check_tensor
 from kernels.gemv import MAX_M
 from kernels.gguf_blocks import check_blocks, decode_groups, dequantize_ref
+from kernels.pdl import pdl_launch, pdl_prologue
 
 
 @triton.jit
@@ -36,7 +37,9 @@ def _gguf_gemv_kernel(
     GROUP: tl.constexpr,
     BLOCK_N: tl.constexpr,
     GROUPS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     rows = offs_n.to(tl.int64) * stride_wn
@@ -125,6 +128,7 @@ def gguf_gemv(
         GROUPS=block_k // lay.group,
         num_warps=num_warps,
         num_stages=num_stages,
+        **pdl_launch(x.device),
     )
     return out
 

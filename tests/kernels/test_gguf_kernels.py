@@ -201,3 +201,35 @@ def test_real_shapes_in_bf16(qtype: str, n: int, k: int) -> None:
         # bf16 rounding of the output plus, past MAX_M, of the weights cuBLAS multiplies
         scale = want.abs().amax()
         torch.testing.assert_close(got, want, atol=2e-2 * float(scale), rtol=2e-2, msg=f"m={m}")
+
+
+@pytest.mark.gpu
+def test_a_decode_chain_gives_the_same_bits_with_and_without_pdl(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The GEMV and the GEMM launch with programmatic dependent launch (kernels/pdl.py) in
+    a chain of projections each reading the one before's output, eagerly and graphed."""
+    from kernels.pdl import pdl_enabled
+
+    if not pdl_enabled(DEVICE):
+        pytest.skip("PDL needs compute capability 9.0 or newer")
+    gen = torch.Generator().manual_seed(3)
+    weights = [(random_blocks(1024, 1024, q, gen), q) for q in ("Q4_K", "Q6_K", "Q8_0")]
+
+    def chain(x: torch.Tensor) -> torch.Tensor:
+        for blocks, qtype in weights:
+            x = gguf_matmul(x, blocks, qtype=qtype) * 0.05  # keeps the values in range
+        return x
+
+    for m in (2, 24):
+        x = randn(m, 1024, dtype=torch.bfloat16, gen=gen)
+        with_pdl = chain(x)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            graphed = chain(x)
+        graph.replay()
+        monkeypatch.setenv("RADIXSERVE_PDL", "0")
+        without = chain(x)
+        monkeypatch.delenv("RADIXSERVE_PDL")
+        torch.cuda.synchronize()
+        assert torch.equal(with_pdl, without) and torch.equal(graphed, without), f"m={m}"
