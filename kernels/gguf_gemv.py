@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from kernels._checks import FLOAT_DTYPES, check_device, check_launch, check_tensor
-from kernels.gemv import MAX_M
+from kernels.gemv import MAX_M, store_rows
 from kernels.gguf_blocks import check_blocks, decode_groups, dequantize_ref
 from kernels.pdl import pdl_launch, pdl_prologue
 
@@ -65,14 +65,7 @@ def _gguf_gemv_kernel(
         if M > 3:
             x3 = tl.load(x_ptr + 3 * stride_xm + x_at, mask=x_mask, other=0.0).to(tl.float32)
             acc3 += tl.sum(tl.sum(w * x3[None, :, :], axis=2), axis=1)
-    dtype = out_ptr.dtype.element_ty
-    tl.store(out_ptr + offs_n, acc0.to(dtype), mask=n_mask)
-    if M > 1:
-        tl.store(out_ptr + stride_om + offs_n, acc1.to(dtype), mask=n_mask)
-    if M > 2:
-        tl.store(out_ptr + 2 * stride_om + offs_n, acc2.to(dtype), mask=n_mask)
-    if M > 3:
-        tl.store(out_ptr + 3 * stride_om + offs_n, acc3.to(dtype), mask=n_mask)
+    store_rows(out_ptr, stride_om, offs_n, n_mask, acc0, acc1, acc2, acc3, M)
 
 
 def gguf_gemv(
