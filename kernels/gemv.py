@@ -22,6 +22,20 @@ MAX_M = 4  # rows of x; past that a tensor-core GEMM reads the weight just as we
 
 
 @triton.jit
+def store_rows(out_ptr, stride_om, offs_n, n_mask, acc0, acc1, acc2, acc3, M: tl.constexpr):
+    """Round the sums of the M (<= MAX_M) rows, each [BLOCK_N], to out's dtype and store
+    them at out[m, offs_n] (rows stride_om apart); accumulators past M are not read."""
+    dtype = out_ptr.dtype.element_ty
+    tl.store(out_ptr + offs_n, acc0.to(dtype), mask=n_mask)
+    if M > 1:
+        tl.store(out_ptr + stride_om + offs_n, acc1.to(dtype), mask=n_mask)
+    if M > 2:
+        tl.store(out_ptr + 2 * stride_om + offs_n, acc2.to(dtype), mask=n_mask)
+    if M > 3:
+        tl.store(out_ptr + 3 * stride_om + offs_n, acc3.to(dtype), mask=n_mask)
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr,
     w_ptr,
@@ -61,14 +75,7 @@ def _gemv_kernel(
         if M > 3:
             x3 = tl.load(x_ptr + 3 * stride_xm + offs_k, mask=k_mask, other=0.0).to(tl.float32)
             acc3 += tl.sum(w * x3[None, :], axis=1)
-    dtype = out_ptr.dtype.element_ty
-    tl.store(out_ptr + offs_n, acc0.to(dtype), mask=n_mask)
-    if M > 1:
-        tl.store(out_ptr + stride_om + offs_n, acc1.to(dtype), mask=n_mask)
-    if M > 2:
-        tl.store(out_ptr + 2 * stride_om + offs_n, acc2.to(dtype), mask=n_mask)
-    if M > 3:
-        tl.store(out_ptr + 3 * stride_om + offs_n, acc3.to(dtype), mask=n_mask)
+    store_rows(out_ptr, stride_om, offs_n, n_mask, acc0, acc1, acc2, acc3, M)
 
 
 def gemv(

@@ -20,7 +20,9 @@ experts) and qwen3moe (Qwen3-30B-A3B's shapes: batch-1 decode against its roofli
 500-prompt offline workload: gpu/moe.py) and dsv2lite (DeepSeek-V2-Lite's shapes, MLA and
 MoE: the same two figures, gpu/deepseek.py); qwen3moe_decode and dsv2lite_decode run the
 decode half alone; scale (decode at long contexts and big batches against its roofline, the
-100,000-token prefill, host time per step at batch 256: gpu/scale.py).
+100,000-token prefill, host time per step at batch 256: gpu/scale.py), gguf_kernel (GGUF
+Q8_0/Q4_K/Q6_K blocks: the decode GEMV's bandwidth at Llama-3.1-8B's shapes, the prefill
+paths' crossover: gpu/gguf_kernel.py).
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ TIME_LIMITS = {
     "tp_kill": 400,
     "mla_kernel": 240,
     "moe_kernel": 240,
+    "gguf_kernel": 300,
     "qwen3moe": 480,
     "dsv2lite": 480,
     "scale": 480,
@@ -155,6 +158,10 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         from loadtest.gpu.moe import moe_kernel_section
 
         return moe_kernel_section()
+    if name == "gguf_kernel":
+        from loadtest.gpu.gguf_kernel import gguf_kernel_section
+
+        return gguf_kernel_section()
     if name == "scale":
         from loadtest.gpu.scale import scale_section
 
@@ -169,7 +176,7 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         return dsv2lite_section(0 if name.endswith("_decode") else OFFLINE_RUN_S)
     extra = ["burst", "engine_ab", "protocols", "dp", "observability", "tools"]
     extra += ["tp", "tp70b", "tp_kill", "mla_kernel", "moe_kernel", "qwen3moe", "dsv2lite"]
-    extra += ["qwen3moe_decode", "dsv2lite_decode", "scale"]
+    extra += ["qwen3moe_decode", "dsv2lite_decode", "scale", "gguf_kernel"]
     raise SystemExit(f"unknown section {name!r}; known: {', '.join([*SECTIONS, *extra])}")
 
 
@@ -328,6 +335,10 @@ def table(results: dict[str, Any]) -> str:
         from loadtest.gpu.scale import table_rows
 
         rows += table_rows(results["scale"])
+    if results.get("gguf_kernel"):
+        from loadtest.gpu.gguf_kernel import table_rows as gguf_rows
+
+        rows += gguf_rows(results["gguf_kernel"])
     width = max((len(k) for k, _ in rows), default=10)
     lines = [f"GPU: {gpu}"] + [f"{k:<{width}}  {v}" for k, v in rows]
     return "\n".join(lines)
