@@ -89,9 +89,11 @@ class TorchRefBackend(AttentionBackend):
         scale: float | None = None,
         window: int | None = None,
         softcap: float | None = None,
+        kv_stored: bool = False,
     ) -> torch.Tensor:
         meta = self._metadata(batch)
-        batch.kv_pool.set_kv(layer_id, batch.out_cache_loc, k, v)
+        if not kv_stored:
+            batch.kv_pool.set_kv(layer_id, batch.out_cache_loc, k, v)
         k_buf = batch.kv_pool.k_buffers[layer_id]
         v_buf = batch.kv_pool.v_buffers[layer_id]
         attn = _Attend(scale, window, softcap)
