@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from kernels._checks import check_launch, check_tensor, check_tile, dot_precision
+from kernels.pdl import pdl_launch, pdl_prologue
 from kernels.w4a16 import check_w4
 
 
@@ -43,7 +44,9 @@ def _w4a16_gemm_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = offs_m < M
@@ -138,5 +141,6 @@ def w4a16_gemm(
         BLOCK_K=block_k,
         num_warps=num_warps,
         num_stages=num_stages,
+        **pdl_launch(x.device),
     )
     return out

@@ -24,6 +24,7 @@ import triton.language as tl
 
 from kernels._checks import check_launch, check_tensor
 from kernels.gemv import MAX_M
+from kernels.pdl import pdl_launch, pdl_prologue
 from kernels.w4a16 import check_w4
 
 
@@ -56,7 +57,9 @@ def _w4a16_gemv_kernel(
     GROUP: tl.constexpr,
     GROUPS_PER_BLOCK: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     WORDS: tl.constexpr = GROUP // 8  # words per group
     BLOCK_K: tl.constexpr = GROUPS_PER_BLOCK * GROUP
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -171,5 +174,6 @@ def w4a16_gemv(
         BLOCK_N=block_n,
         num_warps=num_warps,
         num_stages=num_stages,
+        **pdl_launch(x.device),
     )
     return out
