@@ -1,5 +1,6 @@
 """int4 weights with 16-bit activations (w4a16): the one packed layout both kernels read, its
-argument checks, and the torch reference (dequantise, then matmul).
+argument checks, the act-order column lookup both kernels share, and the torch reference
+(dequantise, then matmul).
 
 The layout, as AWQ and GPTQ checkpoints are converted into it at load
 (services/executor/quant/int4_layouts.py):
@@ -28,6 +29,8 @@ kernels/w4a16_gemm.py for prefill; `w4a16_ref` is the twin of both.
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
 from kernels._checks import FLOAT_DTYPES, check_device, check_tensor
 
@@ -53,6 +56,20 @@ def unpack_int4(words: torch.Tensor) -> torch.Tensor:
     shifts = torch.arange(0, 4 * PACK, 4, device=words.device, dtype=torch.int32)
     nib = (words[..., None] >> shifts) & 0xF
     return nib.reshape(*words.shape[:-1], words.shape[-1] * PACK).to(torch.uint8)
+
+
+@triton.jit
+def columns_of_x(perm_ptr, ks, k_mask, HAS_PERM: tl.constexpr):
+    """For the weight columns `ks` (any shape), the columns of x they multiply and where x
+    is read at all (past K, and at act-order padding, x counts as 0)."""
+    if HAS_PERM:
+        src = tl.load(perm_ptr + ks, mask=k_mask, other=-1)
+        x_mask = src >= 0
+        src = tl.where(x_mask, src, 0)
+    else:
+        src = ks
+        x_mask = k_mask
+    return src, x_mask
 
 
 def check_w4(

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from kernels._checks import check_launch, check_tensor, check_tile, dot_precision
 from kernels.pdl import pdl_launch, pdl_prologue
-from kernels.w4a16 import check_w4
+from kernels.w4a16 import check_w4, columns_of_x
 
 
 @triton.jit
@@ -60,13 +60,7 @@ def _w4a16_gemm_kernel(
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + offs_k
         k_mask = ks < K
-        if HAS_PERM:
-            src = tl.load(perm_ptr + ks, mask=k_mask, other=-1)
-            x_mask = src >= 0
-            src = tl.where(x_mask, src, 0)
-        else:
-            src = ks
-            x_mask = k_mask
+        src, x_mask = columns_of_x(perm_ptr, ks, k_mask, HAS_PERM)
         a = tl.load(x_rows + src[None, :], mask=m_mask[:, None] & x_mask[None, :], other=0.0)
         nk_mask = n_mask[:, None] & k_mask[None, :]
         q = tl.load(qw_ptr + rows[:, None] * stride_qn + (ks // 8)[None, :], mask=nk_mask, other=0)

@@ -25,7 +25,7 @@ import triton.language as tl
 from kernels._checks import check_launch, check_tensor
 from kernels.gemv import MAX_M
 from kernels.pdl import pdl_launch, pdl_prologue
-from kernels.w4a16 import check_w4
+from kernels.w4a16 import check_w4, columns_of_x
 
 
 @triton.jit
@@ -92,13 +92,7 @@ def _w4a16_gemv_kernel(
         z = z.to(tl.float32)
         ks = k0 + k_in_block
         k_mask = ks < K
-        if HAS_PERM:
-            src = tl.load(perm_ptr + ks, mask=k_mask, other=-1)
-            x_mask = src >= 0
-            src = tl.where(x_mask, src, 0)
-        else:
-            src = ks
-            x_mask = k_mask
+        src, x_mask = columns_of_x(perm_ptr, ks, k_mask, HAS_PERM)
         acc0 += _row_dot(x_ptr, src, x_mask, qf, s, z)
         if M > 1:
             acc1 += _row_dot(x_ptr + stride_xm, src, x_mask, qf, s, z)
