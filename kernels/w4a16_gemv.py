@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from kernels._checks import check_launch, check_tensor
-from kernels.gemv import MAX_M
+from kernels.gemv import MAX_M, store_rows
 from kernels.pdl import pdl_launch, pdl_prologue
 from kernels.w4a16 import check_w4, columns_of_x
 
@@ -100,14 +100,7 @@ def _w4a16_gemv_kernel(
             acc2 += _row_dot(x_ptr + 2 * stride_xm, src, x_mask, qf, s, z)
         if M > 3:
             acc3 += _row_dot(x_ptr + 3 * stride_xm, src, x_mask, qf, s, z)
-    dtype = out_ptr.dtype.element_ty
-    tl.store(out_ptr + offs_n, acc0.to(dtype), mask=n_mask)
-    if M > 1:
-        tl.store(out_ptr + stride_om + offs_n, acc1.to(dtype), mask=n_mask)
-    if M > 2:
-        tl.store(out_ptr + 2 * stride_om + offs_n, acc2.to(dtype), mask=n_mask)
-    if M > 3:
-        tl.store(out_ptr + 3 * stride_om + offs_n, acc3.to(dtype), mask=n_mask)
+    store_rows(out_ptr, stride_om, offs_n, n_mask, acc0, acc1, acc2, acc3, M)
 
 
 def w4a16_gemv(
