@@ -106,7 +106,7 @@ def awq_to_int4(
     q = _awq_unpack(qweight).T  # [N, K]
     zeros = _awq_unpack(qzeros)  # [G, N]
     k = q.shape[1]
-    gid = _plain_groups(k_start, k, group_size, scales.shape[0])
+    gid = _plain_groups(k_start, k, group_size, scales.shape[0]).to(q.device)
     return _regroup(q, zeros, scales, gid, group_size, k)
 
 
@@ -132,7 +132,7 @@ def gptq_to_int4(
     zeros = _unpack_rows(qzeros) + zero_offset  # [G, N]
     k = q.shape[1]
     if g_idx is None:
-        gid = _plain_groups(k_start, k, group_size, scales.shape[0])
+        gid = _plain_groups(k_start, k, group_size, scales.shape[0]).to(q.device)
     else:
         gid = g_idx.to(device=q.device, dtype=torch.int64)
         if gid.shape != (k,) or bool((gid < 0).any()) or bool((gid >= scales.shape[0]).any()):
@@ -168,13 +168,13 @@ def _regroup(
         group_size = KERNEL_GROUP
         reps = -(-k // group_size)
         scales, zeros = scales[:1].expand(reps, -1), zeros[:1].expand(reps, -1)
-        gid = torch.arange(k) // group_size
+        gid = torch.arange(k, device=q.device) // group_size
     if group_size < MIN_GROUP or group_size & (group_size - 1):
         raise ValueError(f"int4: group_size must be -1 or a power of two >= 16, got {group_size}")
     if bool((zeros > 16).any()):
         raise ValueError("int4: zero points must be 0..16")
     first = int(gid[0]) if k else 0
-    plain = torch.arange(k) // group_size + first
+    plain = torch.arange(k, device=q.device) // group_size + first
     if torch.equal(gid, plain):
         # groups contiguous and aligned: the checkpoint's order, its groups [first, ...)
         rows = slice(first, first + -(-k // group_size))
@@ -204,8 +204,8 @@ def _sorted_by_group(
     sizes = [s for s in (group_size, 64, 32, MIN_GROUP) if s <= group_size]
     padded = {s: int(((runs_len + s - 1) // s * s).sum()) for s in sizes}
     vg = min(sizes, key=lambda s: (padded[s], -s))
-    perm = torch.full((padded[vg],), -1, dtype=torch.int64)
-    vgid = torch.empty(padded[vg] // vg, dtype=torch.int64)  # checkpoint group of each
+    perm = torch.full((padded[vg],), -1, dtype=torch.int64, device=q.device)
+    vgid = torch.empty(padded[vg] // vg, dtype=torch.int64, device=q.device)  # their groups
     pos = 0
     for g, n in zip(runs_gid.tolist(), runs_len.tolist(), strict=True):
         span = -(-n // vg) * vg
@@ -215,7 +215,7 @@ def _sorted_by_group(
         pos += span
     real = perm >= 0
     z = zeros[vgid].T  # [N, G']
-    if padded[vg] == k and torch.equal(perm, torch.arange(k)):
+    if padded[vg] == k and torch.equal(perm, torch.arange(k, device=q.device)):
         # in order already, only split unevenly (a shard not starting on a group boundary)
         return Int4Weight(
             qweight=pack_int4(q),
