@@ -22,7 +22,8 @@ MoE: the same two figures, gpu/deepseek.py); qwen3moe_decode and dsv2lite_decode
 decode half alone; scale (decode at long contexts and big batches against its roofline, the
 100,000-token prefill, host time per step at batch 256: gpu/scale.py), gguf_kernel (GGUF
 Q8_0/Q4_K/Q6_K blocks: the decode GEMV's bandwidth at Llama-3.1-8B's shapes, the prefill
-paths' crossover: gpu/gguf_kernel.py).
+paths' crossover: gpu/gguf_kernel.py), w4a16_kernel (the int4 GEMV and GEMM at
+Llama-3.1-8B's projection shapes against bf16: gpu/w4a16.py).
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ TIME_LIMITS = {
     "mla_kernel": 240,
     "moe_kernel": 240,
     "gguf_kernel": 300,
+    "w4a16_kernel": 300,
     "qwen3moe": 480,
     "dsv2lite": 480,
     "scale": 480,
@@ -162,6 +164,10 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         from loadtest.gpu.gguf_kernel import gguf_kernel_section
 
         return gguf_kernel_section()
+    if name == "w4a16_kernel":
+        from loadtest.gpu.w4a16 import w4a16_kernel_section
+
+        return w4a16_kernel_section()
     if name == "scale":
         from loadtest.gpu.scale import scale_section
 
@@ -176,7 +182,7 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         return dsv2lite_section(0 if name.endswith("_decode") else OFFLINE_RUN_S)
     extra = ["burst", "engine_ab", "protocols", "dp", "observability", "tools"]
     extra += ["tp", "tp70b", "tp_kill", "mla_kernel", "moe_kernel", "qwen3moe", "dsv2lite"]
-    extra += ["qwen3moe_decode", "dsv2lite_decode", "scale", "gguf_kernel"]
+    extra += ["qwen3moe_decode", "dsv2lite_decode", "scale", "gguf_kernel", "w4a16_kernel"]
     raise SystemExit(f"unknown section {name!r}; known: {', '.join([*SECTIONS, *extra])}")
 
 
@@ -339,6 +345,10 @@ def table(results: dict[str, Any]) -> str:
         from loadtest.gpu.gguf_kernel import table_rows as gguf_rows
 
         rows += gguf_rows(results["gguf_kernel"])
+    if results.get("w4a16_kernel"):
+        from loadtest.gpu.w4a16 import table_rows as w4a16_rows
+
+        rows += w4a16_rows(results["w4a16_kernel"])
     width = max((len(k) for k, _ in rows), default=10)
     lines = [f"GPU: {gpu}"] + [f"{k:<{width}}  {v}" for k, v in rows]
     return "\n".join(lines)
