@@ -33,7 +33,6 @@ from kernels._checks import (
     dot_precision,
 )
 from kernels.moe_align import moe_align
-from kernels.moe_gemv import MAX_TOKENS as GEMV_MAX_TOKENS
 from kernels.moe_gemv import moe_gemv
 from kernels.pdl import pdl_launch, pdl_prologue
 
@@ -153,8 +152,10 @@ def fused_moe(
     x: [tokens, hidden]; w13: [experts, 2 * I, hidden] (rows [0, I) gate, [I, 2I) up);
     w2: [experts, hidden, I]; topk_weights: [tokens, top_k] fp32; topk_ids: [tokens, top_k]
     int32/int64 in [0, experts). block_m/block_n/block_k: the tiles (powers of two >= 16);
-    None takes `choose_tiles`'s. path: "grouped" (the grouped GEMM), "gemv" (kernels/moe_gemv,
-    at most its MAX_TOKENS tokens; the tiles do not apply) or "auto" (gemv where it may run).
+    None takes `choose_tiles`'s. path: "grouped" (the grouped GEMM), "gemv" (kernels/moe_gemv;
+    the tiles do not apply) or "auto", which is the grouped GEMM: on an H200, Qwen3-30B-A3B's
+    batch-1 step spent 2.18 ms in moe_gemv's two launches with its default configuration,
+    where the grouped path had taken 1.74 ms (align and sum included) on an H100.
     """
     op = "fused_moe"
     check_tensor(op, "x", x, shape=(None, None), dims="[tokens, hidden]", dtypes=FLOAT_DTYPES)
@@ -210,7 +211,7 @@ def fused_moe(
         raise ValueError(f"{op}: x, w13 and w2 must have contiguous rows")
     if path not in ("auto", "grouped", "gemv"):
         raise ValueError(f"{op}: path must be 'auto', 'grouped' or 'gemv', got {path!r}")
-    if path == "gemv" or (path == "auto" and 0 < tokens <= GEMV_MAX_TOKENS):
+    if path == "gemv" and tokens > 0:
         return moe_gemv(x, w13, w2, topk_weights, topk_ids)
     out = torch.empty((tokens, hidden), dtype=x.dtype, device=x.device)
     if tokens == 0:

@@ -1,6 +1,6 @@
 """The mixture-of-experts MLP for a decode step of a few tokens, as two matrix-vector launches.
 
-At batch 1 to MAX_TOKENS each chosen expert sees one token or two, and the step is bound by
+At a batch of a few tokens each chosen expert sees one token or two, and the step is bound by
 reading the chosen experts' weights once. kernels/fused_moe.py's grouped GEMM needs its
 tokens sorted by expert first (kernels/moe_align.py) and its per-pair products summed after
 (a third launch): three of its five launches do no reading of weights at all, and each costs
@@ -16,6 +16,12 @@ experts directly, so nothing is sorted, and the top-k sum happens in registers:
 Rounding follows the grouped GEMM path (fused_moe_ref): the activation and each weighted
 per-expert product are rounded to x's dtype, the top-k sum is taken in fp32 and rounded once.
 Shapes depend only on (tokens, top_k), never on the routing: CUDA-graph capturable.
+
+Not the default (fused_moe's path="gemv" selects it): measured on an H200 with Qwen3-30B-A3B's
+shapes at batch 1 and the default launch configuration, down took 23 us a layer (1.1 TB/s: one
+program walks the token's 8 experts in turn, 3 short K steps each, too little in flight) and
+gate_up 22 us (2.3 TB/s). `gpu_bench --sections moe_kernel` times it over GEMV_GRID beside the
+grouped path, for choosing a configuration (or a split of the down projection) that wins.
 """
 
 from __future__ import annotations
@@ -25,8 +31,6 @@ import triton
 import triton.language as tl
 
 from kernels.pdl import pdl_launch, pdl_prologue
-
-MAX_TOKENS = 4  # past this, experts see several tokens each and the grouped GEMM reads less
 
 
 @triton.jit
@@ -123,8 +127,8 @@ def moe_gemv(
     num_warps: int = 4,
     num_stages: int = 3,
 ) -> torch.Tensor:
-    """fused_moe's product in two launches, for decode batches (fused_moe takes it for at most
-    MAX_TOKENS tokens); arguments as fused_moe's, checked there (it is the entry point).
+    """fused_moe's product in two launches, for decode batches (fused_moe with path="gemv");
+    arguments as fused_moe's, checked there (it is the entry point).
     block_n, block_k: output rows per program and weight columns per step (powers of two)."""
     tokens, hidden = x.shape
     top_k = topk_ids.shape[1]
