@@ -7,7 +7,8 @@ arithmetic: logits agree to 1e-5 and greedy tokens are identical. A wrong scale,
 applied to the wrong rows (stacked q/k/v with their own per-tensor scales, partial 128-blocks)
 or a shard read from the wrong place moves the logits by far more. Against the original
 float model each dequantized weight differs by fp8's rounding only (FP8_ROUNDING); its
-logits move further (two random layers amplify it), so they are not compared. The kernels the GPU runs instead are tested in tests/kernels/test_fp8_*.py.
+logits move further (two random layers amplify it), so they are not compared. The kernels
+the GPU runs instead are tested in tests/kernels/test_fp8_*.py.
 """
 
 from __future__ import annotations
@@ -62,6 +63,14 @@ def last_logits(model: LlamaForCausalLM, prompt: list[int]) -> torch.Tensor:
     return driver.extend([driver.new_request()], [prompt])[0]
 
 
+def param(module: torch.nn.Module, name: str) -> torch.Tensor:
+    """A parameter or buffer by its dotted name (a format's scales are not typed attributes)."""
+    *path, leaf = name.split(".")
+    t = getattr(module.get_submodule(".".join(path)), leaf)
+    assert isinstance(t, torch.Tensor), name
+    return t
+
+
 def quantized(model: LlamaForCausalLM) -> list[Linear]:
     return [m for m in model.modules() if isinstance(m, Linear) and m.method is not UNQUANTIZED]
 
@@ -103,7 +112,7 @@ def test_per_tensor_scales_of_stacked_parts_fill_their_own_rows(
     """q, k and v each bring one scale; the fused qkv_proj holds each over its 128 rows."""
     path = write_fp8_checkpoint(float_dir, tmp_path / "t", "tensor")
     model, _ = load_model(path, "cpu")
-    scale = model.model.layers[0].self_attn.qkv_proj.weight_scale[:, 0]
+    scale = param(model, "model.layers.0.self_attn.qkv_proj.weight_scale")[:, 0]
     from safetensors.torch import load_file
 
     state = load_file(path / "model.safetensors")
@@ -117,9 +126,9 @@ def test_static_input_scales_load_and_the_largest_of_a_fused_input_is_used(
 ) -> None:
     path = write_fp8_checkpoint(float_dir, tmp_path / "s", "channel", static_input=0.02)
     model, _ = load_model(path, "cpu")
-    qkv = model.model.layers[0].self_attn.qkv_proj
-    assert qkv.input_scale.tolist() == pytest.approx([0.02] * 3)
-    assert qkv.act_scale.tolist() == pytest.approx([0.02])
+    qkv = "model.layers.0.self_attn.qkv_proj"
+    assert param(model, f"{qkv}.input_scale").tolist() == pytest.approx([0.02] * 3)
+    assert param(model, f"{qkv}.act_scale").tolist() == pytest.approx([0.02])
 
 
 def test_quantization_fp8_quantizes_a_float_checkpoint_per_channel(float_dir: Path) -> None:
@@ -129,9 +138,10 @@ def test_quantization_fp8_quantizes_a_float_checkpoint_per_channel(float_dir: Pa
     assert len(layers) == 4 * config.num_layers
     original, _ = load_model(float_dir, "cpu", torch.float32)
     w = dict(original.named_modules())["model.layers.1.mlp.down_proj"].weight
-    down = model.model.layers[1].mlp.down_proj
+    down = model.get_submodule("model.layers.1.mlp.down_proj")
+    assert isinstance(down, Linear)
     # each row's largest |w| is exactly representable: its scale is that / 448
-    torch.testing.assert_close(down.weight_scale[:, 0], w.abs().amax(dim=1) / 448)
+    torch.testing.assert_close(param(down, "weight_scale")[:, 0], w.abs().amax(dim=1) / 448)
     deq = down.method.dequantized(down)
     assert ((deq - w).abs() <= w.abs() / 16 + 1e-6).all()  # e4m3: half of 2^-3 relative
     twin = dequantized_twin(model, float_dir)
@@ -141,9 +151,7 @@ def test_quantization_fp8_quantizes_a_float_checkpoint_per_channel(float_dir: Pa
 
 
 @pytest.mark.parametrize("scheme", ["channel", "block"])
-def test_each_rank_holds_its_slice_of_the_quantized_weights(
-    tmp_path: Path, scheme: str
-) -> None:
+def test_each_rank_holds_its_slice_of_the_quantized_weights(tmp_path: Path, scheme: str) -> None:
     """Two ranks' shards, loaded in one process: rank r's dequantized qkv (its heads), o_proj
     (its columns), gate_up and down are the matching slices of the one-rank model's."""
     shape = {**SHAPE, "num_attention_heads": 8, "num_key_value_heads": 8}  # 128 rows a rank
@@ -154,7 +162,9 @@ def test_each_rank_holds_its_slice_of_the_quantized_weights(
     q, i = 256, 256  # q rows (8 heads of 32) and the intermediate size
     for rank in (0, 1):
         model, _ = load_model(path, "cpu", tp=TPGroup(rank, 2))
-        got = {n: m.method.dequantized(m) for n, m in model.named_modules() if isinstance(m, Linear)}
+        got = {
+            n: m.method.dequantized(m) for n, m in model.named_modules() if isinstance(m, Linear)
+        }
         rows = slice(128 * rank, 128 * (rank + 1))
         qkv = full["model.layers.0.self_attn.qkv_proj"].split(q)
         torch.testing.assert_close(
@@ -180,9 +190,28 @@ def test_a_tensor_parallel_split_inside_a_block_is_refused(tmp_path: Path) -> No
 @pytest.mark.parametrize("scheme", ["channel", "block"])
 def test_dummy_weights_are_valid_fp8(float_dir: Path, tmp_path: Path, scheme: str) -> None:
     path = write_fp8_checkpoint(float_dir, tmp_path / scheme, scheme)
-    model, config = load_model(path, "cpu", load_format="dummy")
+    model, _ = load_model(path, "cpu", load_format="dummy")
     for layer in quantized(model):
         w = layer.method.dequantized(layer)
         assert layer.weight.dtype == FP8 and torch.isfinite(w).all()
         assert 0.05 < float(w.std()) / 0.02 < 1.5  # N(0, 0.02), quantized
     assert torch.isfinite(last_logits(model, PROMPTS[0])).all()
+
+
+def test_the_engine_serves_a_float_checkpoint_with_quantization_fp8(float_dir: Path) -> None:
+    """--quantization reaches the model through EngineSettings; the engine's tokens are the
+    fp8 model's greedy ones."""
+    from tests.executor.test_engine import make_engine, make_request
+
+    engine = make_engine(float_dir, quantization="fp8")
+    model = engine.runner.model
+    assert model.quantization is not None and model.quantization.online
+    for i, p in enumerate(PROMPTS):
+        engine.submit(make_request(f"r{i}", p, 6, ignore_eos=True))
+    tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(PROMPTS))}
+    while engine.has_work():
+        for _, out in engine.step().outputs:
+            for d in getattr(out, "deltas", []):
+                tokens[d.rid] += d.token_ids
+    want = greedy_generate(model, model.config, PROMPTS, 6, eos_ids=())
+    assert list(tokens.values()) == want

@@ -135,9 +135,9 @@ def checkpoint_layout(model: LlamaForCausalLM) -> dict[str, Target]:
                 for index, ckpt_module in sorted(fused_into[module_name])
             ]
         method = getattr(module, "method", None)  # a Linear's weight format
-        for index, ckpt_name in sources:
-            rows = plan(kind, index) if plan else (0, param.shape[0], WHOLE)
-            slot = method.slot(module, kind, index, rows) if method else Slot(*rows)
+        for part, ckpt_name in sources:
+            rows = plan(kind, part) if plan else (0, param.shape[0], WHOLE)
+            slot = method.slot(module, kind, part, rows) if method else Slot(*rows)
             if slot is not None:  # None: computed at load, not in the checkpoint
                 layout[ckpt_name] = Target(param, *slot)
     return layout
