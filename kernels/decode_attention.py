@@ -37,6 +37,7 @@ from kernels._checks import (
 )
 from kernels._math import tanh
 from kernels.fp8_kv import gather_kv
+from kernels.pdl import pdl_launch, pdl_prologue
 
 # Query heads per stage-1 program: tl.dot needs at least 16 rows, so a group smaller than
 # that runs with masked rows (decode is memory-bound: the K/V loads are what count).
@@ -79,7 +80,9 @@ def _decode_stage1_kernel(
     DOT_PRECISION: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     b = tl.program_id(0)
     kv_head = tl.program_id(1) // HEAD_BLOCKS
     split = tl.program_id(2)
@@ -158,7 +161,9 @@ def _decode_stage2_kernel(
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
     USE_WINDOW: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -327,6 +332,7 @@ def decode_attention(
         USE_SOFTCAP=softcap is not None,
         num_warps=num_warps,
         num_stages=num_stages,
+        **pdl_launch(q.device),
     )
     merge_splits(workspace, out, seq_lens, num_kv_splits, head_dim, block_n, block_d, window)
     return out
@@ -403,6 +409,7 @@ def merge_splits(
         BLOCK_D=block_d,
         USE_WINDOW=window is not None,
         num_warps=4,
+        **pdl_launch(ws_out.device),
     )
 
 

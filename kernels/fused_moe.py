@@ -33,6 +33,9 @@ from kernels._checks import (
     dot_precision,
 )
 from kernels.moe_align import moe_align
+from kernels.moe_gemv import MAX_TOKENS as GEMV_MAX_TOKENS
+from kernels.moe_gemv import moe_gemv
+from kernels.pdl import pdl_launch, pdl_prologue
 
 
 @triton.jit
@@ -58,7 +61,9 @@ def _fused_moe_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     pid_m = pid // num_pid_n
@@ -99,8 +104,11 @@ def _fused_moe_kernel(
 
 
 @triton.jit
-def _moe_sum_kernel(in_ptr, out_ptr, hidden, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+def _moe_sum_kernel(
+    in_ptr, out_ptr, hidden, TOP_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
+):
     """out[t] = sum over j of in[t * TOP_K + j], in fp32, rounded once (as torch.sum)."""
+    pdl_prologue(PDL)
     tok = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < hidden
@@ -137,6 +145,7 @@ def fused_moe(
     block_k: int | None = None,
     num_warps: int = 4,
     num_stages: int = 3,
+    path: str = "auto",
 ) -> torch.Tensor:
     """sum over j of topk_weights[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t])), e =
     topk_ids[t, j]; returns [tokens, hidden] in x's dtype.
@@ -144,7 +153,8 @@ def fused_moe(
     x: [tokens, hidden]; w13: [experts, 2 * I, hidden] (rows [0, I) gate, [I, 2I) up);
     w2: [experts, hidden, I]; topk_weights: [tokens, top_k] fp32; topk_ids: [tokens, top_k]
     int32/int64 in [0, experts). block_m/block_n/block_k: the tiles (powers of two >= 16);
-    None takes `choose_tiles`'s.
+    None takes `choose_tiles`'s. path: "grouped" (the grouped GEMM), "gemv" (kernels/moe_gemv,
+    at most its MAX_TOKENS tokens; the tiles do not apply) or "auto" (gemv where it may run).
     """
     op = "fused_moe"
     check_tensor(op, "x", x, shape=(None, None), dims="[tokens, hidden]", dtypes=FLOAT_DTYPES)
@@ -198,6 +208,10 @@ def fused_moe(
     check_launch(op, num_warps, num_stages)
     if x.stride(0) != hidden or w13.stride(1) != hidden or w2.stride(1) != inter:
         raise ValueError(f"{op}: x, w13 and w2 must have contiguous rows")
+    if path not in ("auto", "grouped", "gemv"):
+        raise ValueError(f"{op}: path must be 'auto', 'grouped' or 'gemv', got {path!r}")
+    if path == "gemv" or (path == "auto" and 0 < tokens <= GEMV_MAX_TOKENS):
+        return moe_gemv(x, w13, w2, topk_weights, topk_ids)
     out = torch.empty((tokens, hidden), dtype=x.dtype, device=x.device)
     if tokens == 0:
         return out
@@ -235,6 +249,7 @@ def fused_moe(
         SILU_MUL=True,
         MUL_WEIGHT=False,
         **common,
+        **pdl_launch(x.device),
     )
     # down, weighted: act [pairs, I] -> per_pair [pairs, hidden]
     _fused_moe_kernel[(blocks * triton.cdiv(hidden, bn),)](
@@ -256,11 +271,18 @@ def fused_moe(
         SILU_MUL=False,
         MUL_WEIGHT=True,
         **common,
+        **pdl_launch(act.device),
     )
     # the top_k rows of each token summed: one small launch (torch's strided reduction takes
     # about twice as long at decode sizes)
     _moe_sum_kernel[(tokens, triton.cdiv(hidden, _SUM_BLOCK))](
-        per_pair, out, hidden, TOP_K=top_k, BLOCK=_SUM_BLOCK, num_warps=4
+        per_pair,
+        out,
+        hidden,
+        TOP_K=top_k,
+        BLOCK=_SUM_BLOCK,
+        num_warps=4,
+        **pdl_launch(per_pair.device),
     )
     return out
 

@@ -15,6 +15,7 @@ import triton.language as tl
 
 from kernels._checks import FLOAT_DTYPES, check_device, check_tensor
 from kernels._math import tanh
+from kernels.pdl import pdl_launch, pdl_prologue
 
 _BLOCK = 1024
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -30,7 +31,9 @@ def _act_mul_kernel(
     GELU_TANH: tl.constexpr,
     SQRT_2_OVER_PI: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < d
@@ -70,6 +73,7 @@ def _act_mul(
             SQRT_2_OVER_PI=_SQRT_2_OVER_PI,
             BLOCK=block,
             num_warps=4,
+            **pdl_launch(gate_up.device),
         )
     return out
 

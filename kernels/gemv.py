@@ -19,8 +19,23 @@ import triton
 import triton.language as tl
 
 from kernels._checks import FLOAT_DTYPES, check_device, check_tensor
+from kernels.pdl import pdl_launch, pdl_prologue
 
 MAX_M = 4  # rows of x; past that a tensor-core GEMM reads the weight just as well
+
+
+@triton.jit
+def store_rows(out_ptr, stride_om, offs_n, n_mask, acc0, acc1, acc2, acc3, M: tl.constexpr):
+    """Round the sums of the M (<= MAX_M) rows, each [BLOCK_N], to out's dtype and store
+    them at out[m, offs_n] (rows stride_om apart); accumulators past M are not read."""
+    dtype = out_ptr.dtype.element_ty
+    tl.store(out_ptr + offs_n, acc0.to(dtype), mask=n_mask)
+    if M > 1:
+        tl.store(out_ptr + stride_om + offs_n, acc1.to(dtype), mask=n_mask)
+    if M > 2:
+        tl.store(out_ptr + 2 * stride_om + offs_n, acc2.to(dtype), mask=n_mask)
+    if M > 3:
+        tl.store(out_ptr + 3 * stride_om + offs_n, acc3.to(dtype), mask=n_mask)
 
 
 @triton.jit
@@ -40,7 +55,9 @@ def _gemv_kernel(
     SCALE_BLOCK: tl.constexpr,  # with SCALES: 0 a scale per row, else the blocks' side
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     rows = offs_n.to(tl.int64)[:, None] * stride_wn
@@ -83,14 +100,7 @@ def _gemv_kernel(
         acc1 *= row_scale
         acc2 *= row_scale
         acc3 *= row_scale
-    dtype = out_ptr.dtype.element_ty
-    tl.store(out_ptr + offs_n, acc0.to(dtype), mask=n_mask)
-    if M > 1:
-        tl.store(out_ptr + stride_om + offs_n, acc1.to(dtype), mask=n_mask)
-    if M > 2:
-        tl.store(out_ptr + 2 * stride_om + offs_n, acc2.to(dtype), mask=n_mask)
-    if M > 3:
-        tl.store(out_ptr + 3 * stride_om + offs_n, acc3.to(dtype), mask=n_mask)
+    store_rows(out_ptr, stride_om, offs_n, n_mask, acc0, acc1, acc2, acc3, M)
 
 
 def gemv(
@@ -180,6 +190,7 @@ def launch(
         BLOCK_K=block_k,
         num_warps=num_warps,
         num_stages=num_stages,
+        **pdl_launch(x.device),
     )
 
 

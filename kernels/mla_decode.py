@@ -27,6 +27,7 @@ from kernels._checks import check_launch, check_tensor, check_tile, dot_precisio
 from kernels.decode_attention import DecodeWorkspace, check_decode_state, merge_splits
 from kernels.fp8_kv import gather_kv
 from kernels.mla_extend import check_mla_inputs
+from kernels.pdl import pdl_launch, pdl_prologue
 
 _BLOCK_H = 16  # heads per stage-1 program (tl.dot needs 16 rows; fewer heads are masked)
 
@@ -60,7 +61,9 @@ def _mla_decode_stage1_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_P: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     b = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     split = tl.program_id(2)
@@ -177,6 +180,7 @@ def mla_decode(
         DOT_PRECISION=dot_precision(q.dtype),
         num_warps=num_warps,
         num_stages=num_stages,
+        **pdl_launch(q.device),
     )  # fmt: skip
     merge_splits(workspace, out, seq_lens, num_kv_splits, rank, block_n, block_r)
     return out

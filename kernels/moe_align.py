@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from kernels._checks import INDEX_DTYPES, check_device, check_tensor
+from kernels.pdl import pdl_launch, pdl_prologue
 
 _PAIRS_BLOCK = 256
 _ONE_PROGRAM_CELLS = 16384  # pairs x experts (powers of two) the one-program path holds
@@ -124,7 +125,9 @@ def _align_one_program_kernel(
     E_BLOCK: tl.constexpr,
     CHUNK: tl.constexpr,
     FILL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     p = tl.arange(0, N_BLOCK)
     p_mask = p < n
     e = tl.arange(0, E_BLOCK)
@@ -199,6 +202,7 @@ def moe_align(
             CHUNK=_CHUNK,
             FILL=_FILL,
             num_warps=4,
+            **pdl_launch(flat.device),
         )
         return sorted_ids, expert_ids, total
     counts = torch.zeros(num_experts, dtype=torch.int32, device=device)

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from kernels._checks import check_device, check_tensor
+from kernels.pdl import pdl_launch, pdl_prologue
 
 _SCORINGS = ("softmax", "sigmoid")
 
@@ -34,7 +35,9 @@ def _moe_topk_kernel(
     E_BLOCK: tl.constexpr,
     SIGMOID: tl.constexpr,
     RENORMALISE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     row = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, E_BLOCK)
     e_mask = e < num_experts
@@ -105,5 +108,6 @@ def moe_topk(
             SIGMOID=scoring == "sigmoid",
             RENORMALISE=renormalise,
             num_warps=4 if experts > 256 else 1,
+            **pdl_launch(router_logits.device),
         )
     return weights, ids

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from kernels._checks import FLOAT_DTYPES, check_device, check_tensor
+from kernels.pdl import pdl_launch, pdl_prologue
 
 _MAX_HIDDEN = 65536  # one row per program, whole in registers
 
@@ -38,7 +39,9 @@ def _rmsnorm_kernel(
     HAS_RESIDUAL: tl.constexpr,
     UNIT_OFFSET: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < hidden
@@ -138,6 +141,7 @@ def rmsnorm(
             UNIT_OFFSET=unit_offset,
             BLOCK=block,
             num_warps=min(16, max(1, block // 256)),
+            **pdl_launch(x.device),
         )
     return out, (x if residual is None else res_out)
 

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from kernels._checks import FLOAT_DTYPES, INDEX_DTYPES, check_device, check_tensor
+from kernels.pdl import pdl_launch, pdl_prologue
 from kernels.rmsnorm import rmsnorm_ref
 from kernels.rope_freq import rope_attention_factor, rope_inv_freq
 
@@ -38,6 +39,16 @@ class QKNorm(NamedTuple):
     k_weight: torch.Tensor
     eps: float
     unit_offset: bool = False
+
+
+class KVStore(NamedTuple):
+    """Where the rotated k (and v, as it is) go as well: one layer's pool buffers [slots,
+    kv_heads, head_dim] in k's dtype, at the tokens' slots [n]. Saves store_kv's launch."""
+
+    v: torch.Tensor
+    k_buffer: torch.Tensor
+    v_buffer: torch.Tensor
+    out_cache_loc: torch.Tensor
 
 
 @triton.jit
@@ -108,10 +119,20 @@ def _rotary_kernel(
     cache_ptr,
     wq_ptr,
     wk_ptr,
+    v_ptr,
+    kbuf_ptr,
+    vbuf_ptr,
+    loc_ptr,
     stride_qt,
     stride_qh,
     stride_kt,
     stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_kbt,
+    stride_kbh,
+    stride_vbt,
+    stride_vbh,
     stride_cache,
     num_q_heads,
     num_k_heads,
@@ -123,7 +144,10 @@ def _rotary_kernel(
     NORM: tl.constexpr,
     UNIT_OFFSET: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    STORE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     tok = tl.program_id(0).to(tl.int64)
     block = tl.program_id(1)
     q_blocks = tl.cdiv(num_q_heads, BLOCK_H)
@@ -156,6 +180,19 @@ def _rotary_kernel(
         UNIT_OFFSET,
         BLOCK_D,
     )
+    if STORE and block >= q_blocks:
+        # this program's k rows, rotated and stored above by other threads, read back whole
+        tl.debug_barrier()
+        offs_h = h_start + tl.arange(0, BLOCK_H)
+        offs_f = tl.arange(0, BLOCK_D)
+        mask = (offs_h < num_k_heads)[:, None] & (offs_f < head_dim)[None, :]
+        slot = tl.load(loc_ptr + tok).to(tl.int64)
+        k_rows = tl.load(k_ptr + tok * stride_kt + offs_h[:, None] * stride_kh + offs_f, mask)
+        dst = kbuf_ptr + slot * stride_kbt + offs_h[:, None] * stride_kbh + offs_f
+        tl.store(dst, k_rows, mask=mask)
+        v_rows = tl.load(v_ptr + tok * stride_vt + offs_h[:, None] * stride_vh + offs_f, mask)
+        dst = vbuf_ptr + slot * stride_vbt + offs_h[:, None] * stride_vbh + offs_f
+        tl.store(dst, v_rows, mask=mask)
 
 
 def build_cos_sin_cache(
@@ -190,9 +227,11 @@ def apply_rotary(
     positions: torch.Tensor,
     cos_sin_cache: torch.Tensor,
     norm: QKNorm | None = None,
+    store: KVStore | None = None,
 ) -> None:
     """Rotate q [n, num_heads, head_dim] and k [n, num_kv_heads, head_dim] in place (each
-    head RMS-normed first with `norm`).
+    head RMS-normed first with `norm`); with `store`, also write the rotated k and v to the
+    pool (v: k's shape; buffers in k's dtype: an fp8 pool takes store_kv's cast).
 
     Any token/head strides (q and k may be views of one fused qkv tensor). positions: [n]
     ints, each < cos_sin_cache.shape[0] (not checked: that would sync the host).
@@ -236,6 +275,8 @@ def apply_rotary(
     if norm is not None:
         for name, w in (("norm.q_weight", norm.q_weight), ("norm.k_weight", norm.k_weight)):
             check_tensor(op, name, w, shape=(head_dim,), dims="[d]", dtypes=(q.dtype,), device=dev)
+    if store is not None:
+        _check_store(op, store, k)
     if n == 0:
         return
     if q.stride(2) != 1 or k.stride(2) != 1:
@@ -253,10 +294,13 @@ def apply_rotary(
         cos_sin_cache,
         q if norm is None else norm.q_weight,  # unused without NORM
         k if norm is None else norm.k_weight,
+        *(k, k, k) if store is None else store[:3],  # unused without STORE
+        positions if store is None else store.out_cache_loc,
         q.stride(0),
         q.stride(1),
         k.stride(0),
         k.stride(1),
+        *(0, 0, 0, 0, 0, 0) if store is None else _store_strides(store),
         cos_sin_cache.stride(0),
         num_heads,
         k.shape[1],
@@ -268,8 +312,29 @@ def apply_rotary(
         NORM=norm is not None,
         UNIT_OFFSET=norm is not None and norm.unit_offset,
         BLOCK_D=block_d,
+        STORE=store is not None,
         num_warps=4,
+        **pdl_launch(q.device),
     )
+
+
+def _check_store(op: str, store: KVStore, k: torch.Tensor) -> None:
+    shape = (None, k.shape[1], k.shape[2])
+    check_tensor(op, "store.v", store.v, shape=k.shape, dims="[n, kv_heads, d]", dtypes=(k.dtype,))
+    for name, buf in (("store.k_buffer", store.k_buffer), ("store.v_buffer", store.v_buffer)):
+        dims = "[slots, kv_heads, d]"
+        check_tensor(op, name, buf, shape=shape, dims=dims, dtypes=(k.dtype,), device=k.device)
+    loc = store.out_cache_loc
+    check_tensor(
+        op, "store.out_cache_loc", loc, shape=(k.shape[0],), dims="[n]", dtypes=INDEX_DTYPES
+    )
+    if store.v.stride(2) != 1:
+        raise ValueError(f"{op}: store.v must have contiguous heads (last stride 1)")
+
+
+def _store_strides(store: KVStore) -> tuple[int, ...]:
+    v, kb, vb = store.v, store.k_buffer, store.v_buffer
+    return (v.stride(0), v.stride(1), kb.stride(0), kb.stride(1), vb.stride(0), vb.stride(1))
 
 
 def apply_rotary_ref(
@@ -279,6 +344,7 @@ def apply_rotary_ref(
     positions: torch.Tensor,
     cos_sin_cache: torch.Tensor,
     norm: QKNorm | None = None,
+    store: KVStore | None = None,
 ) -> None:
     """The torch twin of `apply_rotary` (in place, fp32 math, rounded once after the norm
     and once after the rotation)."""
@@ -292,3 +358,6 @@ def apply_rotary_ref(
         x1, x2 = x[..., :half].float(), x[..., half : 2 * half].float()
         rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
         x[..., : 2 * half].copy_(rotated.to(x.dtype))
+    if store is not None:
+        loc = store.out_cache_loc.long()
+        store.k_buffer[loc], store.v_buffer[loc] = k, store.v

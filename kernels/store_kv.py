@@ -15,6 +15,7 @@ import triton.language as tl
 
 from kernels._checks import FLOAT_DTYPES, INDEX_DTYPES, KV_DTYPES, check_device, check_tensor
 from kernels.fp8_kv import FP8_FORMATS, quantize_kv, store_into
+from kernels.pdl import pdl_launch, pdl_prologue
 
 
 @triton.jit
@@ -37,7 +38,9 @@ def _store_kv_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     tok = tl.program_id(0)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
@@ -138,6 +141,7 @@ def store_kv(
         BLOCK_H=block_h,
         BLOCK_D=block_d,
         num_warps=4,
+        **pdl_launch(k.device),
     )
 
 

@@ -20,9 +20,12 @@ experts) and qwen3moe (Qwen3-30B-A3B's shapes: batch-1 decode against its roofli
 500-prompt offline workload: gpu/moe.py) and dsv2lite (DeepSeek-V2-Lite's shapes, MLA and
 MoE: the same two figures, gpu/deepseek.py); qwen3moe_decode and dsv2lite_decode run the
 decode half alone; scale (decode at long contexts and big batches against its roofline, the
-100,000-token prefill, host time per step at batch 256: gpu/scale.py); quant_decode
-(batch-1 decode with bf16, fp8 per-channel and fp8 block weights, each against its own
-roofline: gpu/quant.py) and offline_fp8w (the 500 prompts with --quantization fp8 weights and
+100,000-token prefill, host time per step at batch 256: gpu/scale.py), gguf_kernel (GGUF
+Q8_0/Q4_K/Q6_K blocks: the decode GEMV's bandwidth at Llama-3.1-8B's shapes, the prefill
+paths' crossover: gpu/gguf_kernel.py), w4a16_kernel (the int4 GEMV and GEMM at
+Llama-3.1-8B's projection shapes against bf16: gpu/w4a16.py); quant_decode (batch-1 decode
+with bf16, fp8 per-channel and fp8 block weights, each against its own roofline:
+gpu/quant.py) and offline_fp8w (the 500 prompts with --quantization fp8 weights and
 --kv-cache-dtype fp8_e4m3).
 """
 
@@ -74,6 +77,8 @@ TIME_LIMITS = {
     "tp_kill": 400,
     "mla_kernel": 240,
     "moe_kernel": 240,
+    "gguf_kernel": 300,
+    "w4a16_kernel": 300,
     "qwen3moe": 480,
     "dsv2lite": 480,
     "scale": 480,
@@ -160,6 +165,14 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         from loadtest.gpu.moe import moe_kernel_section
 
         return moe_kernel_section()
+    if name == "gguf_kernel":
+        from loadtest.gpu.gguf_kernel import gguf_kernel_section
+
+        return gguf_kernel_section()
+    if name == "w4a16_kernel":
+        from loadtest.gpu.w4a16 import w4a16_kernel_section
+
+        return w4a16_kernel_section()
     if name == "scale":
         from loadtest.gpu.scale import scale_section
 
@@ -182,7 +195,8 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         )
     extra = ["burst", "engine_ab", "protocols", "dp", "observability", "tools"]
     extra += ["tp", "tp70b", "tp_kill", "mla_kernel", "moe_kernel", "qwen3moe", "dsv2lite"]
-    extra += ["qwen3moe_decode", "dsv2lite_decode", "scale", "quant_decode", "offline_fp8w"]
+    extra += ["qwen3moe_decode", "dsv2lite_decode", "scale", "gguf_kernel", "w4a16_kernel"]
+    extra += ["quant_decode", "offline_fp8w"]
     raise SystemExit(f"unknown section {name!r}; known: {', '.join([*SECTIONS, *extra])}")
 
 
@@ -341,6 +355,14 @@ def table(results: dict[str, Any]) -> str:
         from loadtest.gpu.scale import table_rows
 
         rows += table_rows(results["scale"])
+    if results.get("gguf_kernel"):
+        from loadtest.gpu.gguf_kernel import table_rows as gguf_rows
+
+        rows += gguf_rows(results["gguf_kernel"])
+    if results.get("w4a16_kernel"):
+        from loadtest.gpu.w4a16 import table_rows as w4a16_rows
+
+        rows += w4a16_rows(results["w4a16_kernel"])
     if results.get("quant_decode"):
         from loadtest.gpu.quant import table_rows as quant_rows
 

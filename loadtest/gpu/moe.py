@@ -19,6 +19,7 @@ import json
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,7 @@ QWEN3_30B_A3B: dict[str, Any] = {
     "eos_token_id": 151645,
     "torch_dtype": "bfloat16",
 }
-TOKENS = (1, 64, 512)
+TOKENS = (1, 2, 4, 8, 64, 512)
 OFFLINE_RUN_S = 130  # the 500-prompt run stops here and reports what it finished
 
 
@@ -192,6 +193,8 @@ def _kernel_timings(bw: float) -> dict[str, Any]:
         }
         if tokens <= 64:
             rows[str(tokens)]["tiles"] = _tile_grid(x, w13, w2, topk_weights, topk_ids)
+        if tokens <= 8:  # where kernels/moe_gemv may take over from the grouped GEMM
+            rows[str(tokens)]["gemv"] = _gemv_grid(x, w13, w2, topk_weights, topk_ids)
         print(f"moe_kernel {tokens} tokens: {rows[str(tokens)]}", flush=True)
     return rows
 
@@ -221,32 +224,55 @@ def _tile_grid(
 
     out: list[dict[str, Any]] = []
     for bm, bn, bk, warps, stages in TILE_GRID:
-
-        def call() -> torch.Tensor:
-            return fused_moe(
-                x,
-                w13,
-                w2,
-                topk_weights,
-                topk_ids,
-                block_m=bm,  # noqa: B023
-                block_n=bn,  # noqa: B023
-                block_k=bk,  # noqa: B023
-                num_warps=warps,  # noqa: B023
-                num_stages=stages,  # noqa: B023
-            )
-
-        try:
-            call()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                call()
-            ms = _time_ms(graph.replay)
-        except Exception as e:  # a configuration the GPU cannot hold (shared memory)
-            out.append({"tiles": [bm, bn, bk, warps, stages], "error": str(e)[:120]})
-            continue
-        out.append({"tiles": [bm, bn, bk, warps, stages], "graph_ms": ms})
+        args = dict(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages)
+        call = partial(fused_moe, x, w13, w2, topk_weights, topk_ids, path="grouped", **args)
+        out.append({"tiles": [bm, bn, bk, warps, stages], **_graph_ms(call)})
     return sorted(out, key=lambda r: r.get("graph_ms", float("inf")))
+
+
+# (block_n, block_k, num_warps, num_stages) of kernels/moe_gemv tried at decode sizes
+GEMV_GRID = [
+    (8, 256, 4, 3),
+    (4, 512, 4, 3),
+    (16, 128, 4, 3),
+    (8, 512, 4, 2),
+    (4, 256, 2, 4),
+    (16, 256, 8, 3),
+    (2, 512, 4, 3),
+    (32, 128, 4, 3),
+    (8, 128, 2, 4),
+]
+
+
+def _gemv_grid(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> list[dict[str, Any]]:
+    """kernels/moe_gemv's graphed time under each GEMV_GRID configuration, fastest first."""
+    from kernels.moe_gemv import moe_gemv
+
+    out: list[dict[str, Any]] = []
+    for bn, bk, warps, stages in GEMV_GRID:
+        args = dict(block_n=bn, block_k=bk, num_warps=warps, num_stages=stages)
+        call = partial(moe_gemv, x, w13, w2, topk_weights, topk_ids, **args)
+        out.append({"config": [bn, bk, warps, stages], **_graph_ms(call)})
+    return sorted(out, key=lambda r: r.get("graph_ms", float("inf")))
+
+
+def _graph_ms(call: Callable[[], object]) -> dict[str, Any]:
+    """{"graph_ms": replay time of `call` captured in a CUDA graph}, or {"error": ...} for a
+    configuration the GPU cannot hold (shared memory)."""
+    try:
+        call()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            call()
+        return {"graph_ms": _time_ms(graph.replay)}
+    except Exception as e:
+        return {"error": str(e)[:120]}
 
 
 def qwen3moe_section(time_limit: float = OFFLINE_RUN_S) -> dict[str, Any]:

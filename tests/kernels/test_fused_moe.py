@@ -11,6 +11,8 @@ import triton
 
 from kernels.fused_moe import fused_moe, fused_moe_ref
 from kernels.moe_align import moe_align, moe_align_ref
+from kernels.moe_gemv import MAX_TOKENS as GEMV_MAX_TOKENS
+from kernels.moe_gemv import moe_gemv
 from kernels.moe_topk import moe_topk
 from services.executor.models.moe_routing import select_experts
 from services.executor.moe_config import MoEConfig
@@ -73,10 +75,53 @@ def test_matches_reference(
     x = randn(tokens, hidden, dtype=dtype, gen=gen)
     w13, w2 = weights_for(experts, hidden, inter, dtype, gen)
     topk_weights, topk_ids = routing(tokens, experts, top_k, gen, used)
-    out = fused_moe(x, w13, w2, topk_weights, topk_ids, block_m=16, block_n=16, block_k=16)
+    tiles = {"block_m": 16, "block_n": 16, "block_k": 16}
+    out = fused_moe(x, w13, w2, topk_weights, topk_ids, path="grouped", **tiles)
     want = fused_moe_ref(x, w13, w2, topk_weights, topk_ids)
     assert out.shape == (tokens, hidden) and out.dtype == dtype
     torch.testing.assert_close(out, want, **MOE_TOL[dtype])
+
+
+# (tokens, experts, top_k, hidden, inter): decode batches, which fused_moe gives moe_gemv
+GEMV_SHAPES = [
+    (1, 128, 8, 64, 32),  # Qwen3-MoE's routing: 8 of 128 experts
+    (2, 8, 2, 48, 24),  # hidden and inter not multiples of the blocks
+    (3, 4, 4, 32, 16),  # top_k = experts: tokens share every expert
+    (4, 16, 6, 40, 40),  # top-6 as DeepSeek-V2-Lite, inter deeper than one small K block
+]
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+@pytest.mark.parametrize(
+    ("tokens", "experts", "top_k", "hidden", "inter"),
+    GEMV_SHAPES,
+    ids=[f"t{s[0]}-e{s[1]}-k{s[2]}-h{s[3]}-i{s[4]}" for s in GEMV_SHAPES],
+)
+def test_decode_batches_take_the_gemv_path_and_match(
+    tokens: int, experts: int, top_k: int, hidden: int, inter: int, dtype: torch.dtype
+) -> None:
+    gen = torch.Generator().manual_seed(tokens * 100 + top_k)
+    x = randn(tokens, hidden, dtype=dtype, gen=gen)
+    w13, w2 = weights_for(experts, hidden, inter, dtype, gen)
+    topk_weights, topk_ids = routing(tokens, experts, top_k, gen)
+    want = fused_moe_ref(x, w13, w2, topk_weights, topk_ids)
+    out = fused_moe(x, w13, w2, topk_weights, topk_ids.int())  # auto: the gemv path
+    torch.testing.assert_close(out, want, **MOE_TOL[dtype])
+    small = moe_gemv(x, w13, w2, topk_weights, topk_ids, block_n=4, block_k=16)
+    torch.testing.assert_close(small, want, **MOE_TOL[dtype])  # several K steps, masked rows
+
+
+def test_auto_path_is_the_gemv_only_up_to_its_batch() -> None:
+    """Past moe_gemv.MAX_TOKENS, auto takes the grouped GEMM (the two agree either way)."""
+    gen = torch.Generator().manual_seed(11)
+    tokens = GEMV_MAX_TOKENS + 1
+    x = randn(tokens, 32, dtype=torch.float32, gen=gen)
+    w13, w2 = weights_for(8, 32, 16, torch.float32, gen)
+    topk_weights, topk_ids = routing(tokens, 8, 2, gen)
+    grouped = fused_moe(x, w13, w2, topk_weights, topk_ids, path="grouped")
+    gemv = fused_moe(x, w13, w2, topk_weights, topk_ids, path="gemv")
+    torch.testing.assert_close(fused_moe(x, w13, w2, topk_weights, topk_ids), grouped)
+    torch.testing.assert_close(gemv, grouped, **MOE_TOL[torch.float32])
 
 
 def test_int32_ids_and_default_tiles_match() -> None:
@@ -179,6 +224,7 @@ def test_align_shapes_do_not_depend_on_the_routing() -> None:
         ({"topk_weights": torch.zeros(3, 2, dtype=torch.float16)}, TypeError, r"topk_weights"),
         ({"topk_ids": torch.zeros(3, 2)}, TypeError, r"topk_ids must be one of"),
         ({"block_n": 24}, ValueError, r"block_n must be a power of two"),
+        ({"path": "fast"}, ValueError, r"path must be 'auto', 'grouped' or 'gemv'"),
     ],
 )
 def test_rejects_bad_arguments(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
@@ -190,15 +236,18 @@ def test_rejects_bad_arguments(kwargs: dict[str, Any], error: type[Exception], m
         "topk_ids": torch.zeros(3, 2, dtype=torch.int64),
     }
     block_n = kwargs.pop("block_n", 16)
+    path = kwargs.pop("path", "grouped")
     args.update(kwargs)
     t = {k: v.to(DEVICE) for k, v in args.items()}
     with pytest.raises(error, match=match):
-        fused_moe(t["x"], t["w13"], t["w2"], t["topk_weights"], t["topk_ids"], block_n=block_n)
+        fused_moe(
+            t["x"], t["w13"], t["w2"], t["topk_weights"], t["topk_ids"], block_n=block_n, path=path
+        )
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("tokens", [1, 64, 512])
+@pytest.mark.parametrize("tokens", [1, 4, 64, 512])
 def test_qwen3_30b_shapes_on_the_gpu(tokens: int, dtype: torch.dtype) -> None:
     """Qwen3-30B-A3B: 128 experts, top-8, hidden 2048, expert intermediate 768."""
     gen = torch.Generator().manual_seed(tokens)

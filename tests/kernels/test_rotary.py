@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from kernels.rotary import QKNorm, apply_rotary, apply_rotary_ref, build_cos_sin_cache
+from kernels.rotary import KVStore, QKNorm, apply_rotary, apply_rotary_ref, build_cos_sin_cache
 from services.executor.models import layers
 from services.executor.models.gemma import GemmaRMSNorm
 from tests.executor.helpers import LLAMA3_ROPE, longrope
@@ -283,3 +283,56 @@ def test_rejects_a_head_norm_of_the_wrong_width() -> None:
             cos_sin_cache=torch.zeros(16, 8, device=DEVICE),
             norm=norm,
         )
+
+
+@pytest.mark.parametrize("normed", [False, True], ids=["plain", "qk-norm"])
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize(("num_kv_heads", "head_dim", "rotary_dim"), [(2, 64, 64), (3, 80, 48)])
+def test_store_writes_the_rotated_k_and_v_to_their_slots(
+    num_kv_heads: int, head_dim: int, rotary_dim: int, dtype: torch.dtype, normed: bool
+) -> None:
+    """With a KVStore the same launch writes k (as rotated, the dims past rotary_dim too) and
+    v into the pool at each token's slot, and nothing else of the pool."""
+    gen = torch.Generator().manual_seed(num_kv_heads + head_dim)
+    n, num_heads, slots = 3, 4, 9
+    cache = build_cos_sin_cache(
+        head_dim=rotary_dim, theta=10000.0, scaling=None, max_positions=64, device=DEVICE
+    )
+    qkv = randn(n, num_heads + 2 * num_kv_heads, head_dim, dtype=dtype, gen=gen)
+    q, k = qkv[:, :num_heads], qkv[:, num_heads : num_heads + num_kv_heads]
+    v = qkv[:, num_heads + num_kv_heads :]
+    positions = torch.tensor([3, 0, 63], device=DEVICE)
+    locs = torch.tensor([7, 2, 4], device=DEVICE)
+    norm = None
+    if normed:
+        qn, kn = head_norms(head_dim, False, dtype, gen)
+        norm = QKNorm(qn.weight.detach(), kn.weight.detach(), 1e-6)
+    k_buf = torch.full((slots, num_kv_heads, head_dim), 5.0, dtype=dtype, device=DEVICE)
+    v_buf = torch.full_like(k_buf, 5.0)
+    twin = [x.clone() for x in (q, k, v, k_buf, v_buf)]
+    store = KVStore(v, k_buf, v_buf, locs)
+    apply_rotary(q=q, k=k, positions=positions, cos_sin_cache=cache, norm=norm, store=store)
+    want = KVStore(twin[2], twin[3], twin[4], locs)
+    apply_rotary_ref(
+        q=twin[0], k=twin[1], positions=positions, cos_sin_cache=cache, norm=norm, store=want
+    )
+    assert torch.equal(k_buf[locs], k) and torch.equal(v_buf[locs], v)  # what the kernel left
+    for got, ref in ((k_buf, twin[3]), (v_buf, twin[4])):
+        ulp = torch.finfo(dtype).eps * float(ref.float().abs().max())
+        torch.testing.assert_close(got.float(), ref.float(), atol=4 * ulp, rtol=0)
+    others = [s for s in range(slots) if s not in locs.tolist()]
+    assert bool((k_buf[others] == 5.0).all()) and bool((v_buf[others] == 5.0).all())
+
+
+def test_store_must_match_k() -> None:
+    gen = torch.Generator().manual_seed(0)
+    q = randn(2, 4, 64, dtype=torch.float32, gen=gen)
+    k = randn(2, 2, 64, dtype=torch.float32, gen=gen)
+    cache = build_cos_sin_cache(
+        head_dim=64, theta=1e4, scaling=None, max_positions=8, device=DEVICE
+    )
+    buf = torch.zeros(4, 2, 64, dtype=torch.float16, device=DEVICE)
+    zeros = torch.zeros(2, dtype=torch.int64, device=DEVICE)
+    store = KVStore(k.clone(), buf, buf, zeros)
+    with pytest.raises(TypeError, match=r"store\.k_buffer must be one of float32"):
+        apply_rotary(q=q, k=k, positions=zeros, cos_sin_cache=cache, store=store)

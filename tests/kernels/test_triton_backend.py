@@ -311,3 +311,33 @@ def test_decode_replays_in_a_cuda_graph(kv_dtype: torch.dtype | None) -> None:
     torch.testing.assert_close(out, want, **TOLERANCES[dtype])
     assert_same_bits(batch.kv_pool.k_buffers[0], twin.kv_pool.k_buffers[0])
     assert_same_bits(batch.kv_pool.v_buffers[0], twin.kv_pool.v_buffers[0])
+
+
+def test_tiny_qwen3_with_the_pool_store_fused_into_rotation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The layers' CUDA path (run in the interpreter where there is no GPU): the rotation's
+    launch norms q/k and writes K/V to the pool (KVStore), and the backend stores nothing
+    more. Same greedy tokens and close logits as the torch backend's own store."""
+    from kernels import store_kv
+    from services.executor.attention import triton_backend
+    from services.executor.models import layers
+
+    path = write_tiny_model(tmp_path, "qwen3")
+    prompts = [[5, 9, 200, 17, 3, 88, 41], [260, 72, 101, 108], [7] * 23, [1, 2]]
+    model, config = load_model(path, device=DEVICE, attention_backend="torch")
+    want = greedy_with_prefix_reuse(model, config, prompts, steps=4)
+    if DEVICE.type == "cpu":
+        monkeypatch.setattr(layers, "on_gpu", lambda x: True)
+    stores: list[int] = []
+
+    def no_separate_store(**kwargs: object) -> None:
+        stores.append(1)
+        store_kv.store_kv(**kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(triton_backend, "store_kv", no_separate_store)
+    model, config = load_model(path, device=DEVICE, attention_backend="triton")
+    got = greedy_with_prefix_reuse(model, config, prompts, steps=4)
+    assert stores == []  # every layer's K/V went in with its rotation
+    assert got[0] == want[0]
+    torch.testing.assert_close(got[1], want[1], atol=1e-4, rtol=1e-4)

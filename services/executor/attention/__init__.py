@@ -34,8 +34,10 @@ class AttentionBackend(ABC):
         scale: float | None = None,
         window: int | None = None,
         softcap: float | None = None,
+        kv_stored: bool = False,
     ) -> torch.Tensor:
-        """Write k/v to `batch.kv_pool` at `batch.out_cache_loc`, then attend.
+        """Write k/v to `batch.kv_pool` at `batch.out_cache_loc` (unless `kv_stored`: the
+        caller wrote them, through `fused_kv_store`'s buffers), then attend.
 
         q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim], with
         num_heads a multiple of num_kv_heads (GQA). Each request attends over its whole context,
@@ -46,10 +48,18 @@ class AttentionBackend(ABC):
         keeps them all). Returns [num_tokens, num_heads, head_dim] in q's dtype.
         """
 
+    def fused_kv_store(
+        self, layer_id: int, batch: ForwardBatch, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(k_buffer, v_buffer) of layer `layer_id` where the caller may write the new tokens'
+        K/V itself, in the same launch as their rotation (kernels/rotary.py's KVStore), and
+        then call forward with kv_stored=True; None where this backend stores them."""
+        return None
+
     def forward_mla(
         self,
         q: torch.Tensor,
-        latent: torch.Tensor,
+        latent: torch.Tensor | None,
         layer_id: int,
         batch: ForwardBatch,
         sm_scale: float,
@@ -59,7 +69,8 @@ class AttentionBackend(ABC):
         pool's latent rows (`KVPool.set_latent`) at `batch.out_cache_loc`, then attend, MQA.
 
         q: [num_tokens, num_heads, cache_dim]; latent: [num_tokens, 1, cache_dim], both the
-        latent part (`v_dim` = kv_lora_rank wide) then the rotated part. Keys are the cached
+        latent part (`v_dim` = kv_lora_rank wide) then the rotated part; None where the caller
+        has written the rows already. Keys are the cached
         rows, values their first `v_dim` elements; masks as in `forward`, scale `sm_scale`.
         Returns [num_tokens, num_heads, v_dim] in q's dtype.
         """

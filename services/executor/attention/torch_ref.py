@@ -89,9 +89,11 @@ class TorchRefBackend(AttentionBackend):
         scale: float | None = None,
         window: int | None = None,
         softcap: float | None = None,
+        kv_stored: bool = False,
     ) -> torch.Tensor:
         meta = self._metadata(batch)
-        batch.kv_pool.set_kv(layer_id, batch.out_cache_loc, k, v)
+        if not kv_stored:
+            batch.kv_pool.set_kv(layer_id, batch.out_cache_loc, k, v)
         k_buf = batch.kv_pool.k_buffers[layer_id]
         v_buf = batch.kv_pool.v_buffers[layer_id]
         attn = _Attend(scale, window, softcap)
@@ -102,14 +104,15 @@ class TorchRefBackend(AttentionBackend):
     def forward_mla(
         self,
         q: torch.Tensor,
-        latent: torch.Tensor,
+        latent: torch.Tensor | None,
         layer_id: int,
         batch: ForwardBatch,
         sm_scale: float,
         v_dim: int,
     ) -> torch.Tensor:
         meta = self._metadata(batch)
-        batch.kv_pool.set_latent(layer_id, batch.out_cache_loc, latent)
+        if latent is not None:  # else the caller wrote the rows (kernels/mla_prep)
+            batch.kv_pool.set_latent(layer_id, batch.out_cache_loc, latent)
         buf = batch.kv_pool.k_buffers[layer_id]  # [slots, 1, cache_dim]
         # Values are the latent part of the same rows: a view, nothing copied.
         attn = _Attend(sm_scale, None, None)

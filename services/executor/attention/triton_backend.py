@@ -136,11 +136,14 @@ class TritonBackend(AttentionBackend):
         scale: float | None = None,
         window: int | None = None,
         softcap: float | None = None,
+        kv_stored: bool = False,
     ) -> torch.Tensor:
         meta = self._metadata(batch)
         k_buffer = batch.kv_pool.k_buffers[layer_id]
         v_buffer = batch.kv_pool.v_buffers[layer_id]
-        store_kv(k=k, v=v, k_buffer=k_buffer, v_buffer=v_buffer, out_cache_loc=batch.out_cache_loc)
+        if not kv_stored:
+            loc = batch.out_cache_loc
+            store_kv(k=k, v=v, k_buffer=k_buffer, v_buffer=v_buffer, out_cache_loc=loc)
         num_heads, head_dim = q.shape[1], q.shape[2]
         sm_scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
         table = batch.req_to_token.req_to_token
@@ -176,10 +179,19 @@ class TritonBackend(AttentionBackend):
             softcap=softcap,
         )
 
+    def fused_kv_store(
+        self, layer_id: int, batch: ForwardBatch, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The pool's buffers when they hold `dtype` (an fp8 pool takes store_kv's cast)."""
+        k_buffer = batch.kv_pool.k_buffers[layer_id]
+        if k_buffer.dtype != dtype or not batch.kv_pool.v_buffers:
+            return None
+        return k_buffer, batch.kv_pool.v_buffers[layer_id]
+
     def forward_mla(
         self,
         q: torch.Tensor,
-        latent: torch.Tensor,
+        latent: torch.Tensor | None,
         layer_id: int,
         batch: ForwardBatch,
         sm_scale: float,
@@ -190,7 +202,8 @@ class TritonBackend(AttentionBackend):
         meta = self._metadata(batch)
         buffer = batch.kv_pool.k_buffers[layer_id]
         # One latent row per new token: a plain row copy (store_kv takes K and V pairs).
-        batch.kv_pool.set_latent(layer_id, batch.out_cache_loc, latent)
+        if latent is not None:  # else the caller wrote the rows (kernels/mla_prep)
+            batch.kv_pool.set_latent(layer_id, batch.out_cache_loc, latent)
         table = batch.req_to_token.req_to_token
         if meta.num_kv_splits is not None:
             workspace = self._split_workspace(meta, q.shape[0], q.shape[1], v_dim, q.device)

@@ -39,7 +39,7 @@ from services.executor.errors import ModelLoadError
 from services.executor.forward_batch import ForwardBatch
 from services.executor.mla_config import MLAConfig
 from services.executor.model_config import ModelConfig
-from services.executor.models.layers import RMSNorm, Rope, RotaryEmbedding
+from services.executor.models.layers import RMSNorm, Rope, RotaryEmbedding, on_gpu
 from services.executor.models.linear import Linear
 from services.executor.models.llama import (
     HeadShards,
@@ -103,10 +103,12 @@ class MLAttention(nn.Module):
             q = self.q_proj(x)
         else:
             q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
-        q_nope, q_pe = q.view(n, h, m.qk_head_dim).split(
-            [m.qk_nope_head_dim, m.qk_rope_head_dim], dim=-1
-        )
-        latent, k_pe = self.kv_a_proj_with_mqa(x).split([m.kv_lora_rank, m.qk_rope_head_dim], -1)
+        q = q.view(n, h, m.qk_head_dim)
+        kv = self.kv_a_proj_with_mqa(x)
+        if self._fused(kv, rope, batch):
+            return self._forward_fused(q, kv, rope, batch)
+        q_nope, q_pe = q.split([m.qk_nope_head_dim, m.qk_rope_head_dim], dim=-1)
+        latent, k_pe = kv.split([m.kv_lora_rank, m.qk_rope_head_dim], -1)
         latent = self.kv_a_layernorm(latent)
         k_pe = k_pe.reshape(n, 1, m.qk_rope_head_dim)
         if m.rope_interleave:
@@ -126,6 +128,55 @@ class MLAttention(nn.Module):
         )  # [n, heads, rank]
         out = torch.bmm(out.transpose(0, 1), w_uv)  # [heads, n, v]
         return self.o_proj(out.transpose(0, 1).reshape(n, h * m.v_head_dim))
+
+    def _fused(self, kv: torch.Tensor, rope: Rope, batch: ForwardBatch) -> bool:
+        """Whether the CUDA kernels take the step between the projections and attention:
+        a pool in the model's dtype (an fp8 pool's rows are quantised by set_latent)."""
+        pool = batch.kv_pool.k_buffers[self.layer_id]
+        return on_gpu(kv) and rope.cos_sin_cache is not None and pool.dtype == kv.dtype
+
+    def _forward_fused(
+        self, q: torch.Tensor, kv: torch.Tensor, rope: Rope, batch: ForwardBatch
+    ) -> torch.Tensor:
+        """forward's path on CUDA: kernels/mla_prep writes the query's rotated part and the
+        new cache rows (into the pool), the absorbed products write into their outputs
+        (kernels/head_gemv for decode batches): no concatenation, no transposed copies."""
+        from kernels.head_gemv import MAX_TOKENS, head_gemv
+        from kernels.mla_prep import mla_prep
+
+        m, n, h = self.mla, q.shape[0], self.num_heads
+        assert rope.cos_sin_cache is not None
+        query = torch.empty((n, h, m.cache_dim), dtype=q.dtype, device=q.device)
+        mla_prep(
+            q=q,
+            kv=kv,
+            query=query,
+            buffer=batch.kv_pool.k_buffers[self.layer_id],
+            out_cache_loc=batch.out_cache_loc,
+            positions=rope.positions,
+            cos_sin_cache=rope.cos_sin_cache,
+            norm_weight=self.kv_a_layernorm.weight,
+            eps=self.kv_a_layernorm.eps,
+            rank=m.kv_lora_rank,
+            interleave=m.rope_interleave,
+            mscale=m.rope_mscale,
+        )
+        w_uk, w_uv = self.absorbed()
+        q_nope, q_latent = q[..., : m.qk_nope_head_dim], query[..., : m.kv_lora_rank]
+        small = n <= MAX_TOKENS
+        if small:
+            head_gemv(q_nope, w_uk, q_latent)
+        else:
+            q_latent.copy_(torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1))
+        out = self.backend.forward_mla(
+            query, None, self.layer_id, batch, m.softmax_scale, m.kv_lora_rank
+        )  # [n, heads, rank]
+        o_in = torch.empty((n, h, m.v_head_dim), dtype=q.dtype, device=q.device)
+        if small:
+            head_gemv(out, w_uv, o_in, block_j=16)
+        else:
+            o_in.copy_(torch.bmm(out.transpose(0, 1), w_uv).transpose(0, 1))
+        return self.o_proj(o_in.view(n, h * m.v_head_dim))
 
 
 class DeepseekDecoderLayer(LlamaDecoderLayer):

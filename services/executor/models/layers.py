@@ -6,7 +6,7 @@ fp32, cast back afterwards) so fp32 logits match it to rounding error.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Protocol, overload
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, overload
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +15,9 @@ from torch import nn
 from kernels.rope_freq import rope_attention_factor, rope_inv_freq
 from services.executor.distributed.group import SINGLE, TPGroup
 from services.executor.distributed.layers import ColumnParallelLinear, RowParallelLinear
+
+if TYPE_CHECKING:
+    from kernels.rotary import KVStore
 
 
 def on_gpu(x: torch.Tensor) -> bool:
@@ -161,9 +164,11 @@ class Rope(NamedTuple):
         q: torch.Tensor,
         k: torch.Tensor,
         norms: tuple[HeadNorm, HeadNorm] | None = None,
+        store: KVStore | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """q [n, heads, head_dim], k [n, kv_heads, head_dim] -> rotated (in place on CUDA),
-        each head normed by `norms` (q's, k's) first: on CUDA in the same kernel."""
+        each head normed by `norms` (q's, k's) first: on CUDA in the same kernel, which also
+        writes k and v to the pool with a `store` (the CUDA path only)."""
         if self.cos_sin_cache is not None:
             from kernels.rotary import QKNorm
             from kernels.rotary import apply_rotary as rotary_kernel
@@ -173,9 +178,15 @@ class Rope(NamedTuple):
                 qn, kn = norms
                 fused = QKNorm(qn.weight, kn.weight, qn.eps, qn.unit_offset)
             rotary_kernel(
-                q=q, k=k, positions=self.positions, cos_sin_cache=self.cos_sin_cache, norm=fused
+                q=q,
+                k=k,
+                positions=self.positions,
+                cos_sin_cache=self.cos_sin_cache,
+                norm=fused,
+                store=store,
             )
             return q, k
+        assert store is None, "the pool store is fused on the CUDA path only"
         assert self.cos is not None and self.sin is not None
         if norms is not None:
             q, k = norms[0](q), norms[1](k)

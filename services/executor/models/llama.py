@@ -94,10 +94,18 @@ class LlamaAttention(nn.Module):
         q = q.view(n, self.num_heads, self.head_dim)
         k = k.view(n, self.num_kv_heads, self.head_dim)
         v = v.view(n, self.num_kv_heads, self.head_dim)
-        q, k = rope.apply(q, k, self.qk_norms)
+        store = None
+        if rope.cos_sin_cache is not None:  # the rotation's launch writes the pool as well
+            buffers = self.backend.fused_kv_store(self.layer_id, batch, k.dtype)
+            if buffers is not None:
+                from kernels.rotary import KVStore
+
+                store = KVStore(v, *buffers, batch.out_cache_loc)
+        q, k = rope.apply(q, k, self.qk_norms, store)
         out = self.backend.forward(
             q, k, v, self.layer_id, batch,
             scale=self.scale, window=self.window, softcap=self.softcap,
+            kv_stored=store is not None,
         )  # fmt: skip
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 

@@ -1,0 +1,220 @@
+"""The int4 (w4a16) GEMV and GEMM against their torch twin: every decode row count, K not a
+multiple of the block, partial last groups, act-order perms with padding columns, strided
+rows, and bad arguments."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.gemv import MAX_M
+from kernels.w4a16 import dequantize_w4, pack_int4, unpack_int4, w4a16_ref
+from kernels.w4a16_gemm import w4a16_gemm
+from kernels.w4a16_gemv import w4a16_gemv
+from tests.kernels.helpers import ALL_DTYPES, DEVICE, DOT_DTYPES, poison, randn
+
+# fp32 sums in another order than the reference's, then one rounding (the GEMM also rounds
+# each dequantised weight to x's dtype before the tensor cores see it)
+ROUNDING = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+class W4:
+    """A random weight in the layout, [n, k], and an optional act-order perm over k_in < k
+    columns of x (every tenth column padding)."""
+
+    def __init__(
+        self,
+        n: int,
+        k: int,
+        group_size: int,
+        gen: torch.Generator,
+        *,
+        act_order: bool = False,
+        scale_dtype: torch.dtype = torch.float16,
+    ) -> None:
+        groups = -(-k // group_size)
+        self.qweight = pack_int4(torch.randint(0, 16, (n, k), generator=gen)).to(DEVICE)
+        self.scales = (torch.rand(n, groups, generator=gen) * 0.02 + 0.005).to(
+            dtype=scale_dtype, device=DEVICE
+        )
+        self.zeros = torch.randint(0, 17, (n, groups), generator=gen, dtype=torch.uint8).to(DEVICE)
+        self.group_size = group_size
+        self.perm: torch.Tensor | None = None
+        self.k_in = k
+        if act_order:
+            self.k_in = k - k // 10
+            perm = torch.full((k,), -1, dtype=torch.int32)
+            real = torch.ones(k, dtype=torch.bool)
+            real[::10] = False
+            perm[real] = torch.randperm(self.k_in, generator=gen).to(torch.int32)
+            self.perm = perm.to(DEVICE)
+
+    def ref(self, x: torch.Tensor) -> torch.Tensor:
+        return w4a16_ref(
+            x, self.qweight, self.scales, self.zeros, group_size=self.group_size, perm=self.perm
+        )
+
+
+def test_pack_round_trip_and_nibble_order() -> None:
+    q = torch.arange(16).repeat(3, 2)  # [3, 32]
+    words = pack_int4(q)
+    assert words.dtype == torch.int32 and words.shape == (3, 4)
+    # element 8i + j in bits 4j..4j+3; 15 in the top nibble makes the word negative
+    assert words[0].tolist() == [0x76543210, 0xFEDCBA98 - 2**32, 0x76543210, 0xFEDCBA98 - 2**32]
+    assert torch.equal(unpack_int4(words).long(), q)
+
+
+def test_dequantize_uses_each_columns_group() -> None:
+    q = torch.tensor([[3] * 16 + [12] * 8])  # groups of 16: [16 columns, 8 columns]
+    w = dequantize_w4(
+        pack_int4(q),
+        torch.tensor([[0.5, 2.0]], dtype=torch.float16),
+        torch.tensor([[1, 16]], dtype=torch.uint8),
+        group_size=16,
+    )
+    assert w.tolist() == [[1.0] * 16 + [-8.0] * 8]
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("m", range(1, MAX_M + 1))
+@pytest.mark.parametrize(
+    ("n", "k", "group_size", "act_order"),
+    [(8, 64, 16, False), (37, 200, 32, True), (20, 392, 128, False)],
+)
+def test_gemv_matches_reference(
+    m: int, n: int, k: int, group_size: int, act_order: bool, dtype: torch.dtype
+) -> None:
+    gen = torch.Generator().manual_seed(m * 1000 + n + k)
+    w = W4(n, k, group_size, gen, act_order=act_order)
+    x = randn(m, w.k_in, dtype=dtype, gen=gen)
+    out = poison(torch.empty(m, n, dtype=dtype, device=DEVICE))
+    got = w4a16_gemv(
+        x, w.qweight, w.scales, w.zeros, group_size=group_size, perm=w.perm, out=out, block_n=8
+    )
+    assert got is out
+    tol = ROUNDING[dtype]
+    torch.testing.assert_close(out, w.ref(x), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("groups_per_block", [1, 4])
+@pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float32])
+def test_gemv_blocks_and_scale_dtypes(groups_per_block: int, scale_dtype: torch.dtype) -> None:
+    """K = 176: a block of 4 groups of 32 covers it partly, the last group is half full."""
+    gen = torch.Generator().manual_seed(groups_per_block)
+    w = W4(24, 176, 32, gen, scale_dtype=scale_dtype)
+    x = randn(2, 176, dtype=torch.float32, gen=gen)
+    got = w4a16_gemv(
+        x,
+        w.qweight,
+        w.scales,
+        w.zeros,
+        group_size=32,
+        groups_per_block=groups_per_block,
+        block_n=16,
+    )
+    torch.testing.assert_close(got, w.ref(x), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+@pytest.mark.parametrize(
+    ("m", "n", "k", "group_size", "block_k", "act_order"),
+    [
+        (5, 8, 64, 16, 16, False),  # block inside a group
+        (33, 37, 200, 32, 64, True),  # blocks span two groups, K not a multiple of the block
+        (20, 40, 392, 128, 32, False),  # partial last group
+    ],
+)
+def test_gemm_matches_reference(
+    m: int, n: int, k: int, group_size: int, block_k: int, act_order: bool, dtype: torch.dtype
+) -> None:
+    gen = torch.Generator().manual_seed(m + n + k)
+    w = W4(n, k, group_size, gen, act_order=act_order)
+    x = randn(m, w.k_in, dtype=dtype, gen=gen)
+    out = poison(torch.empty(m, n, dtype=dtype, device=DEVICE))
+    w4a16_gemm(
+        x,
+        w.qweight,
+        w.scales,
+        w.zeros,
+        group_size=group_size,
+        perm=w.perm,
+        out=out,
+        block_m=16,
+        block_n=16,
+        block_k=block_k,
+    )
+    tol = ROUNDING[dtype]
+    torch.testing.assert_close(out, w.ref(x), atol=tol, rtol=tol)
+
+
+def test_strided_rows_of_x_weight_and_out() -> None:
+    gen = torch.Generator().manual_seed(3)
+    w = W4(24, 96, 32, gen)
+    # every tensor a view with a row stride wider than its row
+    qweight = torch.zeros(24, 20, dtype=torch.int32, device=DEVICE)[:, :12]
+    qweight.copy_(w.qweight)
+    scales = torch.zeros(24, 5, dtype=torch.float16, device=DEVICE)[:, :3]
+    scales.copy_(w.scales)
+    zeros = torch.zeros(24, 7, dtype=torch.uint8, device=DEVICE)[:, :3]
+    zeros.copy_(w.zeros)
+    for m, kernel in ((3, w4a16_gemv), (17, w4a16_gemm)):
+        x = randn(m, 130, dtype=torch.float32, gen=gen)[:, :96]
+        out = poison(torch.empty(m, 40, dtype=torch.float32, device=DEVICE))[:, :24]
+        kernel(x, qweight, scales, zeros, group_size=32, out=out)
+        torch.testing.assert_close(out, w.ref(x), atol=1e-4, rtol=1e-4)
+
+
+def _args(m: int = 1, k: int = 64, group_size: int = 32) -> dict[str, torch.Tensor]:
+    return {
+        "x": torch.zeros(m, k, device=DEVICE),
+        "qweight": torch.zeros(8, 8, dtype=torch.int32, device=DEVICE),
+        "scales": torch.zeros(8, 64 // group_size, dtype=torch.float16, device=DEVICE),
+        "zeros": torch.zeros(8, 64 // group_size, dtype=torch.uint8, device=DEVICE),
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "group_size", "error", "match"),
+    [
+        ({"x": torch.zeros(1, 72)}, 32, ValueError, r"x has 72 columns but the weight has 64"),
+        ({"zeros": torch.zeros(8, 2, dtype=torch.int32)}, 32, TypeError, r"zeros must be"),
+        ({"scales": torch.zeros(8, 3, dtype=torch.float16)}, 32, ValueError, r"scales must have"),
+        ({"perm": torch.zeros(63, dtype=torch.int32)}, 32, ValueError, r"perm must have"),
+        ({}, 48, ValueError, r"group_size must be a power of two"),
+    ],
+)
+def test_rejects_bad_arguments(
+    change: dict[str, torch.Tensor], group_size: int, error: type[Exception], match: str
+) -> None:
+    args = {**_args(), **{key: t.to(DEVICE) for key, t in change.items()}}
+    for kernel in (w4a16_gemv, w4a16_gemm):
+        with pytest.raises(error, match=match):
+            kernel(
+                args["x"],
+                args["qweight"],
+                args["scales"],
+                args["zeros"],
+                group_size=group_size,
+                perm=args.get("perm"),
+            )
+
+
+def test_gemv_rejects_too_many_rows() -> None:
+    with pytest.raises(ValueError, match=rf"1 to {MAX_M} rows"):
+        w4a16_gemv(*_args(m=MAX_M + 1).values(), group_size=32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act_order", [False, True])
+@pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 14336), (28672, 4096)])
+def test_llama_8b_projection_shapes(n: int, k: int, act_order: bool) -> None:
+    gen = torch.Generator().manual_seed(n + k)
+    w = W4(n, k, 128, gen, act_order=act_order)
+    for m in (1, 2, MAX_M):
+        x = randn(m, w.k_in, dtype=torch.bfloat16, gen=gen)
+        got = w4a16_gemv(x, w.qweight, w.scales, w.zeros, group_size=128, perm=w.perm)
+        torch.testing.assert_close(got, w.ref(x), atol=3e-2, rtol=1.6e-2)
+    for m in (5, 300, 2048):
+        x = randn(m, w.k_in, dtype=torch.bfloat16, gen=gen)
+        got = w4a16_gemm(x, w.qweight, w.scales, w.zeros, group_size=128, perm=w.perm)
+        torch.testing.assert_close(got, w.ref(x), atol=3e-2, rtol=1.6e-2)
