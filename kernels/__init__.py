@@ -6,6 +6,10 @@ beside it. Launchers take CUDA tensors, or CPU tensors under TRITON_INTERPRET=1 
 
     store_kv.py          store_kv                  new K/V into the pool at their slots
     fp8_kv.py            quantize_kv               fp8 formats and the saturating cast (torch)
+    fp8_weights.py       quantize_rows/_blocks     fp8 weight layouts and their scales (torch)
+    fp8_act_quant.py     quantize_act              activations to fp8 per token / 128 columns
+    fp8_gemv.py          fp8_gemv                  decode's skinny matmul over fp8 weights
+    fp8_block_gemm.py    fp8_block_gemm            w8a8 GEMM with 128x128 block weight scales
     extend_attention.py  extend_attention          prefill over cached prefix + new tokens
     decode_attention.py  decode_attention          split-K decode over the slot table
     rmsnorm.py           rmsnorm                   RMSNorm, optionally fused with the residual add

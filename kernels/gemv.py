@@ -7,6 +7,9 @@ partial sums per output row in registers, so one launch does the whole product.
 
 Grid: (cdiv(N, BLOCK_N),); program p computes out[:, p * BLOCK_N : (p + 1) * BLOCK_N] for
 every one of the M (at most MAX_M) rows of x, accumulating in fp32, rounding once.
+
+The same kernel reads fp8 weights with their scales for kernels/fp8_gemv.py (`SCALES`): the
+code it adds is compiled only into that variant.
 """
 
 from __future__ import annotations
@@ -39,13 +42,17 @@ def store_rows(out_ptr, stride_om, offs_n, n_mask, acc0, acc1, acc2, acc3, M: tl
 def _gemv_kernel(
     x_ptr,
     w_ptr,
+    s_ptr,
     out_ptr,
     N,
     K,
     stride_xm,
     stride_wn,
+    stride_sn,
     stride_om,
     M: tl.constexpr,
+    SCALES: tl.constexpr,  # False: the weight as it is; True: fp8, scaled (s_ptr)
+    SCALE_BLOCK: tl.constexpr,  # with SCALES: 0 a scale per row, else the blocks' side
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
@@ -64,6 +71,18 @@ def _gemv_kernel(
         w = tl.load(
             w_ptr + rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0
         ).to(tl.float32)
+        if SCALES and SCALE_BLOCK > 0:
+            GROUPS: tl.constexpr = BLOCK_K // SCALE_BLOCK
+            kb = k0 // SCALE_BLOCK + tl.arange(0, GROUPS)
+            s = tl.load(
+                s_ptr + (offs_n // SCALE_BLOCK).to(tl.int64)[:, None] * stride_sn + kb[None, :],
+                mask=n_mask[:, None] & (kb * SCALE_BLOCK < K)[None, :],
+                other=0.0,
+            )  # [BLOCK_N, GROUPS]
+            w = tl.reshape(
+                tl.reshape(w, [BLOCK_N, GROUPS, SCALE_BLOCK]) * s[:, :, None],
+                [BLOCK_N, BLOCK_K],
+            )
         x0 = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
         acc0 += tl.sum(w * x0[None, :], axis=1)
         if M > 1:
@@ -75,6 +94,12 @@ def _gemv_kernel(
         if M > 3:
             x3 = tl.load(x_ptr + 3 * stride_xm + offs_k, mask=k_mask, other=0.0).to(tl.float32)
             acc3 += tl.sum(w * x3[None, :], axis=1)
+    if SCALES and SCALE_BLOCK == 0:
+        row_scale = tl.load(s_ptr + offs_n.to(tl.int64) * stride_sn, mask=n_mask, other=0.0)
+        acc0 *= row_scale
+        acc1 *= row_scale
+        acc2 *= row_scale
+        acc3 *= row_scale
     store_rows(out_ptr, stride_om, offs_n, n_mask, acc0, acc1, acc2, acc3, M)
 
 
@@ -96,39 +121,77 @@ def gemv(
     """
     op = "gemv"
     check_tensor(op, "x", x, shape=(None, None), dims="[m, k]", dtypes=FLOAT_DTYPES)
+    out = checked_out(op, x, weight, (x.dtype,), out)
+    launch(x, weight, None, out, block_n, block_k, num_warps, num_stages, op=op)
+    return out
+
+
+def checked_out(
+    op: str,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_dtypes: tuple[torch.dtype, ...],
+    out: torch.Tensor | None,
+) -> torch.Tensor:
+    """`out` (allocated when None) after checking x's rows, the weight and out against x."""
     check_device(op, x)
     m, k = x.shape
     if not 1 <= m <= MAX_M:
         raise ValueError(f"{op}: x must have 1 to {MAX_M} rows, got {m}")
     check_tensor(
-        op, "weight", weight, shape=(None, k), dims="[n, k]", dtypes=(x.dtype,), device=x.device
-    )
+        op, "weight", weight, shape=(None, k), dims="[n, k]", dtypes=weight_dtypes,
+        device=x.device,
+    )  # fmt: skip
     n = weight.shape[0]
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     check_tensor(op, "out", out, shape=(m, n), dims="[m, n]", dtypes=(x.dtype,), device=x.device)
+    return out
+
+
+def launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    out: torch.Tensor,
+    block_n: int,
+    block_k: int,
+    num_warps: int,
+    num_stages: int,
+    *,
+    scale_block: int = 0,
+    op: str,
+) -> None:
+    """The kernel over checked arguments, for `gemv` and kernels/fp8_gemv.py (scale: None,
+    or fp8 weight scales per row, or per `scale_block`-square block)."""
     for name, blk in (("block_n", block_n), ("block_k", block_k)):
         if blk < 1 or blk & (blk - 1):
             raise ValueError(f"{op}: {name} must be a power of two, got {blk}")
+    if scale_block and block_k % scale_block:
+        raise ValueError(f"{op}: block_k must be a multiple of {scale_block} with block scales")
+    n = weight.shape[0]
     if n == 0:
-        return out
+        return
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x,
         weight,
+        weight if scale is None else scale,  # never read without scales
         out,
         n,
-        k,
+        weight.shape[1],
         x.stride(0),
         weight.stride(0),
+        0 if scale is None else scale.stride(0),
         out.stride(0),
-        M=m,
+        M=x.shape[0],
+        SCALES=scale is not None,
+        SCALE_BLOCK=scale_block,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(x.device),
     )
-    return out
 
 
 def gemv_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,10 @@ decode half alone; scale (decode at long contexts and big batches against its ro
 100,000-token prefill, host time per step at batch 256: gpu/scale.py), gguf_kernel (GGUF
 Q8_0/Q4_K/Q6_K blocks: the decode GEMV's bandwidth at Llama-3.1-8B's shapes, the prefill
 paths' crossover: gpu/gguf_kernel.py), w4a16_kernel (the int4 GEMV and GEMM at
-Llama-3.1-8B's projection shapes against bf16: gpu/w4a16.py).
+Llama-3.1-8B's projection shapes against bf16: gpu/w4a16.py); quant_decode (batch-1 decode
+with bf16, fp8 per-channel and fp8 block weights, each against its own roofline:
+gpu/quant.py) and offline_fp8w (the 500 prompts with --quantization fp8 weights and
+--kv-cache-dtype fp8_e4m3).
 """
 
 from __future__ import annotations
@@ -81,6 +84,8 @@ TIME_LIMITS = {
     "scale": 480,
     "qwen3moe_decode": 240,  # the decode half alone (no offline workload)
     "dsv2lite_decode": 240,
+    "quant_decode": 420,  # three 8B models, each loaded with dummy weights and graphed
+    "offline_fp8w": 260,
 }
 OFFLINE_RUN_S = 130  # the 500-prompt run stops here and reports what it finished
 
@@ -180,9 +185,18 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         from loadtest.gpu.deepseek import dsv2lite_section
 
         return dsv2lite_section(0 if name.endswith("_decode") else OFFLINE_RUN_S)
+    if name == "quant_decode":
+        from loadtest.gpu.quant import quant_decode_section
+
+        return quant_decode_section()
+    if name == "offline_fp8w":
+        return sections.offline_throughput(
+            time_limit=OFFLINE_RUN_S, kv_cache_dtype="fp8_e4m3", quantization="fp8"
+        )
     extra = ["burst", "engine_ab", "protocols", "dp", "observability", "tools"]
     extra += ["tp", "tp70b", "tp_kill", "mla_kernel", "moe_kernel", "qwen3moe", "dsv2lite"]
     extra += ["qwen3moe_decode", "dsv2lite_decode", "scale", "gguf_kernel", "w4a16_kernel"]
+    extra += ["quant_decode", "offline_fp8w"]
     raise SystemExit(f"unknown section {name!r}; known: {', '.join([*SECTIONS, *extra])}")
 
 
@@ -349,6 +363,13 @@ def table(results: dict[str, Any]) -> str:
         from loadtest.gpu.w4a16 import table_rows as w4a16_rows
 
         rows += w4a16_rows(results["w4a16_kernel"])
+    if results.get("quant_decode"):
+        from loadtest.gpu.quant import table_rows as quant_rows
+
+        rows += quant_rows(results["quant_decode"])
+    w8 = get("offline_fp8w", "output_tok_s")
+    if w8 is not None:
+        rows.append(("offline 500 prompts output tok/s, fp8 weights + fp8_e4m3 KV", f"{w8:.0f}"))
     width = max((len(k) for k, _ in rows), default=10)
     lines = [f"GPU: {gpu}"] + [f"{k:<{width}}  {v}" for k, v in rows]
     return "\n".join(lines)

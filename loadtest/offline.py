@@ -30,6 +30,7 @@ from loadtest.offline_prompts import random_ids, throughput_prompts
 from services.executor.builder import KV_CACHE_DTYPES, EngineSettings, build_engine
 from services.executor.engine.loop import Engine
 from services.executor.grammar.backend import GrammarBackend
+from services.executor.quant.registry import QUANTIZATION_CHOICES
 from shared.messages.common import AbortRequest, SamplingParams, Trace
 from shared.messages.detok import StepOutput
 from shared.messages.schedule import TokenizedRequest
@@ -48,6 +49,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES))
+    p.add_argument(
+        "--quantization",
+        default="auto",
+        choices=list(QUANTIZATION_CHOICES),
+        help="weights: the checkpoint's format, or fp8 (a float checkpoint quantized at load)",
+    )
     p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     p.add_argument("--disable-cuda-graph", action="store_true")
     p.add_argument("--max-total-tokens", type=int, default=0)
@@ -91,6 +98,7 @@ def make_engine(a: argparse.Namespace, grammars: GrammarBackend | None = None) -
         device=a.device,
         dtype=a.dtype,
         kv_cache_dtype=a.kv_cache_dtype,
+        quantization=a.quantization,
         load_format=a.load_format,
         max_total_tokens=a.max_total_tokens,
         mem_fraction_static=a.mem_fraction_static,

@@ -232,11 +232,14 @@ def peer_hf(batch: int = 32, input_len: int = 512, output_len: int = 256) -> dic
     }
 
 
-def offline_throughput(time_limit: float = 400.0, kv_cache_dtype: str = "auto") -> dict[str, Any]:
+def offline_throughput(
+    time_limit: float = 400.0, kv_cache_dtype: str = "auto", quantization: str = "auto"
+) -> dict[str, Any]:
     """SGLang's CI workload: 500 prompts at once, input U[1, 4096], output U[1, 2048].
 
     kv_cache_dtype: --kv-cache-dtype (fp8_e5m2 halves the KV reads decode attention is bound
-    by, and doubles the pool's tokens)."""
+    by, and doubles the pool's tokens). quantization: --quantization (fp8: half the weight
+    bytes, and the memory they free goes to the pool)."""
     root = Path(tempfile.mkdtemp())
     model = llama8b_dir(root)
     args = _args(
@@ -247,6 +250,8 @@ def offline_throughput(time_limit: float = 400.0, kv_cache_dtype: str = "auto") 
         str(time_limit),
         "--kv-cache-dtype",
         kv_cache_dtype,
+        "--quantization",
+        quantization,
     )
     engine = offline.make_engine(args)
     host = HostTimes(engine)
@@ -254,6 +259,8 @@ def offline_throughput(time_limit: float = 400.0, kv_cache_dtype: str = "auto") 
     result["kv_pool_tokens"] = engine.policy.kv.num_slots
     result["host_ms_per_step"] = host.per_step()
     result["kv_cache_dtype"] = str(engine.policy.kv.dtype).removeprefix("torch.")
+    quant = engine.runner.model.quantization
+    result["weights"] = quant.name if quant is not None else "bfloat16"
     result["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
     result["total_gib"] = torch.cuda.mem_get_info()[1] / 2**30
     return result

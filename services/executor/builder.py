@@ -48,6 +48,7 @@ class EngineSettings:
     device: str = "auto"
     dtype: str = "auto"
     kv_cache_dtype: str = "auto"  # a key of KV_CACHE_DTYPES
+    quantization: str = "auto"  # the checkpoint's weight format, or "fp8" (quant/registry.py)
     load_format: str = "auto"
     max_total_tokens: int = 0  # 0: automatic
     mem_fraction_static: float = 0.85
@@ -77,6 +78,7 @@ def settings_from_flags(
         device=a.device,
         dtype=a.dtype,
         kv_cache_dtype=a.kv_cache_dtype,
+        quantization=a.quantization,
         load_format=a.load_format,
         max_total_tokens=a.max_total_tokens,
         mem_fraction_static=a.mem_fraction_static,
@@ -197,6 +199,7 @@ def build_runner(
         attention_backend=backend,
         progress=lambda done: progress("weights", done),
         tp=tp,
+        quantization=s.quantization,
     )
     model.eval()
     progress("kv pool", 0.0)
@@ -220,7 +223,7 @@ def build_runner(
         jump_extend_min=JUMP_EXTEND_MIN if graphed else 0.0,
     )
     if device.type == "cuda" and dtype != torch.float32:
-        choose_gemv(model)  # before graphs capture the projections' kernels
+        choose_gemv(model, dtype)  # before graphs capture the projections' kernels
     graphs = None
     if graphed:
         if not hasattr(model.backend, "reserve_decode"):
@@ -234,12 +237,13 @@ def build_runner(
         progress("cuda graphs", 0.0)
         graphs.capture()
     runner = ModelRunner(model, kv, rows, config.vocab_size, device, graphs=graphs, tp=tp)
+    quant = model.quantization.name if model.quantization else str(dtype)
     log.info(
         "model %s (%s) on %s in %s%s; KV pool %d tokens in %s (%.1f MiB)",
         s.model.name,
         config.architecture,
         device,
-        dtype,
+        quant,
         f", rank {tp.rank} of {tp.size}" if tp.size > 1 else "",
         slots,
         kv_dtype,

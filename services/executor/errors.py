@@ -9,3 +9,8 @@ class UnsupportedModelError(ValueError):
 
 class ModelLoadError(RuntimeError):
     """The checkpoint is missing, unreadable, or its weights don't match its config."""
+
+
+class UnsupportedQuantizationError(UnsupportedModelError, ModelLoadError):
+    """A checkpoint's (or --quantization's) weight format that radixserve cannot run: both an
+    unsupported feature and a model that will not load, so either `except` catches it."""

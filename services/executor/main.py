@@ -26,6 +26,7 @@ from services.executor.grammar.backend import GrammarBackend
 from services.executor.grammar.cache import GrammarCache
 from services.executor.load_progress import ProgressReporter
 from services.executor.metrics import executor_metrics
+from services.executor.quant.registry import QUANTIZATION_CHOICES
 from services.executor.sender import Outputs, send_in_order
 from services.executor.tracing import record_request
 from shared import constants
@@ -58,6 +59,14 @@ def add_flags(p: EnvArgumentParser) -> None:
         choices=list(KV_CACHE_DTYPES),
         help="KV cache dtype: auto (the model's) or fp8_e5m2 / fp8_e4m3, 8-bit floats with "
         "scale 1.0: twice the tokens per byte and half the attention reads, less precision",
+    )
+    p.add_flag(
+        "--quantization",
+        default="auto",
+        choices=list(QUANTIZATION_CHOICES),
+        help="weight format: auto (the checkpoint's quantization_config: fp8 per tensor, per "
+        "channel or 128x128 blocks; others are refused) or fp8 (a float checkpoint quantized "
+        "per channel at load: half the weight bytes)",
     )
     p.add_flag(
         "--load-format",

@@ -15,6 +15,8 @@ from services.executor.architectures import check_architecture
 from services.executor.errors import ModelLoadError, UnsupportedModelError
 from services.executor.mla_config import YARN_TYPES, MLAConfig
 from services.executor.moe_config import MoEConfig
+from services.executor.quant.base import QuantConfig
+from services.executor.quant.registry import from_hf_config as quant_from_hf
 
 # GGUF `general.architecture` -> HF architecture name.
 GGUF_ARCHITECTURES: dict[str, str] = {
@@ -124,6 +126,8 @@ class ModelConfig:
     final_logit_softcap: float | None = None  # logits -> cap * tanh(logits / cap)
     query_pre_attn_scalar: float | None = None  # attention scale = this ** -0.5 (None: head_dim)
     rope_local_theta: float | None = None  # RoPE base of sliding layers, unscaled (Gemma 3)
+    # the checkpoint's weight format (quant/registry.py); None: float weights
+    quantization: QuantConfig | None = None
 
     @property
     def attention_scale(self) -> float:
@@ -226,6 +230,7 @@ class ModelConfig:
             rotary_dim=mla.qk_rope_head_dim if mla else int(head_dim * _partial_rotary_factor(cfg)),
             mla=mla,
             moe=MoEConfig.from_hf(cfg),
+            quantization=quant_from_hf(cfg.get("quantization_config"), os.fspath(path)),
             **windows,
         )
 

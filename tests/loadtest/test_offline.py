@@ -101,3 +101,27 @@ def test_gpu_bench_table_reports_fp8_beside_bf16() -> None:
     text = table(results)
     assert "offline 500 prompts output tok/s  " in text
     assert "fp8_e5m2 KV  5000 = 1.25x bf16 KV, pool 800000 tokens" in text
+
+
+def test_fp8_weights_option_and_the_bytes_a_decode_step_reads(tiny: Path) -> None:
+    """--quantization reaches the engine (gpu_bench's offline_fp8w and quant_decode run this
+    way); quant_decode's roofline counts the fp8 projections at one byte a weight plus their
+    per-row fp32 scales, everything else as before."""
+    from loadtest.gpu.quant import bytes_per_step
+
+    base = ["latency", "--model", str(tiny), "--max-total-tokens", "256"]
+    bf16 = offline.make_engine(offline.parse_args([*base, "--dtype", "bfloat16"]))
+    fp8 = offline.make_engine(
+        offline.parse_args([*base, "--dtype", "bfloat16", "--quantization", "fp8"])
+    )
+    model = fp8.runner.model
+    assert model.quantization is not None and model.quantization.family == "fp8"
+    c = model.config
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    rows = (q + 2 * kv) + c.hidden_size + 2 * c.intermediate_size + c.hidden_size
+    weights = c.hidden_size * (q + 2 * kv + q + 3 * c.intermediate_size)
+    saved = c.num_layers * (weights - 4 * rows)  # 2 bytes -> 1 a weight, + 4 per row's scale
+    kv_dtype = bf16.policy.kv.dtype
+    assert bytes_per_step(bf16.runner.model, kv_dtype, 10) - saved == bytes_per_step(
+        model, kv_dtype, 10
+    )

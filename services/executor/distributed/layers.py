@@ -16,37 +16,13 @@ With a group of one, every slice is the whole tensor and nothing is communicated
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from services.executor.distributed.group import SINGLE, TPGroup
+from services.executor.distributed.shard import WHOLE, LoadPlan, Shard
 from services.executor.models.linear import Linear
-
-
-@dataclass(frozen=True)
-class Shard:
-    """Which part of a checkpoint tensor a rank reads: rows (dim 0) or columns (dim 1)
-    [start, end) of a dimension whose full size is `full`; `dim` None: all of it."""
-
-    dim: int | None = None
-    start: int = 0
-    end: int = 0
-    full: int = 0
-
-    def index(self, ndim: int) -> tuple[slice, ...]:
-        if self.dim is None:
-            return tuple(slice(None) for _ in range(ndim))
-        return tuple(
-            slice(self.start, self.end) if d == self.dim else slice(None) for d in range(ndim)
-        )
-
-
-WHOLE = Shard()
-# (first row of the parameter it fills, end row, the part of the checkpoint tensor)
-LoadPlan = tuple[int, int, Shard]
 
 
 class ColumnParallelLinear(Linear):
@@ -77,8 +53,7 @@ class RowParallelLinear(Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
             return super().forward(x)
-        gemv = self.gemv_plan.get(x.shape[0]) if x.dim() == 2 else None
-        out = gemv(x, self.weight) if gemv is not None else F.linear(x, self.weight)
+        out = self.method.apply(self, x)  # the bias is added once, after the sum
         self.tp.all_reduce(out)
         return out if self.bias is None else out + self.bias
 
@@ -118,7 +93,10 @@ class VocabParallelEmbedding(nn.Embedding):
 
 
 class ParallelLMHead(Linear):
-    """Logits of this rank's vocabulary slice, all-gathered into every token's whole row."""
+    """Logits of this rank's vocabulary slice, all-gathered into every token's whole row.
+    Kept in the model dtype: it may share its weight with the embedding."""
+
+    quantizable = False
 
     def __init__(self, hidden: int, vocab: int, tp: TPGroup = SINGLE) -> None:
         per, start = vocab_shard(vocab, tp)

@@ -6,6 +6,10 @@ times both on the device at start (before the model's CUDA graphs are captured, 
 a graph of its own, as decode runs them) for every projection shape of the model and every
 row count up to kernels.gemv.MAX_M, and each `Linear` keeps the winner per row count.
 Without a choice (the CPU, tests) a `Linear` is nn.Linear.
+
+What a Linear holds and how it multiplies is its `method` (quant/base.py): `UNQUANTIZED` here,
+or a quantized format's (fp8 weights and scales), given by quant/apply.py after the model is
+built; the timing above compares each method's own skinny kernel with its own dense product.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from services.executor.distributed.shard import WHOLE, LoadPlan
+from services.executor.quant.base import LinearMethod
 
 log = logging.getLogger(__name__)
 
@@ -56,19 +63,37 @@ CANDIDATES = (
 )
 
 
+class Unquantized(LinearMethod):
+    """The weight in the model's dtype: cuBLAS, or kernels/gemv for the planned row counts."""
+
+    def dense(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(x, layer.weight, bias)
+
+    def gemv(self, layer: Linear, x: torch.Tensor, cfg: GemvConfig) -> torch.Tensor:
+        return cfg(x, layer.weight)
+
+
+UNQUANTIZED = Unquantized()
+
+
 class Linear(nn.Linear):
-    """nn.Linear whose forward takes the gemv kernel for the row counts in `gemv_plan`."""
+    """nn.Linear whose product is its `method`'s: the gemv kernel for the row counts in
+    `gemv_plan`, the method's dense product for the others."""
+
+    # False: kept in the model dtype whatever the checkpoint's format (LM head, MoE router)
+    quantizable = True
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__(in_features, out_features, bias=bias)
         self.gemv_plan: dict[int, GemvConfig] = {}  # rows of x -> the kernel's configuration
+        self.method: LinearMethod = UNQUANTIZED
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gemv = self.gemv_plan.get(x.shape[0]) if x.dim() == 2 else None
-        if gemv is None:
-            return F.linear(x, self.weight, self.bias)
-        out = gemv(x, self.weight)
-        return out if self.bias is None else out + self.bias
+        return self.method.apply(self, x, self.bias)
+
+    def load_plan(self, kind: str, index: int | None) -> LoadPlan:
+        """Every row of every tensor (the sharded subclasses say otherwise)."""
+        return 0, self.out_features, WHOLE
 
 
 def _time_us(fn: Callable[[], object], reps: int = 20) -> float:
@@ -98,44 +123,48 @@ def _time_us(fn: Callable[[], object], reps: int = 20) -> float:
     return sorted(times)[1]
 
 
-def _plan(weight: torch.Tensor) -> tuple[dict[int, GemvConfig], float]:
-    """The faster gemv configuration per row count, where one beats cuBLAS, and the
-    microseconds saved over row counts 1 to MAX_M."""
+def _plan(layer: Linear, dtype: torch.dtype) -> tuple[dict[int, GemvConfig], float]:
+    """The faster gemv configuration per row count, where one beats the layer's dense
+    product, and the microseconds saved over row counts 1 to MAX_M; x in `dtype`."""
     from kernels.gemv import MAX_M
 
+    method, device = layer.method, layer.weight.device
     plan: dict[int, GemvConfig] = {}
     saved = 0.0
     for m in range(1, MAX_M + 1):
-        x = torch.randn(m, weight.shape[1], dtype=weight.dtype, device=weight.device)
-        cublas_us = best_us = _time_us(partial(F.linear, x, weight))
+        x = torch.randn(m, layer.in_features, dtype=dtype, device=device)
+        dense_us = best_us = _time_us(partial(method.dense, layer, x, None))
         for cfg in CANDIDATES:
             try:
-                us = _time_us(partial(cfg, x, weight))
+                us = _time_us(partial(method.gemv, layer, x, cfg))
             except Exception as e:  # e.g. out of shared memory on this GPU: skip it
-                log.warning("gemv %s does not run for %s: %s", cfg, tuple(weight.shape), e)
+                log.warning("gemv %s does not run for %s: %s", cfg, tuple(layer.weight.shape), e)
                 continue
             if us < best_us:
                 best_us, plan[m] = us, cfg
-        saved += cublas_us - best_us
+        saved += dense_us - best_us
     return plan, saved
 
 
 @torch.inference_mode()
-def choose_gemv(model: nn.Module) -> dict[str, float]:
-    """Time cuBLAS and each gemv configuration for every distinct projection shape and row
-    count; give each Linear the kernel where it wins. Returns microseconds saved per
-    weight shape ("NxK"), summed over row counts (for the log)."""
+def choose_gemv(model: nn.Module, act_dtype: torch.dtype | None = None) -> dict[str, float]:
+    """Time the dense product and each gemv configuration for every distinct projection
+    shape, weight format and row count; give each Linear the kernel where it wins. Returns
+    microseconds saved per weight shape ("NxK", with the format when quantized), summed
+    over row counts (for the log). act_dtype: the activations' dtype (None: the weight's,
+    which a quantized format's weight is not)."""
     from kernels.gemv import MAX_M
 
-    plans: dict[tuple[int, int, torch.dtype], dict[int, GemvConfig]] = {}
+    plans: dict[tuple[int, int, torch.dtype, str], dict[int, GemvConfig]] = {}
     saved: dict[str, float] = {}
     for layer in model.modules():
         if not isinstance(layer, Linear) or not layer.weight.is_cuda:
             continue
         w = layer.weight
-        key = (w.shape[0], w.shape[1], w.dtype)
+        key = (w.shape[0], w.shape[1], w.dtype, layer.method.name)
         if key not in plans:
-            plans[key], saved[f"{key[0]}x{key[1]}"] = _plan(w)
+            label = f"{key[0]}x{key[1]}" + ("" if key[3] == UNQUANTIZED.name else f" {key[3]}")
+            plans[key], saved[label] = _plan(layer, act_dtype or w.dtype)
         layer.gemv_plan = dict(plans[key])
     for shape, us in saved.items():
         log.info("gemv for %s: %.1f us saved per call over row counts 1-%d", shape, us, MAX_M)

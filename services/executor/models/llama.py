@@ -29,6 +29,7 @@ from services.executor.forward_batch import ForwardBatch
 from services.executor.model_config import ModelConfig
 from services.executor.models.layers import HeadNorm, RMSNorm, Rope, RotaryEmbedding
 from services.executor.models.moe import build_mlp
+from services.executor.quant.base import QuantConfig
 
 # checkpoint module name -> (our fused module, shard index in it)
 STACKED = {
@@ -183,6 +184,8 @@ class LlamaForCausalLM(nn.Module):
     attention_cls: ClassVar[type[LlamaAttention]] = LlamaAttention
     # (checkpoint substring, ours): applied to every checkpoint name before loading
     checkpoint_renames: ClassVar[tuple[tuple[str, str], ...]] = ()
+    # the projections' weight format, set by quant/apply.py; None: the model dtype
+    quantization: QuantConfig | None = None
 
     def __init__(
         self, config: ModelConfig, backend: AttentionBackend, tp: TPGroup = SINGLE

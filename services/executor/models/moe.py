@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from services.executor.distributed.group import SINGLE, TPGroup
-from services.executor.distributed.layers import Shard
+from services.executor.distributed.shard import Shard
 from services.executor.model_config import ModelConfig
 from services.executor.models.layers import SiluAndMulMLP, on_gpu
 from services.executor.models.linear import Linear
@@ -32,7 +32,10 @@ CheckpointPart = tuple[str, torch.Tensor, int, int, Shard]
 
 class Router(Linear):
     """`gate` in checkpoints: [experts, hidden] logits weight, plus DeepSeek-V3's
-    e_score_correction_bias [experts] when the config has one."""
+    e_score_correction_bias [experts] when the config has one. Never quantized: routing
+    decisions are sensitive, and its few bytes do not matter."""
+
+    quantizable = False
 
     def __init__(self, hidden_size: int, moe: MoEConfig, logits_fp32: bool = False) -> None:
         super().__init__(hidden_size, moe.num_experts, bias=False)

@@ -18,9 +18,16 @@ from services.executor.distributed.group import SINGLE, TPGroup
 from services.executor.errors import ModelLoadError
 from services.executor.model_config import ModelConfig
 from services.executor.models.llama import LlamaForCausalLM
+from services.executor.quant.base import QuantConfig
+from services.executor.quant.registry import resolve as resolve_quantization
 from services.executor.weights.gguf import iter_gguf_weights, open_gguf
 from services.executor.weights.hf import hf_weight_files, iter_hf_weights
-from services.executor.weights.loader import build_empty_model, init_dummy_weights, load_weights
+from services.executor.weights.loader import (
+    build_empty_model,
+    finish_loading,
+    init_dummy_weights,
+    load_weights,
+)
 
 __all__ = ["load_model"]
 
@@ -33,6 +40,7 @@ def load_model(
     attention_backend: str = "torch",
     progress: Callable[[float], None] | None = None,
     tp: TPGroup = SINGLE,
+    quantization: str = "auto",
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Build the model for `path` on `device` in `dtype` (None: the checkpoint's own dtype);
     under tensor parallelism (`tp`), this rank's shard of it.
@@ -40,7 +48,10 @@ def load_model(
     load_format: "auto" reads the weights; "dummy" fills them with N(0, 0.02) (norms = 1) and
     needs only the config. Raises ModelLoadError (missing/corrupt files, weights that don't
     match the config) or UnsupportedModelError (architecture, rope type, quantisation).
-    `progress` hears the share of the weights loaded.
+    `progress` hears the share of the weights loaded. quantization: --quantization ("auto":
+    the checkpoint's own format, from its quantization_config; "fp8": fp8 weights, quantized
+    at load from a float checkpoint); an unsupported format raises
+    UnsupportedQuantizationError before any weight is read.
     """
     if load_format not in ("auto", "dummy"):
         raise ValueError(f"unknown load_format {load_format!r}; known: auto, dummy")
@@ -53,12 +64,16 @@ def load_model(
     else:
         config = ModelConfig.from_hf_dir(path)
         source = path
+    quant = resolve_quantization(quantization, config.quantization)
+    if quant is not None:
+        quant.check_device(torch.device(device))
     model = build_empty_model(
         config,
         torch.device(device),
-        dtype or _dtype_named(config.torch_dtype),
+        dtype or _dtype_named(config.torch_dtype, quant),
         get_backend(attention_backend),
         tp,
+        quant,
     )
     if load_format == "dummy":
         init_dummy_weights(model)
@@ -66,6 +81,7 @@ def load_model(
         load_weights(model, iter_gguf_weights(reader, config), source, progress)
     else:
         load_weights(model, iter_hf_weights(hf_weight_files(path)), source, progress)
+    finish_loading(model)
     return model, config
 
 
@@ -88,8 +104,10 @@ def _gguf_file(path: str) -> str | None:
     )
 
 
-def _dtype_named(name: str) -> torch.dtype:
+def _dtype_named(name: str, quant: QuantConfig | None) -> torch.dtype:
     dtype = getattr(torch, name.removeprefix("torch."), None)
     if not isinstance(dtype, torch.dtype):
         raise ModelLoadError(f"config names an unknown torch dtype {name!r}")
+    if quant is not None and dtype.itemsize == 1:  # fp8 checkpoints may say float8 here
+        return torch.bfloat16
     return dtype

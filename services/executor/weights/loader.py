@@ -9,6 +9,7 @@ holds the whole model in host memory.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple, Protocol
 
@@ -16,11 +17,14 @@ import torch
 
 from services.executor.attention import AttentionBackend
 from services.executor.distributed.group import SINGLE, TPGroup
-from services.executor.distributed.layers import WHOLE, Shard
+from services.executor.distributed.shard import WHOLE, Shard
 from services.executor.errors import ModelLoadError
 from services.executor.model_config import ModelConfig
 from services.executor.models import get_model_class
+from services.executor.models.linear import UNQUANTIZED, Linear
 from services.executor.models.llama import STACKED, LlamaForCausalLM
+from services.executor.quant.apply import quantize_model
+from services.executor.quant.base import Fill, QuantConfig, Slot
 
 
 class TensorSource(Protocol):
@@ -70,6 +74,8 @@ class Target(NamedTuple):
     start: int  # the parameter's rows [start, end) this checkpoint tensor fills
     end: int
     shard: Shard  # the part of the checkpoint tensor that goes there
+    fill: Fill | None = None  # None: copied as read; else writes the part itself (quant/)
+    scalar: bool = False  # one value for all the rows (a per-tensor scale)
 
 
 # Checkpoint entries that are not weights (old HF checkpoints saved the RoPE table).
@@ -82,12 +88,15 @@ def build_empty_model(
     dtype: torch.dtype,
     backend: AttentionBackend,
     tp: TPGroup = SINGLE,
+    quant: QuantConfig | None = None,
 ) -> LlamaForCausalLM:
     """The model for `config` (this rank's shard of it) with uninitialised weights on
-    `device`, in eval mode."""
+    `device`, in eval mode; its projections in `quant`'s format (None: `dtype`)."""
     with torch.device("meta"):
         model = get_model_class(config.architecture)(config, backend, tp)
     model.to(dtype=dtype)  # free on meta
+    if quant is not None:  # after the cast, which would turn fp8 weights into `dtype`
+        quantize_model(model, quant)
     model.to_empty(device=device)
     model.tie_weights()
     model.eval().requires_grad_(False)
@@ -117,13 +126,20 @@ def checkpoint_layout(model: LlamaForCausalLM) -> dict[str, Target]:
             for suffix, view, start, end, shard in parts(kind):
                 layout[".".join([*prefix, module_name, suffix])] = Target(view, start, end, shard)
             continue
-        if module_name not in fused_into:
-            start, end, shard = plan(kind, None) if plan else (0, param.shape[0], WHOLE)
-            layout[name] = Target(param, start, end, shard)
-            continue
-        assert plan is not None, f"{name}: a fused projection says how it is filled"
-        for index, ckpt_module in sorted(fused_into[module_name]):
-            layout[".".join([*prefix, ckpt_module, kind])] = Target(param, *plan(kind, index))
+        # (stacked part index, the checkpoint tensor's name)
+        sources: list[tuple[int | None, str]] = [(None, name)]
+        if module_name in fused_into:
+            assert plan is not None, f"{name}: a fused projection says how it is filled"
+            sources = [
+                (index, ".".join([*prefix, ckpt_module, kind]))
+                for index, ckpt_module in sorted(fused_into[module_name])
+            ]
+        method = getattr(module, "method", None)  # a Linear's weight format
+        for part, ckpt_name in sources:
+            rows = plan(kind, part) if plan else (0, param.shape[0], WHOLE)
+            slot = method.slot(module, kind, part, rows) if method else Slot(*rows)
+            if slot is not None:  # None: computed at load, not in the checkpoint
+                layout[ckpt_name] = Target(param, *slot)
     return layout
 
 
@@ -246,6 +262,13 @@ def _split_stacked_experts(
 def _copy(target: Target, tensor: TensorSource, name: str, source: str) -> None:
     param, shard = target.param, target.shard
     shape = tensor.shape
+    if target.scalar:
+        if math.prod(shape) != 1:
+            raise ModelLoadError(
+                f"{source}: weight {name} has shape {shape}, a per-tensor scale (one value)"
+            )
+        _write(target, tensor.read(()).reshape(()), name, source)
+        return
     if shard.dim is None:
         expected = (target.end - target.start, *param.shape[1:])
     else:  # the whole tensor's shape: the part read would hide a mis-shaped checkpoint
@@ -255,20 +278,45 @@ def _copy(target: Target, tensor: TensorSource, name: str, source: str) -> None:
         raise ModelLoadError(
             f"{source}: weight {name} has shape {shape}, the config implies {expected}"
         )
-    param[target.start : target.end].copy_(tensor.read(shard.index(len(shape))))
+    _write(target, tensor.read(shard.index(len(shape))), name, source)
+
+
+def _write(target: Target, part: torch.Tensor, name: str, source: str) -> None:
+    if target.fill is not None:
+        try:
+            target.fill(target.start, target.end, part)
+        except ModelLoadError as e:  # the format refused the tensor: say which one
+            raise ModelLoadError(f"{source}: weight {name} {e}") from None
+    else:  # a scalar broadcasts over the rows
+        target.param[target.start : target.end].copy_(part)
 
 
 def init_dummy_weights(model: LlamaForCausalLM, seed: int = 0) -> None:
-    """Random weights for benchmarks: N(0, 0.02) everywhere, norms the identity (weights 1,
-    or 0 where a model's norms scale by 1 + w: `norm_offset`)."""
+    """Random weights for benchmarks: N(0, 0.02) everywhere (quantized projections: that,
+    quantized in their format), norms the identity (weights 1, or 0 where a model's norms
+    scale by 1 + w: `norm_offset`)."""
     device = next(model.parameters()).device
     gen = torch.Generator(device=device).manual_seed(seed)
     norm_weight = 1.0 - getattr(model, "norm_offset", 0.0)
+    done: set[int] = set()  # parameters a quantized format filled
+    for layer in model.modules():
+        if isinstance(layer, Linear) and layer.method is not UNQUANTIZED:
+            layer.method.init_dummy(layer, gen)
+            done.update(id(p) for n, p in layer.named_parameters() if n != "bias")
     for name, param in model.named_parameters():
+        if id(param) in done:
+            continue
         if name.endswith("norm.weight"):
             param.fill_(norm_weight)
         else:
             param.normal_(0.0, 0.02, generator=gen)
+
+
+def finish_loading(model: LlamaForCausalLM) -> None:
+    """What each projection's format derives from its loaded tensors (quant/base.py)."""
+    for layer in model.modules():
+        if isinstance(layer, Linear):
+            layer.method.finish(layer)
 
 
 def _fused_names(model: LlamaForCausalLM, names: list[str]) -> list[str]:
