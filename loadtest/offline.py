@@ -6,8 +6,11 @@
         --output-len 256 [--load-format dummy]
 
 `throughput` sends every request at once (lengths uniform in [L*r, L], ignore_eos) and reports
-output and total tokens per second. `latency` runs one static batch: the prefill of the whole
-batch, then each decode step, timed one by one. With `--load-format dummy` the model directory
+output and total tokens per second. `latency` runs one static batch as serving runs it: after a
+warm-up batch of the same shapes (so no kernel compiles and no CUDA graph is captured on the
+clock), every request is submitted at once and the engine steps with its overlapped loop, no
+sync between steps; prefill is the time until the last request's first token reached the host
+(the batch's time to first token), decode the rest. With `--load-format dummy` the model directory
 needs only a config.json: weights are random at the config's shapes, so big models need no
 weights file. Results are appended as JSON lines to --output-file.
 """
@@ -179,6 +182,7 @@ class Drained:
     decode_s: float = 0.0
     extend_tokens: int = 0
     decode_bs_sum: int = 0
+    decode_step_ends: list[float] = field(default_factory=list)
     first_token_at: dict[str, float] = field(default_factory=dict)
     tokens_by_rid: dict[str, int] = field(default_factory=dict)
 
@@ -201,6 +205,7 @@ def drain(engine: Engine, reqs: list[TokenizedRequest], time_limit: float = 0.0)
         if result.is_decode:
             out.decode_steps += 1
             out.decode_s += now - before
+            out.decode_step_ends.append(now)
             out.decode_bs_sum += result.forward_tokens
         elif result.forward_tokens:
             out.extend_steps += 1
@@ -222,44 +227,40 @@ def drain(engine: Engine, reqs: list[TokenizedRequest], time_limit: float = 0.0)
 def run_latency(engine: Engine, a: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(a.seed)
     vocab = engine.runner.vocab_size
-    drain(engine, [request("warmup", random_ids(rng, a.input_len, vocab), 8)])
+
+    def batch(prefix: str, out_len: int) -> list[TokenizedRequest]:
+        ids = [random_ids(rng, a.input_len, vocab) for _ in range(a.batch_size)]
+        return [request(f"{prefix}{i}", p, out_len) for i, p in enumerate(ids)]
+
     if a.batch_size * a.input_len > a.max_prefill_tokens:
         print(
             "note: the batch's prompts exceed --max-prefill-tokens; prefill spans several steps",
             file=sys.stderr,
         )
-    for i in range(a.batch_size):
-        engine.submit(request(f"b{i}", random_ids(rng, a.input_len, vocab), a.output_len))
-    # Prefill steps are timed one by one. Decode steps run back to back, as in serving (the
-    # host prepares step N+1 while the device runs step N), and are timed together.
-    prefill: list[float] = []
-    decode_steps = 0
-    decode_start = 0.0
-    while engine.has_work():
-        if decode_steps == 0:
-            sync(engine)
-            t0 = time.perf_counter()
-        result = engine.step()
-        if result.is_decode:
-            if decode_steps == 0:
-                decode_start = t0
-            decode_steps += 1
-        elif result.forward_tokens:
-            sync(engine)
-            prefill.append(time.perf_counter() - t0)
+    # The same prompt shapes and chunking as the timed batch (fresh ids: no cache hits), so
+    # its kernel variants are compiled and its decode graphs captured off the clock.
+    drain(engine, batch("warmup", 2))
+    reqs = batch("b", a.output_len)
     sync(engine)
-    decode_s = time.perf_counter() - decode_start
+    start = time.perf_counter()
+    d = drain(engine, reqs)
+    sync(engine)
+    end = time.perf_counter()
+    prefill_end = max(d.first_token_at.values())
+    decode_steps = sum(1 for t in d.decode_step_ends if t > prefill_end)
+    decode_s = end - prefill_end
     step_ms = 1000 * decode_s / max(decode_steps, 1)
     return {
         "batch_size": a.batch_size,
         "input_len": a.input_len,
         "output_len": a.output_len,
-        "prefill_s": sum(prefill),
-        "prefill_steps": len(prefill),
-        "prefill_tok_s": a.batch_size * a.input_len / sum(prefill),
+        "prefill_s": prefill_end - start,
+        "prefill_steps": d.extend_steps,
+        "prefill_tok_s": a.batch_size * a.input_len / (prefill_end - start),
         "decode_step_ms_mean": step_ms,
         "decode_tok_s": 1000 * a.batch_size / step_ms,
         "decode_steps": decode_steps,
+        "finished": d.finished,
     }
 
 

@@ -68,7 +68,7 @@ def test_dummy_weights_need_only_a_config(tiny: Path, tmp_path: Path) -> None:
     )
     assert rec["prefill_steps"] == 1
     assert rec["decode_steps"] == 4  # the first token comes from the prefill
-    assert rec["decode_step_ms_mean"] > 0
+    assert rec["decode_step_ms_mean"] > 0 and rec["finished"] == 3
 
 
 def test_fp8_kv_cache_option(tiny: Path, tmp_path: Path) -> None:
