@@ -139,12 +139,20 @@ def test_quantization_fp8_dequantises_the_blocks_then_quantizes(gguf_path: Path)
 
 def test_dummy_block_weights_from_a_config_json(tmp_path: Path) -> None:
     """quant_method gguf in config.json (gpu_bench's GGUF Q4_K at Llama-8B shapes): every
-    projection random valid Q4_K blocks of weights about N(0, 0.02)."""
+    projection random valid Q4_K blocks of weights about N(0, 0.02); quant_decode's roofline
+    counts them at 144 bytes per 256 weights."""
+    from loadtest.gpu.quant import FORMATS, bytes_per_step
+
     path = write_tiny_model(tmp_path, "llama", seed=2, **SHAPE)
+    float_model, c = load_model(path, "cpu", load_format="dummy")
     config = json.loads((path / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "gguf", "weight_type": "Q4_K"}
+    config["quantization_config"] = FORMATS["gguf_q4_k"].quantization_config
     (path / "config.json").write_text(json.dumps(config))
     model, _ = load_model(path, "cpu", load_format="dummy")
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    weights = c.num_layers * c.hidden_size * (q + 2 * kv + q + 3 * c.intermediate_size)
+    want = bytes_per_step(float_model, torch.float32, 10) - 4 * weights + weights // 256 * 144
+    assert bytes_per_step(model, torch.float32, 10) == want
     assert {v for n, v in methods(model).items() if n != "lm_head"} == {"gguf-Q4_K"}
     for layer in linears(model).values():
         if layer.weight.dtype == torch.uint8:
