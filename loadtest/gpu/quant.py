@@ -5,7 +5,9 @@ of which one row; the KV cache at the run's mean context) over the copy bandwidt
 in the same run.
 
 Formats are a table (`FORMATS`): a name, the offline benchmark's flags, and what
-config.json's quantization_config says; adding int4 or GGUF is one line.
+config.json's quantization_config says; adding a format is one line. GGUF Q4_K runs from
+config.json too (quant_method "gguf", quant/gguf_config.py): random valid blocks at the
+model's shapes, read as blocks by the same kernels a .gguf file's are.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ FORMATS: dict[str, WeightFormat] = {
     "bf16": WeightFormat((), None),
     "fp8_channel": WeightFormat(("--quantization", "fp8"), None),
     "fp8_block": WeightFormat((), quantization_config("block")),
+    # every projection Q4_K blocks (a Q4_K_M file keeps some in Q6_K); embedding and LM head bf16
+    "gguf_q4_k": WeightFormat((), {"quant_method": "gguf", "weight_type": "Q4_K"}),
 }
 
 

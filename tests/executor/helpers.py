@@ -361,13 +361,19 @@ def greedy_generate(
     max_new_tokens: int,
     eos_ids: Sequence[int] = (EOS_ID,),
     kv_dtype: torch.dtype | None = None,
+    device: str = "cpu",
 ) -> list[list[int]]:
     """Greedy continuations of all prompts, batched: one EXTEND over every prompt, then DECODE
     steps over the requests still running. A request stops after emitting an eos id.
-    kv_dtype: the KV pool's dtype (None: the model's)."""
+    kv_dtype: the KV pool's dtype (None: the model's); device: the model's."""
     max_context = max(len(p) for p in prompts) + max_new_tokens
     driver = BatchDriver(
-        model, config, max_reqs=len(prompts), max_context=max_context, kv_dtype=kv_dtype
+        model,
+        config,
+        max_reqs=len(prompts),
+        max_context=max_context,
+        kv_dtype=kv_dtype,
+        device=device,
     )
     rows = [driver.new_request() for _ in prompts]
     logits = driver.extend(rows, prompts)

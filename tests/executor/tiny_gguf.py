@@ -177,10 +177,14 @@ def write_tiny_gguf(
     arch: str,
     qtype: GGMLQuantizationType,
     split_kv_b: bool = True,
+    types: dict[str, GGMLQuantizationType] | None = None,
 ) -> None:
     """Write `model` to `path`. With a quantised qtype, the model's own matrices are replaced
     by their dequantised values, so it holds exactly the weights the file does. split_kv_b:
-    DeepSeek's kv_b_proj as attn_k_b + attn_v_b (else one attn_kv_b)."""
+    DeepSeek's kv_b_proj as attn_k_b + attn_v_b (else one attn_kv_b). types: another type
+    for some matrices, by llama.cpp's name (blk.1.attn_v, or attn_v for every layer); Q4_K
+    and Q6_K ones (which the gguf package cannot quantize) get random valid blocks instead of
+    the model's values, and the model takes those."""
     cfg = model.config
     a = _GGUF_ARCH[arch]
     mla = a == "deepseek2"
@@ -267,17 +271,46 @@ def write_tiny_gguf(
             elif a.startswith("gemma") and name.endswith("norm.weight"):
                 stored = data + 1.0  # llama.cpp stores Gemma's norms as 1 + w
             quantized = data.ndim == 2 and not name.endswith(_ALWAYS_F32)
-            if quantized and qtype != GGMLQuantizationType.F32:
-                writer.add_tensor(gguf_name(name, a), quantize(stored, qtype), raw_dtype=qtype)
+            base = gguf_name(name, a).rsplit(".", 1)[0]  # blk.1.attn_v
+            qt = (types or {}).get(base, (types or {}).get(base.split(".")[-1], qtype))
+            if quantized and qt in _RANDOM_BLOCKS:
+                writer.add_tensor(gguf_name(name, a), _random_kquant(param, name, qt, cfg, a),
+                                  raw_dtype=qt)  # fmt: skip
+            elif quantized and qt != GGMLQuantizationType.F32:
+                writer.add_tensor(gguf_name(name, a), quantize(stored, qt), raw_dtype=qt)
                 # Blocks run along rows and the permutation only moves whole rows, so
                 # this is the file's tensor in HF row order.
-                param.copy_(torch.from_numpy(dequantize(quantize(data, qtype), qtype)))
+                param.copy_(torch.from_numpy(dequantize(quantize(data, qt), qt)))
             else:
                 writer.add_tensor(gguf_name(name, a), np.ascontiguousarray(stored))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+_RANDOM_BLOCKS = (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K)
+
+
+def _random_kquant(
+    param: torch.Tensor, name: str, qtype: GGMLQuantizationType, cfg: Any, arch: str
+) -> np.ndarray:
+    """Random blocks of `qtype` as the file stores them (Llama's Q/K rows permuted); `param`
+    takes their weights in HF's row order."""
+    from services.executor.quant.gguf_linear import dummy_blocks
+    from services.executor.weights.gguf import unpermute_qk
+
+    gen = torch.Generator().manual_seed(sum(map(ord, name)))
+    blocks = dummy_blocks(
+        param.shape[0], param.shape[1], qtype.name, gen, std=0.1
+    )  # as make_hf_model
+    weights = torch.from_numpy(dequantize(blocks.numpy(), qtype)).reshape(param.shape)
+    if arch == "llama" and ".q_proj." in name:
+        weights = unpermute_qk(weights, cfg.num_attention_heads)
+    elif arch == "llama" and ".k_proj." in name:
+        weights = unpermute_qk(weights, cfg.num_key_value_heads)
+    param.copy_(weights)
+    return blocks.numpy()
 
 
 def _add_phi3(writer: gguf.GGUFWriter, cfg: Any) -> None:

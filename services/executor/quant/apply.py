@@ -8,6 +8,7 @@ so ignore lists written against checkpoint names apply as written.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from services.executor.errors import UnsupportedQuantizationError
@@ -16,6 +17,8 @@ from services.executor.quant.base import QuantConfig
 
 if TYPE_CHECKING:
     from services.executor.models.llama import LlamaForCausalLM
+
+log = logging.getLogger(__name__)
 
 
 def quantize_model(model: LlamaForCausalLM, quant: QuantConfig) -> None:
@@ -33,7 +36,10 @@ def quantize_model(model: LlamaForCausalLM, quant: QuantConfig) -> None:
         *prefix, leaf = name.split(".")
         names = [".".join([*prefix, part]) for part in fused.get(leaf, [leaf])]
         method = quant.method_for([_checkpoint_name(model, n) for n in names])
-        if method is not None:
+        why = method.refuses(layer) if method is not None else None
+        if why:
+            log.warning("%s stays in the model dtype (%s): %s", name, quant.name, why)
+        elif method is not None:
             method.create_weights(layer)
             layer.method = method
     model.quantization = quant

@@ -43,6 +43,11 @@ class LinearMethod:
 
     name = "unquantized"  # in logs, and in choose_gemv's plan keys
 
+    def refuses(self, layer: Linear) -> str | None:
+        """Why `layer` cannot take this method (it then keeps the model dtype), None if it
+        can; formats that cannot fall back raise from create_weights instead."""
+        return None
+
     def create_weights(self, layer: Linear) -> None:
         """Replace the layer's float `weight` with this format's parameters; runs on the meta
         device, before storage is allocated (so after any model-wide dtype cast)."""

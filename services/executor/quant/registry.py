@@ -22,6 +22,7 @@ FORMATS: dict[str, Format] = {
     "compressed-tensors": Format(
         "services.executor.quant.compressed_tensors", "fp8 per tensor, channel or block"
     ),
+    "gguf": Format("services.executor.quant.gguf_config", "one GGUF block type, dummy weights"),
 }
 # --quantization NAME: a float checkpoint quantized at load (`online() -> QuantConfig`)
 ONLINE: dict[str, str] = {

@@ -19,10 +19,12 @@ from services.executor.errors import ModelLoadError
 from services.executor.model_config import ModelConfig
 from services.executor.models.llama import LlamaForCausalLM
 from services.executor.quant.base import QuantConfig
+from services.executor.quant.gguf_config import from_gguf as gguf_from_file
 from services.executor.quant.registry import resolve as resolve_quantization
 from services.executor.weights.gguf import iter_gguf_weights, open_gguf
 from services.executor.weights.hf import hf_weight_files, iter_hf_weights
 from services.executor.weights.loader import (
+    block_weights,
     build_empty_model,
     finish_loading,
     init_dummy_weights,
@@ -41,6 +43,7 @@ def load_model(
     progress: Callable[[float], None] | None = None,
     tp: TPGroup = SINGLE,
     quantization: str = "auto",
+    gguf_blocks: bool | None = None,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Build the model for `path` on `device` in `dtype` (None: the checkpoint's own dtype);
     under tensor parallelism (`tp`), this rank's shard of it.
@@ -51,7 +54,9 @@ def load_model(
     `progress` hears the share of the weights loaded. quantization: --quantization ("auto":
     the checkpoint's own format, from its quantization_config; "fp8": fp8 weights, quantized
     at load from a float checkpoint); an unsupported format raises
-    UnsupportedQuantizationError before any weight is read.
+    UnsupportedQuantizationError before any weight is read. gguf_blocks: a GGUF file's
+    Q8_0/Q4_K/Q6_K projections stay in their blocks (quant/gguf_config.py) rather than being
+    dequantised at load; None: on CUDA only (the CPU would dequantise them at every call).
     """
     if load_format not in ("auto", "dummy"):
         raise ValueError(f"unknown load_format {load_format!r}; known: auto, dummy")
@@ -65,6 +70,10 @@ def load_model(
         config = ModelConfig.from_hf_dir(path)
         source = path
     quant = resolve_quantization(quantization, config.quantization)
+    if gguf_blocks is None:
+        gguf_blocks = torch.device(device).type == "cuda"
+    if gguf_path is not None and quant is None and gguf_blocks:
+        quant = gguf_from_file(reader, config)
     if quant is not None:
         quant.check_device(torch.device(device))
     model = build_empty_model(
@@ -78,7 +87,8 @@ def load_model(
     if load_format == "dummy":
         init_dummy_weights(model)
     elif gguf_path is not None:
-        load_weights(model, iter_gguf_weights(reader, config), source, progress)
+        blocks = block_weights(model)
+        load_weights(model, iter_gguf_weights(reader, config, blocks), source, progress)
     else:
         load_weights(model, iter_hf_weights(hf_weight_files(path)), source, progress)
     finish_loading(model)

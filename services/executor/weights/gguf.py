@@ -1,5 +1,6 @@
 """Reading GGUF files (llama.cpp's format): tensor names mapped to HF's, every tensor
-dequantised to fp32 with the `gguf` package, Llama's Q/K rows put back in HF order,
+dequantised to fp32 with the `gguf` package (or, for the projections the model keeps as
+blocks, quant/gguf_config.py, given as the file's bytes), Llama's Q/K rows put back in HF order,
 DeepSeek's kv_b_proj put back together where newer converters split it (attn_k_b, attn_v_b),
 Gemma's norm weights back to HF's zero-centred form (llama.cpp's converter adds the 1 of
 `1 + w`), the stacked `ffn_*_exps` of MoE models split into HF's per-expert tensors.
@@ -7,11 +8,11 @@ Gemma's norm weights back to HF's zero-centred form (llama.cpp's converter adds 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 import numpy as np
 import torch
-from gguf import GGUFReader
+from gguf import GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 
 from services.executor.errors import ModelLoadError, UnsupportedModelError
@@ -105,10 +106,12 @@ def hf_name(gguf_name: str, architecture: str = "") -> str:
 
 
 def iter_gguf_weights(
-    reader: GGUFReader, config: ModelConfig
+    reader: GGUFReader, config: ModelConfig, blocks: Collection[str] = ()
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, fp32 CPU tensor) for every weight, dequantised one tensor at a time; a
-    stacked experts tensor is given as HF's per-expert tensors (views of it)."""
+    stacked experts tensor is given as HF's per-expert tensors (views of it). The weights
+    named in `blocks` come as the file's bytes instead, uint8 [rows, row bytes] (one row of
+    blocks per row of weights, so Q/K rows are un-permuted the same way)."""
     # llama.cpp permutes Llama's Q/K rows for its interleaved RoPE; Qwen's are left alone.
     unpermute = config.architecture in _PERMUTED_QK
     names = {t.name for t in reader.tensors}
@@ -120,16 +123,9 @@ def iter_gguf_weights(
         half = parts[2] if len(parts) == 4 and parts[0] == "blk" else ""
         if half in _KV_B_HALVES and f"blk.{parts[1]}.attn_kv_b.weight" in names:
             continue  # the file has the whole kv_b too (some converters keep both)
-        try:
-            arr = dequantize(t.data, t.tensor_type)
-        except NotImplementedError as e:
-            raise UnsupportedModelError(
-                f"GGUF tensor {t.name} uses {t.tensor_type.name}, which cannot be dequantised: {e}"
-            ) from e
-        # ggml lists dimensions fastest-first; numpy/torch want them slowest-first.
-        arr = np.ascontiguousarray(arr).reshape([int(d) for d in reversed(t.shape)])
-        # F32 data is a read-only view of the mmap; torch wants a writable array.
-        tensor = torch.from_numpy(arr if arr.flags.writeable else arr.copy())
+        name = hf_name(t.name, config.architecture)
+        # blocks: a copy of the file's bytes (its mmap is read-only)
+        tensor = torch.from_numpy(np.array(t.data)) if name in blocks else _dequantized(t)
         if half in _KV_B_HALVES:
             halves[(parts[1], half)] = tensor
             if all((parts[1], h) in halves for h in _KV_B_HALVES):
@@ -143,7 +139,6 @@ def iter_gguf_weights(
             continue
         if half == "ffn_gate_inp_shexp":  # stored as [hidden]
             tensor = tensor.reshape(1, -1)
-        name = hf_name(t.name, config.architecture)
         if config.architecture in _GEMMA and name.endswith("norm.weight"):
             tensor = tensor - 1.0  # never in place: F32 data may be the file's own memory
         if unpermute and t.name.split(".")[-2] == "attn_q":
@@ -151,6 +146,19 @@ def iter_gguf_weights(
         elif unpermute and t.name.split(".")[-2] == "attn_k":
             tensor = unpermute_qk(tensor, config.num_kv_heads)
         yield name, tensor
+
+
+def _dequantized(t: ReaderTensor) -> torch.Tensor:
+    try:
+        arr = dequantize(t.data, t.tensor_type)
+    except NotImplementedError as e:
+        raise UnsupportedModelError(
+            f"GGUF tensor {t.name} uses {t.tensor_type.name}, which cannot be dequantised: {e}"
+        ) from e
+    # ggml lists dimensions fastest-first; numpy/torch want them slowest-first.
+    arr = np.ascontiguousarray(arr).reshape([int(d) for d in reversed(t.shape)])
+    # F32 data is a read-only view of the mmap; torch wants a writable array.
+    return torch.from_numpy(arr if arr.flags.writeable else arr.copy())
 
 
 def merge_kv_b(k_b: torch.Tensor, v_b: torch.Tensor) -> torch.Tensor:

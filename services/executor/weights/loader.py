@@ -143,6 +143,17 @@ def checkpoint_layout(model: LlamaForCausalLM) -> dict[str, Target]:
     return layout
 
 
+def block_weights(model: LlamaForCausalLM) -> set[str]:
+    """Checkpoint names of the weights the model keeps as GGUF blocks (uint8 parameters)."""
+    out = set()
+    for name, target in checkpoint_layout(model).items():
+        if target.param.dtype == torch.uint8:
+            for theirs, ours in model.checkpoint_renames:
+                name = name.replace(ours, theirs)
+            out.add(name)
+    return out
+
+
 def hf_state_dict(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
     """The model's weights under checkpoint names and shapes (views, no copies); a model of
     one rank only: a shard is not the checkpoint's tensor."""

@@ -1,0 +1,119 @@
+"""GGUF projections kept as their file's blocks (Q8_0, Q4_K, Q6_K; layouts in
+kernels/gguf_blocks.py): weight is uint8 [out, in / elems * bytes], one row of blocks per
+output feature, as the file stores it.
+
+On CUDA every product reads the blocks (kernels/gguf_matmul: the GEMV for decode, a
+dequantising GEMM for mid-sized batches, slices expanded for cuBLAS past that), and
+choose_gemv may pick a GEMV launch configuration per row count. Elsewhere (the CPU) the
+weight is dequantised per call (bit-exact with the gguf package), so a CPU model computes
+what the dequantised-at-load model does.
+
+Rows of blocks are rows of weights, so stacked parts and column-parallel slices are row
+ranges as for a float weight; a row-parallel slice is a range of whole blocks, which `refuses`
+checks (the rest of the layer is then loaded dequantised).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.gguf_blocks import LAYOUTS, dequantize_ref, random_blocks, row_bytes
+from services.executor.distributed.shard import LoadPlan, Shard
+from services.executor.errors import ModelLoadError
+from services.executor.models.linear import GemvConfig, Linear
+from services.executor.quant.base import LinearMethod, Slot
+
+
+def _copy_blocks(param: torch.Tensor, start: int, end: int, part: torch.Tensor) -> None:
+    """The file's blocks, refused in any other dtype (a cast would turn bytes into numbers)."""
+    if part.dtype != torch.uint8:
+        raise ModelLoadError(f"is {part.dtype}; GGUF blocks are read as uint8 bytes")
+    param[start:end].copy_(part)
+
+
+def dummy_blocks(
+    n: int, k: int, qtype: str, gen: torch.Generator, std: float = 0.02
+) -> torch.Tensor:
+    """Random valid blocks [n, row bytes] (CPU) whose weights have about `std`: random_blocks
+    with its fp16 scales shrunk (every weight is linear in them)."""
+    lay = LAYOUTS[qtype]
+    blocks = random_blocks(n, k, qtype, gen).reshape(n, -1, lay.bytes)
+    sample = dequantize_ref(blocks[:64].reshape(min(n, 64), -1), qtype)
+    shrink = std / max(float(sample.std()), 1e-12)
+    fields = {"Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}[qtype]
+    for at in fields:
+        d = blocks[..., at : at + 2].contiguous().view(torch.float16)
+        blocks[..., at : at + 2] = (d.float() * shrink).half().view(torch.uint8)
+    return blocks.reshape(n, -1)
+
+
+class GgufMethod(LinearMethod):
+    """weight: uint8 blocks of one GGUF type `qtype`, [out_features, row bytes]."""
+
+    def __init__(self, qtype: str) -> None:
+        self.qtype, self.lay = qtype, LAYOUTS[qtype]
+        self.name = f"gguf-{qtype}"
+
+    def refuses(self, layer: Linear) -> str | None:
+        if layer.in_features % self.lay.elems:
+            cut = "a tensor-parallel slice of" if hasattr(layer, "full_in") else ""
+            return (
+                f"{cut} {layer.in_features} input columns are not whole {self.qtype} blocks "
+                f"of {self.lay.elems}"
+            ).lstrip()
+        return None
+
+    def create_weights(self, layer: Linear) -> None:
+        n, k = layer.out_features, layer.in_features
+        layer.weight = nn.Parameter(
+            torch.empty(n, row_bytes(self.qtype, k), dtype=torch.uint8, device=layer.weight.device),
+            requires_grad=False,
+        )
+
+    def slot(self, layer: Linear, kind: str, index: int | None, plan: LoadPlan) -> Slot | None:
+        start, end, shard = plan
+        if kind != "weight":
+            return Slot(*plan)  # biases stay float
+        if shard.dim == 1:  # a row-parallel slice: its columns as bytes (whole blocks, refuses)
+            e, b = self.lay.elems, self.lay.bytes
+            shard = Shard(1, shard.start // e * b, shard.end // e * b, shard.full // e * b)
+        return Slot(start, end, shard, fill=partial(_copy_blocks, layer.weight))
+
+    def init_dummy(self, layer: Linear, gen: torch.Generator) -> None:
+        # random_blocks draws on the CPU: a CPU generator seeded from the model's
+        seed = int(torch.randint(1 << 62, (1,), generator=gen, device=gen.device))
+        blocks = dummy_blocks(
+            layer.out_features, layer.in_features, self.qtype, torch.Generator().manual_seed(seed)
+        )
+        layer.weight.copy_(blocks)
+
+    def dequantized(self, layer: Linear) -> torch.Tensor:
+        return dequantize_ref(layer.weight, self.qtype)
+
+    def dense(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if not use_kernels(x):
+            return F.linear(x, self.dequantized(layer).to(x.dtype), bias)
+        from kernels.gguf_matmul import gguf_matmul
+
+        out = gguf_matmul(x.reshape(-1, x.shape[-1]), layer.weight, qtype=self.qtype)
+        out = out.view(*x.shape[:-1], layer.out_features)
+        return out if bias is None else out + bias
+
+    def gemv(self, layer: Linear, x: torch.Tensor, cfg: GemvConfig) -> torch.Tensor:
+        from kernels.gguf_gemv import gguf_gemv
+
+        return gguf_gemv(
+            x, layer.weight, qtype=self.qtype,
+            block_n=cfg.block_n, block_k=max(cfg.block_k, self.lay.group),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+
+
+def use_kernels(x: torch.Tensor) -> bool:
+    """Whether products with `x` run the block kernels (CUDA), else dequantise-and-multiply;
+    tests replace it to run the kernels in Triton's CPU interpreter."""
+    return x.is_cuda
