@@ -19,6 +19,8 @@ commands:
             --load-balance-method (a fresh serve each): cache hit rate and throughput
   tp        tensor parallelism on the CPU (gloo): one rank against --tp-size ranks, the same
             tokens?, and the collectives' share of rank 0's step time
+  hoststep  the host's time per decode step at batch 256 on the CPU (the real engine, a
+            stand-in model), per phase
   faults    start a stack and break it (each service killed, Redis restarted, hostile input)
             under a steady load: ok / retried / failed-fast / hung per scenario
 
@@ -64,6 +66,12 @@ def _protocols(argv: list[str]) -> None:
     protocols.main(argv)
 
 
+def _hoststep(argv: list[str]) -> None:
+    from loadtest import host_step
+
+    host_step.main(argv)
+
+
 def _tp(argv: list[str]) -> None:
     from loadtest import tp_cpu
 
@@ -72,6 +80,7 @@ def _tp(argv: list[str]) -> None:
 
 COMMANDS = {
     "tp": _tp,
+    "hoststep": _hoststep,
     "serving": _serving,
     "burst": _burst,
     "faults": _faults,

@@ -72,7 +72,8 @@ def scale_section() -> dict[str, Any]:
             "finished": run["finished"],
         }
         if host is not None:
-            row["host_ms_per_step"] = host.per_step()
+            row["host_ms_per_step"] = host.per_step()  # the mean over every step, prefill's too
+            row["host_ms_per_decode_step"] = host.medians()  # issue 26's figure: median, DECODE
         print(f"scale {prompts} x {input_len}: {row}", flush=True)
         rows.append(row)
     return {

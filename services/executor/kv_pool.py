@@ -169,6 +169,25 @@ class ReqToTokenPool:
         self._cols += range(start, start + len(slots))
         self._vals += slots
 
+    def write_many(
+        self, rows: list[int], starts: list[int], lens: list[int], slots: list[int]
+    ) -> None:
+        """`write(rows[i], starts[i], <the next lens[i] of slots>)` for each i; `rows` distinct
+        (one per request of a step). A decode step writes one slot per request: that case
+        extends the pending columns in bulk instead of a call per request."""
+        if lens.count(1) == len(lens) and self._written.isdisjoint(rows):
+            if starts and max(starts) >= self.max_context:
+                raise ValueError(f"request row overflow: {max(starts)}+1 > {self.max_context}")
+            self._written.update(rows)
+            self._rows += rows
+            self._cols += starts
+            self._vals += slots
+            return
+        at = 0
+        for row, start, n in zip(rows, starts, lens, strict=True):
+            self.write(row, start, slots[at : at + n])
+            at += n
+
     def flush(self) -> None:
         """Apply the pending writes to the device table."""
         if not self._rows:

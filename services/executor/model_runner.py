@@ -53,23 +53,36 @@ class ModelRunner:
     def step_tables(self, plan: StepPlan, prev: InFlight | None = None) -> StepTables:
         """The step's integers: what every rank builds its ForwardBatch from."""
         t = StepTables(is_decode=plan.is_decode, sampling_rows=0)
-        prev_row = {id(prev.plan.reqs[i]): k for k, i in enumerate(prev.rows)} if prev else {}
+        # Req hashes by identity: the request -> its row among prev's sampled tokens
+        prev_row = {prev.plan.reqs[i]: k for k, i in enumerate(prev.rows)} if prev else {}
+        ids, positions, slots, prefix_lens = t.ids, t.positions, t.slots, t.prefix_lens
         for req, n in zip(plan.reqs, plan.extend_lens, strict=True):
-            start = req.kv_len - n  # the slots for these n tokens are already allocated
-            end = start + n
-            known = min(end, req.known_len)
-            chunk = req.token_range(start, known)
+            end = len(req.slots)  # the slots for these n tokens are already allocated
+            start = end - n
+            prompt = len(req.input_ids)
+            known = prompt + len(req.output_ids)
             if end > known:  # its last token is still on the device (only the last can be)
                 assert end == known + 1, f"{req.rid}: {end - known} input tokens unknown"
-                t.pending_at.append(len(t.ids) + n - 1)
-                t.pending_src.append(prev_row[id(req)])
-                chunk.append(0)  # replaced on the device (batch_from)
-            t.ids += chunk
-            t.positions += range(start, start + n)
-            t.slots += req.slots[start:]
-            t.prefix_lens.append(start)
+                t.pending_at.append(len(ids) + n - 1)
+                t.pending_src.append(prev_row[req])
+            if n == 1:  # a decode token: no slices (Req.token_range, inlined)
+                if end > known:
+                    ids.append(0)  # replaced on the device (batch_from)
+                elif start < prompt:
+                    ids.append(req.input_ids[start])
+                else:
+                    ids.append(req.output_ids[start - prompt])
+                positions.append(start)
+                slots.append(req.slots[start])
+            else:
+                ids += req.token_range(start, min(end, known))
+                if end > known:
+                    ids.append(0)
+                positions += range(start, end)
+                slots += req.slots[start:]
+            prefix_lens.append(start)
         t.rows = [r.row for r in plan.reqs]
-        t.seq_lens = [r.kv_len for r in plan.reqs]
+        t.seq_lens = [len(r.slots) for r in plan.reqs]
         t.extend_lens = list(plan.extend_lens)
         t.last = list(itertools.accumulate(plan.extend_lens, initial=-1))[1:]
         return t
@@ -84,9 +97,14 @@ class ModelRunner:
         )
         if t.pending_at:
             assert prev_tokens is not None, "the previous step unsampled"
-            at, src = pack_aligned([t.pending_at, t.pending_src], torch.int64, self.device)
-            input_ids = input_ids.clone()
-            input_ids[at] = prev_tokens[src]
+            if _all_of(t.pending_at, len(t.ids)) and _all_of(t.pending_src, len(prev_tokens)):
+                # The overlapped decode step: every input is the previous step's token of
+                # the same row. No table, no scatter: the sampled tensor is the input.
+                input_ids = prev_tokens
+            else:
+                at, src = pack_aligned([t.pending_at, t.pending_src], torch.int64, self.device)
+                input_ids = input_ids.clone()
+                input_ids[at] = prev_tokens[src]
         return ForwardBatch(
             mode=ForwardMode.DECODE if t.is_decode else ForwardMode.EXTEND,
             input_ids=input_ids,
@@ -163,3 +181,8 @@ class ModelRunner:
     def stop_followers(self) -> None:
         if self.channel is not None:
             self.channel.send_stop()
+
+
+def _all_of(indices: list[int], n: int) -> bool:
+    """Whether `indices` is 0, 1, ..., n - 1."""
+    return len(indices) == n and indices == list(range(n))

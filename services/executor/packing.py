@@ -11,11 +11,15 @@ start, whichever HTTP path it came through. Aligning every table keeps one binar
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterable, Sequence
 
+import numpy as np
 import torch
 
 ALIGN_BYTES = 16  # Triton's pointer specialisation (tt.divisibility = 16)
+_ZEROS = (0,) * ALIGN_BYTES  # padding between tables (at most ALIGN_BYTES - 1 elements)
+_NUMPY = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np.float32}
 
 
 def pack_aligned(
@@ -25,14 +29,28 @@ def pack_aligned(
     `upload`), each starting at a multiple of ALIGN_BYTES from the allocation's start (the
     allocators align allocations at least that much)."""
     per = ALIGN_BYTES // torch.empty(0, dtype=dtype).element_size()
-    flat: list[int] = []
+    parts: list[Sequence[int]] = []
     starts: list[int] = []
+    total = 0
     for table in tables:
-        starts.append(len(flat))
-        flat += table
-        flat += [0] * (-len(flat) % per)
-    dev = upload(torch.tensor(flat, dtype=dtype), device)
+        starts.append(total)
+        pad = -len(table) % per
+        parts.append(table)
+        parts.append(_ZEROS[:pad])
+        total += len(table) + pad
+    dev = upload(host_tensor(itertools.chain.from_iterable(parts), total, dtype), device)
     return [dev[s : s + len(t)] for s, t in zip(starts, tables, strict=True)]
+
+
+def host_tensor(values: Iterable[int], count: int, dtype: torch.dtype) -> torch.Tensor:
+    """`count` Python numbers as a CPU tensor. Through numpy where it can: torch.tensor of a
+    list costs about four times as much (66 vs 15 us for 1,536 ints; a decode step at batch
+    256 sends that many every step, a 16,384-token prefill chunk over 49,000)."""
+    np_dtype = _NUMPY.get(dtype)
+    if np_dtype is None:
+        return torch.tensor(list(values), dtype=dtype)
+    # numpy's buffers are aligned at least as Triton wants (16 bytes): glibc's malloc is
+    return torch.from_numpy(np.fromiter(values, dtype=np_dtype, count=count))
 
 
 def to_device(values: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -187,10 +187,12 @@ class Engine:
             if k in lps and req.finish is None:
                 req.out_logprobs[index] = lps[k]
             req.land(index, tokens[k])
-            stamp_first_on_host(req, on_host)
-            error = lifecycle.after_token(req, index)
-            if error is not None:
-                out.failed(req, error)
+            if req.hops is not None:  # (the checks before these calls skip two per request)
+                stamp_first_on_host(req, on_host)
+            if req.grammar is not None:
+                error = lifecycle.after_token(req, index)
+                if error is not None:
+                    out.failed(req, error)
         live = set(self.policy.live)
         self.policy.after_step(plan)
         self.stats.generated_tokens += len(tokens)

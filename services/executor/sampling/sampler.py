@@ -25,6 +25,9 @@ class SamplingTensors:
     def build(
         cls, params: list[SamplingParams], vocab: int, device: torch.device
     ) -> SamplingTensors:
+        if all(p.temperature == 0 for p in params):  # all greedy, in one scan (as below)
+            empty = torch.empty(0, device=device)
+            return cls(empty, empty, empty, empty, all_greedy=True, need_filter=False)
         temps = [p.temperature for p in params]
         top_k = [min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params]
         top_p = [p.top_p for p in params]
@@ -89,8 +92,10 @@ def finite_argmax(logits: torch.Tensor) -> torch.Tensor:
 
     A NaN or +inf would otherwise win torch's argmax (NaN counts as the largest value).
     """
-    finite = torch.isfinite(logits)
-    return logits.masked_fill(~finite, float("-inf")).argmax(dim=-1)
+    # One kernel where isfinite, its negation and masked_fill took three (launches are the
+    # host's time on a GPU); an all -inf row still gives token 0.
+    ninf = float("-inf")
+    return torch.nan_to_num(logits, nan=ninf, posinf=ninf, neginf=ninf).argmax(dim=-1)
 
 
 def filter_probs(

@@ -70,7 +70,8 @@ class Sampler:
         if processor is not None:
             processor.apply(picked)  # in place: the logits are this step's alone
         st = SamplingTensors.build([r.sampling for r in reqs], picked.shape[-1], picked.device)
-        gens = [r.generator(self.device) for r in reqs]
+        seeded = any(r.sampling.seed is not None for r in reqs)
+        gens = [r.generator(self.device) for r in reqs] if seeded else None
         tokens = sample(picked, st, self.generator, gens)
         lps = None
         if raw_lp is not None:
