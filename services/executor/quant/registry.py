@@ -22,6 +22,8 @@ FORMATS: dict[str, Format] = {
     "compressed-tensors": Format(
         "services.executor.quant.compressed_tensors", "fp8 per tensor, channel or block"
     ),
+    "awq": Format("services.executor.quant.int4_config", "int4, gemm packing, zero points"),
+    "gptq": Format("services.executor.quant.int4_config", "int4, v1 or v2, act-order"),
 }
 # --quantization NAME: a float checkpoint quantized at load (`online() -> QuantConfig`)
 ONLINE: dict[str, str] = {
