@@ -41,8 +41,8 @@ class _Groups(NamedTuple):
 def _quantize(
     w: torch.Tensor, order: torch.Tensor, group_size: int, *, sym: bool, min_zero: int = 0
 ) -> _Groups:
-    """Groups of `group_size` (-1: all) consecutive channels of `order`; min_zero: the least zero point
-    (GPTQ v1 stores zero - 1 in a nibble, so its asymmetric zero points start at 1)."""
+    """Groups of `group_size` (-1: all) consecutive channels of `order`; min_zero: the least
+    zero point (GPTQ v1 stores zero - 1 in a nibble, so its asymmetric ones start at 1)."""
     n, k = w.shape
     group_size = k if group_size < 0 else group_size  # -1: per output channel, one group
     w = w.float()
