@@ -5,7 +5,11 @@ of which one row; the KV cache at the run's mean context) over the copy bandwidt
 in the same run.
 
 Formats are a table (`FORMATS`): a name, the offline benchmark's flags, and what
-config.json's quantization_config says; adding int4 or GGUF is one line.
+config.json's quantization_config says; adding GGUF is one line. int4 (AWQ, GPTQ) weights
+count what the w4a16 kernels read: the packed words, fp16 scales and uint8 zero points of
+each group of 128 (the parameters after load, so the roofline is the format's own). Each
+section loads three 8B models, bf16 first for the ratio (`SECTIONS`): five would not fit one
+section's time.
 """
 
 from __future__ import annotations
@@ -37,10 +41,29 @@ FORMATS: dict[str, WeightFormat] = {
     "bf16": WeightFormat((), None),
     "fp8_channel": WeightFormat(("--quantization", "fp8"), None),
     "fp8_block": WeightFormat((), quantization_config("block")),
+    "int4_awq": WeightFormat(
+        (),
+        {
+            "quant_method": "awq",
+            "bits": 4,
+            "group_size": 128,
+            "zero_point": True,
+            "version": "gemm",
+        },
+    ),
+    "int4_gptq": WeightFormat(
+        (),
+        {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True},
+    ),
+}
+# gpu_bench section -> the formats it runs
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "quant_decode": ("bf16", "fp8_channel", "fp8_block"),
+    "quant_decode_int4": ("bf16", "int4_awq", "int4_gptq"),
 }
 
 
-def quant_decode_section(formats: tuple[str, ...] = tuple(FORMATS)) -> dict[str, Any]:
+def quant_decode_section(formats: tuple[str, ...] = SECTIONS["quant_decode"]) -> dict[str, Any]:
     bandwidth = copy_bandwidth()
     out: dict[str, Any] = {
         "gpu": torch.cuda.get_device_name(),
