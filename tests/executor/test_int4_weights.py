@@ -29,7 +29,7 @@ from services.executor.quant.int4_linear import PackedInt4
 from services.executor.quant.int4_quantize import quantize_checkpoint
 from services.executor.weights import load_model
 from tests.executor.helpers import greedy_generate, write_tiny_model
-from tests.executor.test_fp8_weights import PROMPTS, last_logits, quantized
+from tests.executor.test_fp8_weights import PROMPTS, engine_greedy, last_logits, quantized
 
 GROUP = 32  # hidden 64: two groups per row of q/k/v/gate/up, four of down_proj
 FORMATS: dict[str, dict[str, Any]] = {
@@ -201,18 +201,12 @@ def test_dummy_weights_are_valid_int4(float_dir: Path, tmp_path: Path, q: dict[s
 def test_the_engine_serves_an_awq_checkpoint(float_dir: Path, tmp_path: Path) -> None:
     """Through build_engine (as `radixserve serve` loads): its tokens are the int4 model's
     greedy ones, which are the reference's."""
-    from tests.executor.test_engine import make_engine, make_request
+    from tests.executor.test_engine import make_engine
 
     ckpt = write_int4(float_dir, tmp_path / "awq", **FORMATS["awq"])
     engine = make_engine(ckpt.path)
     model = engine.runner.model
     assert model.quantization is not None and model.quantization.family == "awq"
-    for i, p in enumerate(PROMPTS):
-        engine.submit(make_request(f"r{i}", p, 6, ignore_eos=True))
-    tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(PROMPTS))}
-    while engine.has_work():
-        for _, out in engine.step().outputs:
-            for d in getattr(out, "deltas", []):
-                tokens[d.rid] += d.token_ids
     twin, _ = load_model(ckpt.reference, "cpu")
-    assert list(tokens.values()) == greedy_generate(twin, twin.config, PROMPTS, 6, eos_ids=())
+    want = greedy_generate(twin, twin.config, PROMPTS, 6, eos_ids=())
+    assert engine_greedy(engine, PROMPTS, 6) == want
