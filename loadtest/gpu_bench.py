@@ -25,8 +25,9 @@ Q8_0/Q4_K/Q6_K blocks: the decode GEMV's bandwidth at Llama-3.1-8B's shapes, the
 paths' crossover: gpu/gguf_kernel.py), w4a16_kernel (the int4 GEMV and GEMM at
 Llama-3.1-8B's projection shapes against bf16: gpu/w4a16.py); quant_decode (batch-1 decode
 with bf16, fp8 per-channel, fp8 block and GGUF Q4_K weights, each against its own roofline:
-gpu/quant.py) and offline_fp8w (the 500 prompts with --quantization fp8 weights and
---kv-cache-dtype fp8_e4m3).
+gpu/quant.py; quant_decode_int4 the same with bf16, int4 AWQ and int4 GPTQ) and
+offline_fp8w (the 500 prompts with --quantization fp8 weights and --kv-cache-dtype
+fp8_e4m3).
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ TIME_LIMITS = {
     "dsv2lite_decode": 240,
     # four 8B models, each loaded with dummy weights and graphed (GGUF's blocks drawn on the CPU)
     "quant_decode": 540,
+    "quant_decode_int4": 420,  # bf16, int4 AWQ and int4 GPTQ 8B models
     "offline_fp8w": 260,
 }
 OFFLINE_RUN_S = 130  # the 500-prompt run stops here and reports what it finished
@@ -186,10 +188,11 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         from loadtest.gpu.deepseek import dsv2lite_section
 
         return dsv2lite_section(0 if name.endswith("_decode") else OFFLINE_RUN_S)
-    if name == "quant_decode":
+    if name in ("quant_decode", "quant_decode_int4"):
+        from loadtest.gpu.quant import SECTIONS as QUANT_SECTIONS
         from loadtest.gpu.quant import quant_decode_section
 
-        return quant_decode_section()
+        return quant_decode_section(QUANT_SECTIONS[name])
     if name == "offline_fp8w":
         return sections.offline_throughput(
             time_limit=OFFLINE_RUN_S, kv_cache_dtype="fp8_e4m3", quantization="fp8"
@@ -197,7 +200,7 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
     extra = ["burst", "engine_ab", "protocols", "dp", "observability", "tools"]
     extra += ["tp", "tp70b", "tp_kill", "mla_kernel", "moe_kernel", "qwen3moe", "dsv2lite"]
     extra += ["qwen3moe_decode", "dsv2lite_decode", "scale", "gguf_kernel", "w4a16_kernel"]
-    extra += ["quant_decode", "offline_fp8w"]
+    extra += ["quant_decode", "quant_decode_int4", "offline_fp8w"]
     raise SystemExit(f"unknown section {name!r}; known: {', '.join([*SECTIONS, *extra])}")
 
 
@@ -364,10 +367,11 @@ def table(results: dict[str, Any]) -> str:
         from loadtest.gpu.w4a16 import table_rows as w4a16_rows
 
         rows += w4a16_rows(results["w4a16_kernel"])
-    if results.get("quant_decode"):
-        from loadtest.gpu.quant import table_rows as quant_rows
+    for section in ("quant_decode", "quant_decode_int4"):
+        if results.get(section):
+            from loadtest.gpu.quant import table_rows as quant_rows
 
-        rows += quant_rows(results["quant_decode"])
+            rows += quant_rows(results[section])
     w8 = get("offline_fp8w", "output_tok_s")
     if w8 is not None:
         rows.append(("offline 500 prompts output tok/s, fp8 weights + fp8_e4m3 KV", f"{w8:.0f}"))

@@ -7,7 +7,11 @@ in the same run.
 Formats are a table (`FORMATS`): a name, the offline benchmark's flags, and what
 config.json's quantization_config says; adding a format is one line. GGUF Q4_K runs from
 config.json too (quant_method "gguf", quant/gguf_config.py): random valid blocks at the
-model's shapes, read as blocks by the same kernels a .gguf file's are.
+model's shapes, read as blocks by the same kernels a .gguf file's are. int4 (AWQ, GPTQ)
+weights count what the w4a16 kernels read: the packed words, fp16 scales and uint8 zero
+points of each group of 128 (the parameters after load, so the roofline is the format's
+own). Each section loads a few 8B models, bf16 first for the ratio (`SECTIONS`): all of
+them would not fit one section's time.
 """
 
 from __future__ import annotations
@@ -41,10 +45,29 @@ FORMATS: dict[str, WeightFormat] = {
     "fp8_block": WeightFormat((), quantization_config("block")),
     # every projection Q4_K blocks (a Q4_K_M file keeps some in Q6_K); embedding and LM head bf16
     "gguf_q4_k": WeightFormat((), {"quant_method": "gguf", "weight_type": "Q4_K"}),
+    "int4_awq": WeightFormat(
+        (),
+        {
+            "quant_method": "awq",
+            "bits": 4,
+            "group_size": 128,
+            "zero_point": True,
+            "version": "gemm",
+        },
+    ),
+    "int4_gptq": WeightFormat(
+        (),
+        {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True},
+    ),
+}
+# gpu_bench section -> the formats it runs
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "quant_decode": ("bf16", "fp8_channel", "fp8_block", "gguf_q4_k"),
+    "quant_decode_int4": ("bf16", "int4_awq", "int4_gptq"),
 }
 
 
-def quant_decode_section(formats: tuple[str, ...] = tuple(FORMATS)) -> dict[str, Any]:
+def quant_decode_section(formats: tuple[str, ...] = SECTIONS["quant_decode"]) -> dict[str, Any]:
     bandwidth = copy_bandwidth()
     out: dict[str, Any] = {
         "gpu": torch.cuda.get_device_name(),

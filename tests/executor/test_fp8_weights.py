@@ -201,17 +201,24 @@ def test_dummy_weights_are_valid_fp8(float_dir: Path, tmp_path: Path, scheme: st
 def test_the_engine_serves_a_float_checkpoint_with_quantization_fp8(float_dir: Path) -> None:
     """--quantization reaches the model through EngineSettings; the engine's tokens are the
     fp8 model's greedy ones."""
-    from tests.executor.test_engine import make_engine, make_request
+    from tests.executor.test_engine import make_engine
 
     engine = make_engine(float_dir, quantization="fp8")
     model = engine.runner.model
     assert model.quantization is not None and model.quantization.online
-    for i, p in enumerate(PROMPTS):
-        engine.submit(make_request(f"r{i}", p, 6, ignore_eos=True))
-    tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(PROMPTS))}
+    want = greedy_generate(model, model.config, PROMPTS, 6, eos_ids=())
+    assert engine_greedy(engine, PROMPTS, 6) == want
+
+
+def engine_greedy(engine: Any, prompts: list[list[int]], n: int) -> list[list[int]]:
+    """The `n` greedy tokens the engine streams for each prompt (eos ignored)."""
+    from tests.executor.test_engine import make_request
+
+    for i, p in enumerate(prompts):
+        engine.submit(make_request(f"r{i}", p, n, ignore_eos=True))
+    tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
     while engine.has_work():
         for _, out in engine.step().outputs:
             for d in getattr(out, "deltas", []):
                 tokens[d.rid] += d.token_ids
-    want = greedy_generate(model, model.config, PROMPTS, 6, eos_ids=())
-    assert list(tokens.values()) == want
+    return list(tokens.values())

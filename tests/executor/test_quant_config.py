@@ -41,8 +41,8 @@ def tiny(tmp_path: Path) -> Path:
 @pytest.mark.parametrize(
     ("q", "named"),
     [
-        (AWQ, "quant_method 'awq' is not supported"),
-        ({"quant_method": "gptq", "bits": 4}, "'gptq'"),
+        ({**AWQ, "version": "gemv"}, "version='gemv'"),
+        ({"quant_method": "gptq", "bits": 8}, "bits=8"),
         ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "'bitsandbytes'"),
         ({"quant_method": "mxfp4"}, "'mxfp4'"),
         ({"quant_method": "made-up"}, "'made-up'"),
@@ -63,10 +63,11 @@ def test_unsupported_formats_are_refused_by_name_at_config_time(
 
 
 def test_the_list_of_supported_formats_is_in_the_error(tiny: Path) -> None:
-    with_quantization(tiny, AWQ)
+    with_quantization(tiny, {"quant_method": "bitsandbytes", "load_in_4bit": True})
     with pytest.raises(UnsupportedQuantizationError) as e:
         load_model(tiny, "cpu")
     assert "supported: fp8 (" in str(e.value) and "compressed-tensors (" in str(e.value)
+    assert "awq (int4" in str(e.value) and "gptq (int4" in str(e.value)
     assert "--quantization fp8" in str(e.value)
 
 

@@ -125,3 +125,33 @@ def test_fp8_weights_option_and_the_bytes_a_decode_step_reads(tiny: Path) -> Non
     assert bytes_per_step(bf16.runner.model, kv_dtype, 10) - saved == bytes_per_step(
         model, kv_dtype, 10
     )
+
+
+def test_int4_weights_and_the_bytes_a_decode_step_reads(tiny: Path) -> None:
+    """quant_decode_int4's configs load (dummy weights, as gpu_bench runs them), and its
+    roofline counts the int4 projections at half a byte a weight plus each group's fp16
+    scale and uint8 zero point, per output row."""
+    import json
+    import shutil
+
+    from loadtest.gpu.quant import FORMATS, bytes_per_step
+
+    base = ["latency", "--max-total-tokens", "256", "--dtype", "bfloat16"]
+    bf16 = offline.make_engine(offline.parse_args([*base, "--model", str(tiny)]))
+    kv_dtype = bf16.policy.kv.dtype
+    c = bf16.runner.model.config
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    # (rows, columns) of qkv, o, gate_up, down
+    shapes = [(q + 2 * kv, c.hidden_size), (c.hidden_size, q)]
+    shapes += [(2 * c.intermediate_size, c.hidden_size), (c.hidden_size, c.intermediate_size)]
+    saved = c.num_layers * sum(n * k * 2 - n * k // 2 - n * -(-k // 128) * 3 for n, k in shapes)
+    for name in ("int4_awq", "int4_gptq"):
+        path = shutil.copytree(tiny, tiny.parent / name)
+        config = json.loads((path / "config.json").read_text())
+        config["quantization_config"] = FORMATS[name].quantization_config
+        (path / "config.json").write_text(json.dumps(config))
+        args = [*base, "--model", str(path), "--load-format", "dummy"]
+        model = offline.make_engine(offline.parse_args(args)).runner.model
+        assert model.quantization is not None and model.quantization.family in name
+        want = bytes_per_step(bf16.runner.model, kv_dtype, 10) - saved
+        assert bytes_per_step(model, kv_dtype, 10) == want

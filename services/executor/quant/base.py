@@ -22,20 +22,25 @@ from services.executor.errors import UnsupportedQuantizationError
 if TYPE_CHECKING:
     from services.executor.models.linear import GemvConfig, Linear
 
-# Writes a checkpoint tensor's part (already read) into the parameter rows [start, end)
-# itself: for conversions at load (a float weight quantized as it is copied in).
+# Writes a checkpoint tensor's part (already read) into the parameter's [start, end) (along
+# the slot's `dim`) itself: for conversions at load (a float weight quantized as it is
+# copied in) and for checks of what is copied.
 Fill = Callable[[int, int, torch.Tensor], None]
 
 
 class Slot(NamedTuple):
-    """Where one checkpoint tensor goes in a parameter: its rows [start, end) and the part of
-    the tensor this rank reads (the loader's Target, less the parameter)."""
+    """Where one checkpoint tensor goes in a parameter: its rows [start, end) (or columns,
+    `dim` 1) and the part of the tensor this rank reads (the loader's Target, less the
+    parameter)."""
 
     start: int
     end: int
     shard: Shard
     fill: Fill | None = None  # None: copied as read
     scalar: bool = False  # the tensor is one value for all these rows (a per-tensor scale)
+    # the parameter's dimension that [start, end) indexes: 1 for formats that stack fused
+    # parts along columns (AWQ's and GPTQ's output features are their tensors' columns)
+    dim: int = 0
 
 
 class LinearMethod:

@@ -253,6 +253,9 @@ class Int4Config:
         method = str(cfg.get("quant_method", "")).lower()
         if method not in ("awq", "gptq"):
             raise ValueError(f"int4: quant_method must be awq or gptq, got {method!r}")
+        for key in ("lm_head", "dynamic"):  # a quantized LM head; per-module bits (GPTQModel)
+            if cfg.get(key):
+                raise ValueError(f"{method}: {key}={cfg[key]!r} is not supported")
         bits = cfg.get("bits", cfg.get("w_bit"))
         if bits != 4:
             raise ValueError(f"{method}: only 4-bit weights are supported, got bits={bits!r}")
@@ -268,7 +271,9 @@ class Int4Config:
                     f"awq: only the gemm packing is supported, got version={version!r}"
                 )
             if not cfg.get("zero_point", True):
-                raise ValueError("awq: checkpoints without zero points are not supported")
+                raise ValueError(
+                    "awq: checkpoints without zero points (zero_point=False) are not supported"
+                )
             return cls(method=method, group_size=group, zero_offset=0, desc_act=False)
         fmt = str(cfg.get("checkpoint_format", "gptq")).lower()
         if fmt not in ("gptq", "gptq_v2"):

@@ -5,7 +5,9 @@ build quantized checkpoints of tiny models without downloading any.
 There is no calibration: AWQ's activation-aware scaling and GPTQ's error feedback change which
 integers are chosen, never the layout. Act-order (GPTQ desc_act) quantises the input channels
 in descending order of their weights' norm (a stand-in for the Hessian diagonal GPTQ sorts
-by), so g_idx is a genuine permutation of groups.
+by), so g_idx is a genuine permutation of groups. GPTQ's Hessian is the input's, so the
+projections that read one input (q/k/v, gate/up) share one order, as here: their norms are
+summed.
 """
 
 from __future__ import annotations
@@ -39,9 +41,10 @@ class _Groups(NamedTuple):
 def _quantize(
     w: torch.Tensor, order: torch.Tensor, group_size: int, *, sym: bool, min_zero: int = 0
 ) -> _Groups:
-    """Groups of `group_size` consecutive channels of `order`; min_zero: the least zero point
-    (GPTQ v1 stores zero - 1 in a nibble, so its asymmetric zero points start at 1)."""
+    """Groups of `group_size` (-1: all) consecutive channels of `order`; min_zero: the least
+    zero point (GPTQ v1 stores zero - 1 in a nibble, so its asymmetric ones start at 1)."""
     n, k = w.shape
+    group_size = k if group_size < 0 else group_size  # -1: per output channel, one group
     w = w.float()
     wp = w[:, order]
     q = torch.empty(n, k, dtype=torch.int64)
@@ -95,6 +98,11 @@ def awq_tensors(w: torch.Tensor, *, group_size: int = 128) -> Quantized:
     return Quantized(tensors=tensors, dense=gr.dense)
 
 
+def act_order(norms: torch.Tensor) -> torch.Tensor:
+    """Input channels in descending order of `norms` [K] (desc_act's quantisation order)."""
+    return torch.argsort(norms, descending=True, stable=True)
+
+
 def gptq_tensors(
     w: torch.Tensor,
     *,
@@ -102,12 +110,17 @@ def gptq_tensors(
     desc_act: bool = False,
     sym: bool = True,
     v2: bool = False,
+    order: torch.Tensor | None = None,
 ) -> Quantized:
     """nn.Linear weight [N, K] -> GPTQ tensors: qweight [K/8, N], qzeros [G, N/8] (v1: zero - 1),
-    scales [G, N] fp16, g_idx [K] int32."""
+    scales [G, N] fp16, g_idx [K] int32. order: desc_act's channel order (None: this
+    weight's own, `act_order` of its column norms)."""
     _check_shape(w)
     k = w.shape[1]
-    order = torch.argsort(w.float().norm(dim=0), descending=True) if desc_act else torch.arange(k)
+    if not desc_act:
+        order = torch.arange(k)
+    elif order is None:
+        order = act_order(w.float().norm(dim=0))
     offset = 0 if v2 else 1
     gr = _quantize(w, order, group_size, sym=sym, min_zero=offset)
     tensors = {
@@ -127,14 +140,17 @@ def quantize_checkpoint(
     group_size: int = 128,
     desc_act: bool = False,
     sym: bool = True,
+    v2: bool = False,
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, torch.Tensor]]:
-    """A model's state dict in the AWQ or GPTQ (v1) checkpoint layout.
+    """A model's state dict in the AWQ or GPTQ checkpoint layout (v2: GPTQ's gptq_v2 format,
+    zero points stored as they are; else v1's zero - 1).
 
     Returns (the quantized state dict, its `quantization_config` for config.json, the state
     dict with every quantized weight replaced by its dequantised value: the reference model).
     """
     if method not in ("awq", "gptq"):
         raise ValueError(f"int4: method must be awq or gptq, got {method!r}")
+    orders = _shared_orders(state_dict) if desc_act else {}
     out: dict[str, torch.Tensor] = {}
     reference: dict[str, torch.Tensor] = {}
     for name, t in state_dict.items():
@@ -144,7 +160,14 @@ def quantize_checkpoint(
         if method == "awq":
             qt = awq_tensors(t, group_size=group_size)
         else:
-            qt = gptq_tensors(t, group_size=group_size, desc_act=desc_act, sym=sym)
+            qt = gptq_tensors(
+                t,
+                group_size=group_size,
+                desc_act=desc_act,
+                sym=sym,
+                v2=v2,
+                order=orders.get(_input_of(name)),
+            )
         prefix = name.removesuffix("weight")
         out.update({prefix + key: v for key, v in qt.tensors.items()})
         reference[name] = qt.dense.to(t.dtype)
@@ -152,5 +175,24 @@ def quantize_checkpoint(
     if method == "awq":
         config.update(zero_point=True, version="gemm")
     else:
-        config.update(desc_act=desc_act, sym=sym, checkpoint_format="gptq", static_groups=False)
+        fmt = "gptq_v2" if v2 else "gptq"
+        config.update(desc_act=desc_act, sym=sym, checkpoint_format=fmt, static_groups=False)
     return out, config, reference
+
+
+def _input_of(name: str) -> str:
+    """The input a projection reads, as a key: q/k/v_proj share one, gate/up_proj one."""
+    return _SHARED_INPUT.sub(lambda m: "qkv" if m[1] in "qkv" else "gate_up", name)
+
+
+_SHARED_INPUT = re.compile(r"\b(q|k|v|gate|up)_proj\.weight$")
+
+
+def _shared_orders(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """desc_act's channel order per input: the summed column norms of its projections."""
+    norms: dict[str, torch.Tensor] = {}
+    for name, t in state_dict.items():
+        if QUANTIZED.search(name):
+            key = _input_of(name)
+            norms[key] = norms.get(key, 0) + t.float().norm(dim=0) ** 2
+    return {key: act_order(n) for key, n in norms.items()}

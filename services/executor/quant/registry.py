@@ -23,6 +23,8 @@ FORMATS: dict[str, Format] = {
         "services.executor.quant.compressed_tensors", "fp8 per tensor, channel or block"
     ),
     "gguf": Format("services.executor.quant.gguf_config", "one GGUF block type, dummy weights"),
+    "awq": Format("services.executor.quant.int4_config", "int4, gemm packing, zero points"),
+    "gptq": Format("services.executor.quant.int4_config", "int4, v1 or v2, act-order"),
 }
 # --quantization NAME: a float checkpoint quantized at load (`online() -> QuantConfig`)
 ONLINE: dict[str, str] = {

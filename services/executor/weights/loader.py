@@ -76,6 +76,11 @@ class Target(NamedTuple):
     shard: Shard  # the part of the checkpoint tensor that goes there
     fill: Fill | None = None  # None: copied as read; else writes the part itself (quant/)
     scalar: bool = False  # one value for all the rows (a per-tensor scale)
+    dim: int = 0  # [start, end) are along this dimension of param (1: columns)
+
+    def dest(self) -> torch.Tensor:
+        """The part of the parameter this checkpoint tensor fills."""
+        return self.param.narrow(self.dim, self.start, self.end - self.start)
 
 
 # Checkpoint entries that are not weights (old HF checkpoints saved the RoPE table).
@@ -159,7 +164,7 @@ def hf_state_dict(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
     one rank only: a shard is not the checkpoint's tensor."""
     assert model.tp.size == 1, "hf_state_dict of a tensor-parallel shard"
     layout = checkpoint_layout(model)
-    out = {name: t.param[t.start : t.end] for name, t in layout.items()}
+    out = {name: t.dest() for name, t in layout.items()}
     # A checkpoint that stacks modules (Phi-3's qkv_proj) stacks them as our fused ones do.
     for fused, parts in model.checkpoint_splits().items():
         for name in [n for n in layout if n.split(".")[-2] == parts[0][0]]:
@@ -271,7 +276,7 @@ def _split_stacked_experts(
 
 
 def _copy(target: Target, tensor: TensorSource, name: str, source: str) -> None:
-    param, shard = target.param, target.shard
+    shard = target.shard
     shape = tensor.shape
     if target.scalar:
         if math.prod(shape) != 1:
@@ -280,10 +285,9 @@ def _copy(target: Target, tensor: TensorSource, name: str, source: str) -> None:
             )
         _write(target, tensor.read(()).reshape(()), name, source)
         return
-    if shard.dim is None:
-        expected = (target.end - target.start, *param.shape[1:])
-    else:  # the whole tensor's shape: the part read would hide a mis-shaped checkpoint
-        dest = (target.end - target.start, *param.shape[1:])
+    dest = tuple(target.dest().shape)
+    expected = dest
+    if shard.dim is not None:  # the whole tensor's: the part read would hide a mis-shaped one
         expected = tuple(shard.full if d == shard.dim else n for d, n in enumerate(dest))
     if shape != expected:
         raise ModelLoadError(
@@ -299,7 +303,7 @@ def _write(target: Target, part: torch.Tensor, name: str, source: str) -> None:
         except ModelLoadError as e:  # the format refused the tensor: say which one
             raise ModelLoadError(f"{source}: weight {name} {e}") from None
     else:  # a scalar broadcasts over the rows
-        target.param[target.start : target.end].copy_(part)
+        target.dest().copy_(part)
 
 
 def init_dummy_weights(model: LlamaForCausalLM, seed: int = 0) -> None:

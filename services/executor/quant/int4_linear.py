@@ -1,0 +1,252 @@
+"""int4 projections with 16-bit activations (w4a16), loaded from AWQ and GPTQ checkpoints.
+
+A projection is created with the checkpoint's own tensors (int4_layouts.py describes both
+layouts): their output features are columns, so stacked parts (q/k/v, gate/up) and column-
+parallel slices are placed along dim 1, and a row-parallel rank reads its rows of K (qweight,
+g_idx) with every group's scales and zero points. After loading, `finish` converts them into
+the kernels' layout (kernels/w4a16.py), held by a `PackedInt4` under the layer's `int4`, and
+frees the checkpoint's. The layer's `weight` is then the packed words [N, K / 8], so what
+reads a Linear's weight (choose_gemv's device and shape, the benchmark's byte count) sees
+what the kernels read.
+
+On CUDA the few-row products of decode run kernels/w4a16_gemv and the others
+kernels/w4a16_gemm; elsewhere (the CPU) the weight is dequantized and multiplied in torch.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.w4a16 import PACK, pack_int4
+from services.executor.distributed.shard import WHOLE, LoadPlan, Shard
+from services.executor.errors import ModelLoadError, UnsupportedQuantizationError
+from services.executor.models.linear import GemvConfig, Linear
+from services.executor.quant.base import LinearMethod, Slot
+from services.executor.quant.int4_layouts import (
+    KERNEL_GROUP,
+    Int4Config,
+    Int4Weight,
+    awq_to_int4,
+    gptq_to_int4,
+)
+
+# checkpoint tensor -> (packing of its K rows: None where its rows are groups, read whole
+# by every rank; packing of its N columns: None where it has none), the format's layout
+_TENSORS: dict[str, dict[str, tuple[int | None, int | None]]] = {
+    "awq": {"qweight": (1, PACK), "qzeros": (None, PACK), "scales": (None, 1)},
+    "gptq": {"qweight": (PACK, 1), "qzeros": (None, PACK), "scales": (None, 1), "g_idx": (1, None)},
+}
+# scales are float16 in both formats' writers (AutoAWQ, AutoGPTQ, GPTQModel)
+_DTYPES = {"qweight": torch.int32, "qzeros": torch.int32, "scales": torch.float16}
+
+
+def _frozen(t: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(t, requires_grad=False)
+
+
+class PackedInt4(nn.Module):
+    """One projection's weight in the kernels' layout (int4_layouts.Int4Weight, registered)."""
+
+    def __init__(self, w: Int4Weight) -> None:
+        super().__init__()
+        self.qweight = _frozen(w.qweight)  # int32 [N, K / 8]
+        self.scales = _frozen(w.scales)  # [N, G]
+        self.zeros = _frozen(w.zeros)  # uint8 [N, G]
+        self.perm = None if w.perm is None else _frozen(w.perm)  # int32 [K] (act-order)
+        self.group_size, self.in_features = w.group_size, w.in_features
+
+    def weight(self) -> Int4Weight:
+        return Int4Weight(
+            qweight=self.qweight,
+            scales=self.scales,
+            zeros=self.zeros,
+            group_size=self.group_size,
+            perm=self.perm,
+            in_features=self.in_features,
+        )
+
+
+def _packed(layer: Linear) -> PackedInt4:
+    packed = layer.int4
+    assert isinstance(packed, PackedInt4), "an int4 projection used before finish_loading"
+    return packed
+
+
+def _tensor(layer: Linear, name: str) -> torch.Tensor:
+    t = getattr(layer, name)
+    assert isinstance(t, torch.Tensor), name
+    return t
+
+
+def _k_range(layer: Linear) -> tuple[int, int]:
+    """(the first input column this rank holds, the checkpoint's input columns): a
+    row-parallel rank's share of K, as its load plan reads it."""
+    _, _, shard = layer.load_plan("qweight", None)
+    return (shard.start, shard.full) if shard.dim == 1 else (0, layer.in_features)
+
+
+def _copy(param: torch.Tensor, dim: int, start: int, end: int, t: torch.Tensor) -> None:
+    """A checkpoint tensor's part into [start, end) of `dim`. Packed words come as int32 only
+    (another width is another packing), g_idx as any integers, scales as any float."""
+    if param.dtype.is_floating_point:
+        ok = t.dtype.is_floating_point
+    else:
+        ok = t.dtype == param.dtype if param.dim() == 2 else not t.dtype.is_floating_point
+    if not ok:
+        raise ModelLoadError(f"is {t.dtype}; an int4 checkpoint stores it as {param.dtype}")
+    param.narrow(dim, start, end - start).copy_(t)
+
+
+class Int4Method(LinearMethod):
+    """AWQ (gemm) or GPTQ (v1, gptq_v2; act-order) int4 weights, as `layout` says."""
+
+    name = "w4a16"
+
+    def __init__(self, layout: Int4Config) -> None:
+        self.layout = layout
+        self.tensors = _TENSORS[layout.method]
+
+    def create_weights(self, layer: Linear) -> None:
+        _check_packing(layer)
+        n, k = layer.out_features, layer.in_features
+        _, full_k = _k_range(layer)
+        g = self.layout.group_size
+        groups = 1 if g < 0 else -(-full_k // g)
+        parts = len(getattr(layer, "parts", [()]))  # ColumnParallelLinear's stacked parts
+        shapes = {
+            "qweight": (k, n // PACK) if self.layout.method == "awq" else (k // PACK, n),
+            "qzeros": (groups, n // PACK),
+            "scales": (groups, n),
+            # each stacked part's, side by side: finish checks they agree (one act-order)
+            "g_idx": (parts * k,),
+        }
+        device = layer.weight.device
+        del layer.weight
+        for name in self.tensors:
+            t = torch.empty(shapes[name], dtype=_DTYPES.get(name, torch.int32), device=device)
+            layer.register_parameter(name, _frozen(t))
+
+    def slot(self, layer: Linear, kind: str, index: int | None, plan: LoadPlan) -> Slot | None:
+        if kind not in self.tensors:
+            return Slot(*plan)  # the bias
+        k_pack, n_pack = self.tensors[kind]
+        param = _tensor(layer, kind)
+        start, end, shard = plan
+        if shard.dim == 1:  # row-parallel: this rank's rows of K, every group
+            if k_pack is not None:
+                shard = Shard(0, shard.start // k_pack, shard.end // k_pack, shard.full // k_pack)
+            else:
+                shard = WHOLE
+            return Slot(0, param.shape[0], shard, fill=partial(_copy, param, 0))
+        if n_pack is None:  # g_idx: each stacked part's own, side by side (checked at finish)
+            at = (index or 0) * layer.in_features
+            return Slot(at, at + layer.in_features, WHOLE, fill=partial(_copy, param, 0))
+        # output rows [start, end) of the weight are columns here, as is the part read
+        if shard.dim == 0:
+            shard = Shard(1, shard.start // n_pack, shard.end // n_pack, shard.full // n_pack)
+        fill = partial(_copy, param, 1)
+        return Slot(start // n_pack, end // n_pack, shard, fill=fill, dim=1)
+
+    def finish(self, layer: Linear) -> None:
+        if not hasattr(layer, "qweight"):
+            return  # converted already (dummy weights)
+        t = {name: _tensor(layer, name) for name in self.tensors}
+        k_start, _ = _k_range(layer)
+        g = self.layout.group_size
+        if self.layout.method == "awq":
+            w = awq_to_int4(t["qweight"], t["qzeros"], t["scales"], group_size=g, k_start=k_start)
+        else:
+            g_idx = t["g_idx"].view(-1, layer.in_features)
+            if not bool((g_idx == g_idx[0]).all()):
+                raise UnsupportedQuantizationError(
+                    "gptq: the parts of a fused projection (q/k/v or gate/up) have different "
+                    "g_idx (act-order); they read one input and must share its order"
+                )
+            w = gptq_to_int4(
+                t["qweight"], t["qzeros"], t["scales"], g_idx[0],
+                group_size=g, zero_offset=self.layout.zero_offset, k_start=k_start,
+            )  # fmt: skip
+        _install(layer, w, list(self.tensors))
+
+    def init_dummy(self, layer: Linear, gen: torch.Generator) -> None:
+        """Random nibbles 1..15 around a zero point of 8, scaled to a std of 0.02, in the
+        kernels' layout directly (quantizing a random float weight is slow at 8B shapes);
+        groups as the checkpoint's, no act-order."""
+        n, k, device = layer.out_features, layer.in_features, _tensor(layer, "qweight").device
+        group = self.layout.group_size if self.layout.group_size > 0 else KERNEL_GROUP
+        q = torch.randint(1, 16, (n, k), generator=gen, device=device, dtype=torch.uint8)
+        groups = -(-k // group)
+        w = Int4Weight(
+            qweight=pack_int4(q),
+            scales=torch.full((n, groups), 0.02 / 4.32, dtype=torch.float16, device=device),
+            zeros=torch.full((n, groups), 8, dtype=torch.uint8, device=device),
+            group_size=group,
+            perm=None,
+            in_features=k,
+        )
+        _install(layer, w, list(self.tensors))
+
+    def dequantized(self, layer: Linear) -> torch.Tensor:
+        return _packed(layer).weight().dequantize()
+
+    def dense(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if not x.is_cuda:
+            return F.linear(x, self.dequantized(layer).to(x.dtype), bias)
+        from kernels.gemv import MAX_M
+
+        p = _packed(layer)
+        rows = x.reshape(-1, x.shape[-1])
+        args = (rows, p.qweight, p.scales, p.zeros)
+        if rows.shape[0] <= MAX_M:
+            from kernels.w4a16_gemv import w4a16_gemv
+
+            out = w4a16_gemv(*args, group_size=p.group_size, perm=p.perm)
+        else:
+            from kernels.w4a16_gemm import w4a16_gemm
+
+            out = w4a16_gemm(*args, group_size=p.group_size, perm=p.perm)
+        out = out.view(*x.shape[:-1], layer.out_features)
+        return out if bias is None else out + bias
+
+    def gemv(self, layer: Linear, x: torch.Tensor, cfg: GemvConfig) -> torch.Tensor:
+        from kernels.w4a16_gemv import w4a16_gemv
+
+        p = _packed(layer)
+        return w4a16_gemv(
+            x, p.qweight, p.scales, p.zeros, group_size=p.group_size, perm=p.perm,
+            block_n=cfg.block_n, groups_per_block=max(1, cfg.block_k // p.group_size),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+
+
+def _install(layer: Linear, w: Int4Weight, checkpoint_tensors: list[str]) -> None:
+    """The kernels' layout in place of the checkpoint's tensors."""
+    for name in checkpoint_tensors:
+        delattr(layer, name)
+    packed = PackedInt4(w)
+    layer.int4 = packed
+    layer.weight = packed.qweight
+
+
+def _check_packing(layer: Linear) -> None:
+    """Refuse stacked parts or tensor-parallel slices that start inside a packed int32 word:
+    8 output features (AWQ, and both formats' qzeros) or 8 input channels (GPTQ) share one."""
+    cuts: list[str] = []
+    at = 0
+    n = layer.out_features
+    for full, start, rows in getattr(layer, "parts", [(n, 0, n)]):
+        if at % PACK or start % PACK or rows % PACK or full % PACK:
+            cuts.append(f"output rows [{start}, {start + rows}) of {full} placed at row {at}")
+        at += rows
+    k_start, full_k = _k_range(layer)
+    if k_start % PACK or layer.in_features % PACK or full_k % PACK:
+        cuts.append(f"input columns [{k_start}, {k_start + layer.in_features}) of {full_k}")
+    if cuts:
+        raise UnsupportedQuantizationError(
+            f"int4 weights pack 8 values in a word: a projection's {'; '.join(cuts)} would cut "
+            "one; fused parts and tensor-parallel slices must be multiples of 8"
+        )

@@ -1,0 +1,95 @@
+"""int4 (AWQ, GPTQ) projections on a GPU: the w4a16 GEMV for the few rows of decode (the
+default launch and every configuration choose_gemv may plan), the GEMM above, and tiny int4
+models end to end against the CPU reference. CPU runs of the same methods (dequantize, then
+matmul) are tested in tests/executor/test_int4_weights.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels.gemv import MAX_M
+from services.executor.models.linear import CANDIDATES, Linear, choose_gemv
+from services.executor.weights import load_model
+from tests.executor.helpers import BatchDriver, greedy_generate, write_tiny_model
+from tests.executor.test_int4_weights import FORMATS, write_int4
+from tests.kernels.test_fp8_linear import greedy
+
+pytestmark = pytest.mark.gpu
+DEVICE = torch.device("cuda")
+
+
+@pytest.fixture(scope="module")
+def float_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("int4gpu"), "llama", seed=3)
+
+
+def int4_layers(model: torch.nn.Module) -> list[Linear]:
+    return [m for m in model.modules() if isinstance(m, Linear) and m.method.name == "w4a16"]
+
+
+@pytest.mark.parametrize("fmt", ["awq", "gptq-act-order", "gptq-per-channel"])
+def test_dense_and_every_gemv_plan_match_the_dequantized_weight(
+    float_dir: Path, tmp_path: Path, fmt: str
+) -> None:
+    """Each projection of a loaded model (fused qkv, act-order perms included), fp32 inputs:
+    the kernels' exact fp32 products against x @ dequantized.T."""
+    ckpt = write_int4(float_dir, tmp_path / fmt, **FORMATS[fmt])
+    model, _ = load_model(ckpt.path, DEVICE, torch.float32)
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    for layer in int4_layers(model):
+        w = layer.method.dequantized(layer)
+        for m in (1, MAX_M, MAX_M + 1, 40):
+            x = torch.randn(m, layer.in_features, device=DEVICE, generator=gen)
+            want = x @ w.T
+            got = layer.method.dense(layer, x, None)
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+            if m <= MAX_M:
+                for cfg in CANDIDATES:
+                    torch.testing.assert_close(
+                        layer.method.gemv(layer, x, cfg), want, atol=1e-4, rtol=1e-4
+                    )
+
+
+@pytest.mark.parametrize("fmt", ["awq", "gptq-sym", "gptq-act-order"])
+def test_a_tiny_int4_model_on_the_gpu_gives_the_cpu_references_tokens(
+    float_dir: Path, tmp_path: Path, fmt: str
+) -> None:
+    """In fp32, prefill through the GEMM and decode through the GEMV (as choose_gemv plans
+    it, Triton attention) give the CPU reference model's greedy tokens and logits."""
+    ckpt = write_int4(float_dir, tmp_path / fmt, **FORMATS[fmt])
+    model, config = load_model(ckpt.path, DEVICE, torch.float32, attention_backend="triton")
+    choose_gemv(model, torch.float32)
+    twin, _ = load_model(ckpt.reference, "cpu", torch.float32)
+    prompts = [[11, 12, 13, 14, 15, 16], [30, 31, 40], list(range(50, 90))]
+    for p in prompts:
+        got = BatchDriver(model, config, device="cuda")
+        want = BatchDriver(twin, config)
+        a = got.extend([got.new_request()], [p])[0].float().cpu()
+        b = want.extend([want.new_request()], [p])[0].float()
+        torch.testing.assert_close(a, b, atol=1e-3, rtol=1e-3)
+    for p in prompts:
+        assert greedy(model, config, p, 12) == greedy_generate(twin, config, [p], 12, ())[0]
+
+
+def test_a_bf16_awq_model_stays_close_to_its_reference(float_dir: Path, tmp_path: Path) -> None:
+    """bf16 activations (as served): logits within a cosine of 0.99 of the fp32 reference;
+    greedy tokens may flip at near-ties, so most (not all) must agree."""
+    ckpt = write_int4(float_dir, tmp_path / "awq", **FORMATS["awq"])
+    model, config = load_model(ckpt.path, DEVICE, torch.bfloat16, attention_backend="triton")
+    choose_gemv(model, torch.bfloat16)
+    twin, _ = load_model(ckpt.reference, "cpu", torch.float32)
+    prompts = [[11, 12, 13, 14, 15, 16], [30, 31, 40], list(range(50, 90))]
+    for p in prompts:
+        got, want = BatchDriver(model, config, device="cuda"), BatchDriver(twin, config)
+        a = got.extend([got.new_request()], [p])[0].float().cpu()
+        b = want.extend([want.new_request()], [p])[0].float()
+        assert torch.nn.functional.cosine_similarity(a, b, dim=0) > 0.99
+    ours = [greedy(model, config, p, 16) for p in prompts]
+    theirs = [greedy_generate(twin, config, [p], 16, ())[0] for p in prompts]
+    same = sum(
+        x == y for o, t in zip(ours, theirs, strict=True) for x, y in zip(o, t, strict=False)
+    )
+    assert same >= 0.75 * sum(len(t) for t in theirs), (ours, theirs)
