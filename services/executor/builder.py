@@ -40,6 +40,10 @@ KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {
 }
 
 
+# --gguf-weights -> load_model's gguf_blocks (None: blocks on CUDA only)
+GGUF_WEIGHTS: dict[str, bool | None] = {"auto": None, "blocks": True, "dequantize": False}
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     model: ModelSource
@@ -49,6 +53,7 @@ class EngineSettings:
     dtype: str = "auto"
     kv_cache_dtype: str = "auto"  # a key of KV_CACHE_DTYPES
     quantization: str = "auto"  # the checkpoint's weight format, or "fp8" (quant/registry.py)
+    gguf_weights: str = "auto"  # a GGUF's Q8_0/Q4_K/Q6_K projections: auto | blocks | dequantize
     load_format: str = "auto"
     max_total_tokens: int = 0  # 0: automatic
     mem_fraction_static: float = 0.85
@@ -79,6 +84,7 @@ def settings_from_flags(
         dtype=a.dtype,
         kv_cache_dtype=a.kv_cache_dtype,
         quantization=a.quantization,
+        gguf_weights=a.gguf_weights,
         load_format=a.load_format,
         max_total_tokens=a.max_total_tokens,
         mem_fraction_static=a.mem_fraction_static,
@@ -200,6 +206,7 @@ def build_runner(
         progress=lambda done: progress("weights", done),
         tp=tp,
         quantization=s.quantization,
+        gguf_blocks=GGUF_WEIGHTS[s.gguf_weights],
     )
     model.eval()
     progress("kv pool", 0.0)

@@ -69,6 +69,14 @@ def add_flags(p: EnvArgumentParser) -> None:
         "per channel at load: half the weight bytes)",
     )
     p.add_flag(
+        "--gguf-weights",
+        default="auto",
+        choices=["auto", "blocks", "dequantize"],
+        help="a GGUF file's Q8_0/Q4_K/Q6_K projections: blocks (kept as the file's blocks, "
+        "dequantised on the fly by the kernels: fewer bytes a token), dequantize (to --dtype "
+        "at load, as other types are), or auto (blocks on CUDA, dequantize on the CPU)",
+    )
+    p.add_flag(
         "--load-format",
         default="auto",
         choices=["auto", "dummy"],

@@ -159,3 +159,21 @@ def test_dummy_block_weights_from_a_config_json(tmp_path: Path) -> None:
             w = layer.method.dequantized(layer)
             assert torch.isfinite(w).all() and 0.5 < float(w.std()) / 0.02 < 2.0
     assert torch.isfinite(last_logits(model)).all()
+
+
+@pytest.mark.parametrize(("flag", "blocks"), [("blocks", True), ("dequantize", False)])
+def test_the_gguf_weights_flag_reaches_the_loader(gguf_path: Path, flag: str, blocks: bool) -> None:
+    """`--gguf-weights` (executor, serve and Engine share the flag): blocks kept on the CPU too,
+    or dequantised at load whatever the device (the way back while a GPU path is suspect)."""
+    from services.executor.builder import build_runner, settings_from_flags
+    from services.executor.main import parse_args
+    from shared.model_files import resolve_model
+
+    a = parse_args(
+        ["--model", str(gguf_path), "--device", "cpu", "--max-total-tokens", "256",
+         "--gguf-weights", flag]
+    )  # fmt: skip
+    settings = settings_from_flags(a, resolve_model(a.model), "t", "s", 0)
+    model = build_runner(settings).runner.model
+    assert (methods(model) == METHODS) is blocks
+    assert any(v is not None for v in methods(model).values()) is blocks
