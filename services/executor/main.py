@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import msgspec
 
 from services.executor.builder import KV_CACHE_DTYPES, build_engine, settings_from_flags
-from services.executor.distributed.node import ExecutorGroup, run_follower_node
+from services.executor.distributed.node import ExecutorGroup, exit_rank, run_follower_node
 from services.executor.engine.loop import AbortEverything, Engine
 from services.executor.engine.outputs import stamp_published
 from services.executor.grammar.backend import GrammarBackend
@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> None:
     a = parse_args(argv)
     setup_logging("executor", a.instance_id or default_instance_id(), a.log_level)
     if a.node_rank > 0:  # another host's ranks of the group: no bus, only the model
-        raise SystemExit(run_follower_node(a, argv))
+        exit_rank(run_follower_node(a, argv))
     run_async(lambda: serve(a, argv))
 
 

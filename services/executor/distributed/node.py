@@ -7,8 +7,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import subprocess
+import sys
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -120,9 +123,22 @@ def run_rank(
     watchdog.stop()
     built.runner.release_graphs()
     destroy_group()  # with rank 0's and the others' (see ExecutorGroup.close)
+    log.info("rank %d: left the group", rank)
     for child in children:
         child.wait(STOP_WAIT_S)
     return 0
+
+
+def exit_rank(code: int) -> NoReturn:
+    """End a rank's process now that its group is torn down, without the interpreter's
+    finalisation: a follower of the two-node test once aborted after rank 0 stopped
+    ("terminate called without an active exception", status -6), which is what C++ does
+    when a thread object of the collective library is destroyed still running, as at
+    finalisation. Logs and standard streams are flushed first."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def run_follower_node(a: argparse.Namespace, argv: list[str]) -> int:
