@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -191,15 +191,21 @@ def _kernel_timings(bw: float) -> dict[str, Any]:
             "graph_share_of_copy_bw": expert_bytes / (graph_ms / 1000) / bw,
             "max_abs_diff_vs_loop": diff,
         }
+        args = (x, w13, w2, topk_weights, topk_ids)
         if tokens <= 64:
-            rows[str(tokens)]["tiles"] = _tile_grid(x, w13, w2, topk_weights, topk_ids)
+            grouped = partial(fused_moe, *args, path="grouped")
+            rows[str(tokens)]["tiles"] = _config_grid(grouped, TILE_GRID, TILE_ARGS, "tiles")
         if tokens <= 8:  # where kernels/moe_gemv may take over from the grouped GEMM
-            rows[str(tokens)]["gemv"] = _gemv_grid(x, w13, w2, topk_weights, topk_ids)
+            from kernels.moe_gemv import moe_gemv
+
+            gemv = partial(moe_gemv, *args)
+            rows[str(tokens)]["gemv"] = _config_grid(gemv, GEMV_GRID, GEMV_ARGS, "config")
         print(f"moe_kernel {tokens} tokens: {rows[str(tokens)]}", flush=True)
     return rows
 
 
-# (block_m, block_n, block_k, num_warps, num_stages) tried at decode sizes
+# fused_moe's grouped GEMM launch configurations tried at decode sizes
+TILE_ARGS = ("block_m", "block_n", "block_k", "num_warps", "num_stages")
 TILE_GRID = [
     (16, 32, 128, 4, 3),
     (16, 64, 128, 4, 3),
@@ -212,25 +218,8 @@ TILE_GRID = [
 ]
 
 
-def _tile_grid(
-    x: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    topk_weights: torch.Tensor,
-    topk_ids: torch.Tensor,
-) -> list[dict[str, Any]]:
-    """fused_moe's graphed time under each TILE_GRID launch configuration, fastest first."""
-    from kernels.fused_moe import fused_moe
-
-    out: list[dict[str, Any]] = []
-    for bm, bn, bk, warps, stages in TILE_GRID:
-        args = dict(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages)
-        call = partial(fused_moe, x, w13, w2, topk_weights, topk_ids, path="grouped", **args)
-        out.append({"tiles": [bm, bn, bk, warps, stages], **_graph_ms(call)})
-    return sorted(out, key=lambda r: r.get("graph_ms", float("inf")))
-
-
-# (block_n, block_k, num_warps, num_stages) of kernels/moe_gemv tried at decode sizes
+# kernels/moe_gemv's launch configurations tried at decode sizes
+GEMV_ARGS = ("block_n", "block_k", "num_warps", "num_stages")
 GEMV_GRID = [
     (8, 256, 4, 3),
     (4, 512, 4, 3),
@@ -244,21 +233,15 @@ GEMV_GRID = [
 ]
 
 
-def _gemv_grid(
-    x: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    topk_weights: torch.Tensor,
-    topk_ids: torch.Tensor,
+def _config_grid(
+    launch: Callable[..., object], grid: Sequence[tuple[int, ...]], names: tuple[str, ...], key: str
 ) -> list[dict[str, Any]]:
-    """kernels/moe_gemv's graphed time under each GEMV_GRID configuration, fastest first."""
-    from kernels.moe_gemv import moe_gemv
-
+    """`launch`'s graphed time under each launch configuration of `grid` (values of the
+    keyword arguments `names`), fastest first; each row names its configuration under `key`."""
     out: list[dict[str, Any]] = []
-    for bn, bk, warps, stages in GEMV_GRID:
-        args = dict(block_n=bn, block_k=bk, num_warps=warps, num_stages=stages)
-        call = partial(moe_gemv, x, w13, w2, topk_weights, topk_ids, **args)
-        out.append({"config": [bn, bk, warps, stages], **_graph_ms(call)})
+    for values in grid:
+        call = partial(launch, **dict(zip(names, values, strict=True)))
+        out.append({key: list(values), **_graph_ms(call)})
     return sorted(out, key=lambda r: r.get("graph_ms", float("inf")))
 
 
