@@ -109,10 +109,12 @@ def _mla_prep_kernel(
         rstd = 1.0 / tl.sqrt(tl.sum(latent * latent, 0) / RANK + eps)
         w = tl.load(norm_ptr + offs_r, mask=r_mask, other=0.0).to(tl.float32)
         tl.store(row + offs_r, _normed(latent, rstd, w, False, dtype).to(dtype), mask=r_mask)
-        src = kv_ptr + tok * stride_kvt + RANK
-        o1, o2 = _rotated_halves(src, cos, sin, offs, half_mask, INTERLEAVE, HALF)
-        tl.store(row + RANK + offs, _scaled(o1, mscale, dtype, USE_MSCALE), mask=half_mask)
-        tl.store(row + RANK + HALF + offs, _scaled(o2, mscale, dtype, USE_MSCALE), mask=half_mask)
+        # Names unlike the query branch's: compiled Triton merges same-named values of both
+        # branches, which must then share a shape (the interpreter does not check).
+        k_src = kv_ptr + tok * stride_kvt + RANK
+        k1, k2 = _rotated_halves(k_src, cos, sin, offs, half_mask, INTERLEAVE, HALF)
+        tl.store(row + RANK + offs, _scaled(k1, mscale, dtype, USE_MSCALE), mask=half_mask)
+        tl.store(row + RANK + HALF + offs, _scaled(k2, mscale, dtype, USE_MSCALE), mask=half_mask)
 
 
 def mla_prep(
