@@ -95,16 +95,33 @@ def greedy(model: torch.nn.Module, config: Any, prompt: list[int], n: int) -> li
     return out
 
 
+def forced_logits(
+    model: torch.nn.Module, config: Any, prompt: list[int], tokens: list[int]
+) -> list[torch.Tensor]:
+    """Logits at each position while `tokens` are fed after `prompt`: the prefill's (w8a8),
+    then one decode step's (the GEMV) per token but the last."""
+    from tests.executor.helpers import BatchDriver
+
+    driver = BatchDriver(model, config, device="cuda")
+    row = driver.new_request()
+    out = [driver.extend([row], [prompt])[0].float()]
+    out += [driver.decode([row], [t])[0].float() for t in tokens[:-1]]
+    return out
+
+
 @pytest.mark.parametrize("scheme", ["channel", "block"])
 def test_a_tiny_fp8_model_on_the_gpu_follows_its_dequantized_twin(
     tmp_path: Path, scheme: str
 ) -> None:
     """Prefill runs w8a8 (activations quantized per token), decode the w8a16 GEMV: both stay
-    close to the bf16 model holding the dequantized weights. Logits agree to a cosine of
-    0.99; greedy tokens may flip at near-ties, so most (not all) must agree."""
+    close to the bf16 model holding the dequantized weights. Both models are fed the twin's
+    greedy tokens, so every position is compared (a free-running comparison stops meaning
+    anything after the first flip, and a random tiny model's logits are near-ties everywhere:
+    on an H200 the first prefill token already flipped). At every position the logits agree
+    to a cosine of 0.99, and the argmax agrees at three positions in four or more."""
     from services.executor.quant.fp8_checkpoint import write_fp8_checkpoint
     from services.executor.weights import load_model
-    from tests.executor.helpers import BatchDriver, write_tiny_model
+    from tests.executor.helpers import write_tiny_model
     from tests.executor.test_fp8_weights import SHAPE
 
     src = write_tiny_model(tmp_path, "llama", seed=3, **SHAPE)
@@ -118,14 +135,15 @@ def test_a_tiny_fp8_model_on_the_gpu_follows_its_dequantized_twin(
             if isinstance(layer, Linear):
                 layers[name].weight.copy_(layer.method.dequantized(layer))
     prompts = [[11, 12, 13, 14, 15, 16], [30, 31, 40], list(range(50, 90))]
+    positions = flips = 0
     for p in prompts:
-        got, want = (BatchDriver(m, config, device="cuda") for m in (model, twin))
-        a = got.extend([got.new_request()], [p])[0].float()
-        b = want.extend([want.new_request()], [p])[0].float()
-        assert torch.nn.functional.cosine_similarity(a, b, dim=0) > 0.99
-    ours = [greedy(model, config, p, 16) for p in prompts]
-    theirs = [greedy(twin, config, p, 16) for p in prompts]
-    same = sum(
-        x == y for o, t in zip(ours, theirs, strict=True) for x, y in zip(o, t, strict=False)
-    )
-    assert same >= 0.75 * sum(len(t) for t in theirs), (ours, theirs)
+        tokens = greedy(twin, config, p, 16)
+        for a, b in zip(
+            forced_logits(model, config, p, tokens),
+            forced_logits(twin, config, p, tokens),
+            strict=True,
+        ):
+            assert torch.nn.functional.cosine_similarity(a, b, dim=0) > 0.99
+            positions += 1
+            flips += int(a.argmax()) != int(b.argmax())
+    assert flips <= positions // 4, f"{flips} of {positions} positions flipped"

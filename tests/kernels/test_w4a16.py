@@ -42,10 +42,10 @@ class W4:
         self.perm: torch.Tensor | None = None
         self.k_in = k
         if act_order:
-            self.k_in = k - k // 10
             perm = torch.full((k,), -1, dtype=torch.int32)
             real = torch.ones(k, dtype=torch.bool)
             real[::10] = False
+            self.k_in = int(real.sum())
             perm[real] = torch.randperm(self.k_in, generator=gen).to(torch.int32)
             self.perm = perm.to(DEVICE)
 
@@ -213,8 +213,17 @@ def test_llama_8b_projection_shapes(n: int, k: int, act_order: bool) -> None:
     for m in (1, 2, MAX_M):
         x = randn(m, w.k_in, dtype=torch.bfloat16, gen=gen)
         got = w4a16_gemv(x, w.qweight, w.scales, w.zeros, group_size=128, perm=w.perm)
-        torch.testing.assert_close(got, w.ref(x), atol=3e-2, rtol=1.6e-2)
+        _assert_close_at_scale(got, w.ref(x))
     for m in (5, 300, 2048):
         x = randn(m, w.k_in, dtype=torch.bfloat16, gen=gen)
         got = w4a16_gemm(x, w.qweight, w.scales, w.zeros, group_size=128, perm=w.perm)
-        torch.testing.assert_close(got, w.ref(x), atol=3e-2, rtol=1.6e-2)
+        _assert_close_at_scale(got, w.ref(x))
+
+
+def _assert_close_at_scale(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Within 1% of the outputs' RMS. The kernels round each dequantised weight to the
+    activations' dtype (bf16 here, for the tensor cores) and the fp32 reference does not, so
+    over K terms the difference grows like sqrt(K) times the outputs' own scale (on an H200:
+    0.09 at K = 14,336), where a fixed atol fits only one K."""
+    rms = float(want.float().pow(2).mean().sqrt())
+    torch.testing.assert_close(got, want, atol=1e-2 * rms, rtol=1.6e-2)
