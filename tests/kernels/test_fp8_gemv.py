@@ -40,12 +40,12 @@ def test_matches_reference(m: int, n: int, k: int, dtype: torch.dtype, block_sca
 
 @pytest.mark.parametrize("block_scales", [False, True], ids=["rows", "blocks"])
 def test_every_configuration_choose_gemv_may_pick(block_scales: bool) -> None:
-    from services.executor.models.linear import CANDIDATES
+    from services.executor.quant.fp8_linear import FP8_CANDIDATES
 
     q, scale = fp8_weight(203, 1100, block_scales, seed=9)
     x = randn(3, 1100, dtype=torch.bfloat16, gen=torch.Generator().manual_seed(2))
     want = fp8_gemv_ref(x, q, scale, block_scales=block_scales)
-    for c in CANDIDATES:
+    for c in FP8_CANDIDATES:
         got = fp8_gemv(
             x, q, scale, block_scales=block_scales, block_n=c.block_n, block_k=c.block_k,
             num_warps=c.num_warps, num_stages=c.num_stages,

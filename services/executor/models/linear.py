@@ -134,7 +134,7 @@ def _plan(layer: Linear, dtype: torch.dtype) -> tuple[dict[int, GemvConfig], flo
     for m in range(1, MAX_M + 1):
         x = torch.randn(m, layer.in_features, dtype=dtype, device=device)
         dense_us = best_us = _time_us(partial(method.dense, layer, x, None))
-        for cfg in CANDIDATES:
+        for cfg in method.gemv_candidates():
             try:
                 us = _time_us(partial(method.gemv, layer, x, cfg))
             except Exception as e:  # e.g. out of shared memory on this GPU: skip it

@@ -82,6 +82,14 @@ class LinearMethod:
         """x @ W.T through the skinny decode kernel with launch configuration `cfg`."""
         raise NotImplementedError
 
+    def gemv_candidates(self) -> tuple[GemvConfig, ...]:
+        """The launch configurations choose_gemv times against `dense`. A format whose
+        weights are narrower than 16 bits reads fewer bytes per column, so it wants its own
+        (wider) steps: block_k counts columns, not bytes."""
+        from services.executor.models.linear import CANDIDATES
+
+        return CANDIDATES
+
     def apply(
         self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:

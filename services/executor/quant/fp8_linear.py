@@ -19,7 +19,7 @@ from torch import nn
 from kernels.fp8_weights import BLOCK, FP8, dequantize, quantize_blocks, quantize_rows
 from services.executor.distributed.shard import WHOLE, LoadPlan, Shard
 from services.executor.errors import ModelLoadError, UnsupportedQuantizationError
-from services.executor.models.linear import GemvConfig, Linear
+from services.executor.models.linear import CANDIDATES, GemvConfig, Linear
 from services.executor.quant.base import LinearMethod, Slot
 
 # activations of a dummy model with static input scales: |x| up to 448 * this
@@ -55,6 +55,13 @@ def _tensor(layer: Linear, name: str) -> torch.Tensor:
 
 def _rows_x(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1])
+
+
+# A weight is one byte: the bf16 candidates' steps, and each widened to the bytes a bf16 step
+# reads (twice the columns), since a step of half the bytes leaves the copy engines idler.
+FP8_CANDIDATES = CANDIDATES + tuple(
+    GemvConfig(c.block_n, 2 * c.block_k, c.num_warps, c.num_stages) for c in CANDIDATES
+)
 
 
 class Fp8ChannelMethod(LinearMethod):
@@ -135,6 +142,9 @@ class Fp8ChannelMethod(LinearMethod):
         )
         return out.view(*x.shape[:-1], n)
 
+    def gemv_candidates(self) -> tuple[GemvConfig, ...]:
+        return FP8_CANDIDATES
+
     def gemv(self, layer: Linear, x: torch.Tensor, cfg: GemvConfig) -> torch.Tensor:
         from kernels.fp8_gemv import fp8_gemv
 
@@ -197,6 +207,9 @@ class Fp8BlockMethod(LinearMethod):
         out = fp8_block_gemm(xq, xs, layer.weight, self.scale(layer), out_dtype=x.dtype)
         out = out.view(*x.shape[:-1], layer.out_features)
         return out if bias is None else out + bias
+
+    def gemv_candidates(self) -> tuple[GemvConfig, ...]:
+        return FP8_CANDIDATES
 
     def gemv(self, layer: Linear, x: torch.Tensor, cfg: GemvConfig) -> torch.Tensor:
         from kernels.fp8_gemv import fp8_gemv
