@@ -8,10 +8,9 @@ Three regimes, by the rows m of x:
   per 16 to 64 rows of x.
 - past that (prefill): compute-bound. W is expanded to x's dtype by kernels/gguf_dequant a
   slice of rows at a time into one scratch buffer of at most `chunk_elems` weights, and each
-  slice goes through cuBLAS (torch.mm) straight into its columns of out: cuBLAS's GEMM is the
-  fastest there is at these sizes, and the expansion's extra ~4 bytes a weight, paid once for
-  all the rows, is small beside the arithmetic of hundreds of rows. The scratch bound keeps a
-  128K-vocabulary lm_head from needing a full bf16 copy of itself.
+  slice goes through cuBLAS (kernels/expand_mm): cuBLAS's GEMM is the fastest there is at
+  these sizes, and the expansion's extra ~4 bytes a weight, paid once for all the rows, is
+  small beside the arithmetic of hundreds of rows.
 GEMM_MAX_M is where, by the arithmetic (the expansion's traffic against a dequantising GEMM at
 about half cuBLAS's throughput), the two should cross on an H100; gpu_bench's gguf_kernel
 section measures it.
@@ -22,13 +21,13 @@ from __future__ import annotations
 import torch
 
 from kernels._checks import FLOAT_DTYPES, check_device, check_tensor
+from kernels.expand_mm import CHUNK_ELEMS, expand_mm
 from kernels.gemv import MAX_M
 from kernels.gguf_blocks import check_blocks
 from kernels.gguf_dequant import gguf_dequantize
 from kernels.gguf_gemm import gguf_gemm
 from kernels.gguf_gemv import gguf_gemv
 
-CHUNK_ELEMS = 1 << 25  # weights per dequantised slice: 64 MiB of bf16
 GEMM_MAX_M = 256
 
 
@@ -60,12 +59,11 @@ def gguf_matmul(
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     check_tensor(op, "out", out, shape=(m, n), dims="[m, n]", dtypes=(x.dtype,), device=x.device)
-    if m == 0 or n == 0:
-        return out
-    rows = max(1, min(n, chunk_elems // max(k, 1)))
-    scratch = torch.empty((rows, k), dtype=x.dtype, device=x.device)
-    for n0 in range(0, n, rows):
-        n1 = min(n, n0 + rows)
-        w = gguf_dequantize(blocks[n0:n1], qtype=qtype, k=k, dtype=x.dtype, out=scratch[: n1 - n0])
-        torch.mm(x, w.T, out=out[:, n0:n1])
-    return out
+    return expand_mm(
+        x,
+        out,
+        lambda n0, n1, buf: gguf_dequantize(
+            blocks[n0:n1], qtype=qtype, k=k, dtype=x.dtype, out=buf
+        ),
+        chunk_elems=chunk_elems,
+    )

@@ -1,5 +1,5 @@
-"""int4 weights with 16-bit activations (w4a16): the one packed layout both kernels read, its
-argument checks, the act-order column lookup both kernels share, and the torch reference
+"""int4 weights with 16-bit activations (w4a16): the one packed layout the kernels read, its
+argument checks, the act-order column lookup the GEMV and GEMM share, and the torch reference
 (dequantise, then matmul).
 
 The layout, as AWQ and GPTQ checkpoints are converted into it at load
@@ -22,8 +22,10 @@ K is the packed weight's column count (a multiple of 8); with a perm it may exce
 count by padding columns. group_size is a power of two from 16 to 1024 (per-channel
 checkpoints are converted to groups of 128 with repeated scales).
 
-Two kernels read it: kernels/w4a16_gemv.py for decode (1 to kernels.gemv.MAX_M rows) and
-kernels/w4a16_gemm.py for prefill; `w4a16_ref` is the twin of both.
+Three kernels read it, routed by the rows of x in kernels/w4a16_matmul.py:
+kernels/w4a16_gemv.py for decode (1 to kernels.gemv.MAX_M rows), kernels/w4a16_gemm.py for
+short extends, and kernels/w4a16_dequant.py expanding it for cuBLAS in prefill; `w4a16_ref`
+is the twin of the products, `dequantize_w4` of the expansion.
 """
 
 from __future__ import annotations
@@ -72,6 +74,42 @@ def columns_of_x(perm_ptr, ks, k_mask, HAS_PERM: tl.constexpr):
     return src, x_mask
 
 
+def check_weight(
+    op: str,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    group_size: int,
+    perm: torch.Tensor | None,
+    device: torch.device | None = None,
+) -> tuple[int, int]:
+    """Check a weight in the layout above, all on `device` (default: qweight's); returns
+    (n, k), k the weight's columns."""
+    if group_size < 16 or group_size > 1024 or group_size & (group_size - 1):
+        raise ValueError(
+            f"{op}: group_size must be a power of two from 16 to 1024, got {group_size}"
+        )
+    check_tensor(
+        op,
+        "qweight",
+        qweight,
+        shape=(None, None),
+        dims="[n, k / 8]",
+        dtypes=(torch.int32,),
+        device=device,
+    )
+    device = qweight.device
+    n, k = qweight.shape[0], qweight.shape[1] * PACK
+    groups = -(-k // group_size)
+    for name, t, dtypes in (("scales", scales, SCALE_DTYPES), ("zeros", zeros, (torch.uint8,))):
+        check_tensor(
+            op, name, t, shape=(n, groups), dims="[n, groups]", dtypes=dtypes, device=device
+        )
+    if perm is not None:
+        check_tensor(op, "perm", perm, shape=(k,), dims="[k]", dtypes=(torch.int32,), device=device)
+    return n, k
+
+
 def check_w4(
     op: str,
     x: torch.Tensor,
@@ -85,32 +123,9 @@ def check_w4(
     check_tensor(op, "x", x, shape=(None, None), dims="[m, k_in]", dtypes=FLOAT_DTYPES)
     check_device(op, x)
     m, k_in = x.shape
-    if group_size < 16 or group_size > 1024 or group_size & (group_size - 1):
-        raise ValueError(
-            f"{op}: group_size must be a power of two from 16 to 1024, got {group_size}"
-        )
-    check_tensor(
-        op,
-        "qweight",
-        qweight,
-        shape=(None, None),
-        dims="[n, k / 8]",
-        dtypes=(torch.int32,),
-        device=x.device,
-    )
-    n, k = qweight.shape[0], qweight.shape[1] * PACK
-    groups = -(-k // group_size)
-    for name, t, dtypes in (("scales", scales, SCALE_DTYPES), ("zeros", zeros, (torch.uint8,))):
-        check_tensor(
-            op, name, t, shape=(n, groups), dims="[n, groups]", dtypes=dtypes, device=x.device
-        )
-    if perm is None:
-        if k_in != k:
-            raise ValueError(f"{op}: x has {k_in} columns but the weight has {k}")
-    else:
-        check_tensor(
-            op, "perm", perm, shape=(k,), dims="[k]", dtypes=(torch.int32,), device=x.device
-        )
+    n, k = check_weight(op, qweight, scales, zeros, group_size, perm, x.device)
+    if perm is None and k_in != k:
+        raise ValueError(f"{op}: x has {k_in} columns but the weight has {k}")
     return m, n, k
 
 

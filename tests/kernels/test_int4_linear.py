@@ -1,7 +1,8 @@
 """int4 (AWQ, GPTQ) projections on a GPU: the w4a16 GEMV for the few rows of decode (the
-default launch and every configuration choose_gemv may plan), the GEMM above, and tiny int4
-models end to end against the CPU reference. CPU runs of the same methods (dequantize, then
-matmul) are tested in tests/executor/test_int4_weights.py."""
+default launch and every configuration choose_gemv may plan), the GEMM above, dequantise +
+cuBLAS past GEMM_MAX_M, and tiny int4 models end to end against the CPU reference. CPU runs
+of the same methods (dequantize, then matmul) are tested in
+tests/executor/test_int4_weights.py."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from kernels.gemv import MAX_M
+from kernels.w4a16_matmul import GEMM_MAX_M
 from services.executor.models.linear import CANDIDATES, Linear, choose_gemv
 from services.executor.weights import load_model
 from tests.executor.helpers import BatchDriver, greedy_generate, write_tiny_model
@@ -41,7 +43,7 @@ def test_dense_and_every_gemv_plan_match_the_dequantized_weight(
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     for layer in int4_layers(model):
         w = layer.method.dequantized(layer)
-        for m in (1, MAX_M, MAX_M + 1, 40):
+        for m in (1, MAX_M, MAX_M + 1, GEMM_MAX_M + 9):
             x = torch.randn(m, layer.in_features, device=DEVICE, generator=gen)
             want = x @ w.T
             got = layer.method.dense(layer, x, None)
@@ -57,8 +59,9 @@ def test_dense_and_every_gemv_plan_match_the_dequantized_weight(
 def test_a_tiny_int4_model_on_the_gpu_gives_the_cpu_references_tokens(
     float_dir: Path, tmp_path: Path, fmt: str
 ) -> None:
-    """In fp32, prefill through the GEMM and decode through the GEMV (as choose_gemv plans
-    it, Triton attention) give the CPU reference model's greedy tokens and logits."""
+    """In fp32, prefill through the GEMM and (the 40-token prompt) dequantise + cuBLAS, and
+    decode through the GEMV (as choose_gemv plans it, Triton attention) give the CPU
+    reference model's greedy tokens and logits."""
     ckpt = write_int4(float_dir, tmp_path / fmt, **FORMATS[fmt])
     model, config = load_model(ckpt.path, DEVICE, torch.float32, attention_backend="triton")
     choose_gemv(model, torch.float32)

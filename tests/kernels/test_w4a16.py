@@ -213,14 +213,14 @@ def test_llama_8b_projection_shapes(n: int, k: int, act_order: bool) -> None:
     for m in (1, 2, MAX_M):
         x = randn(m, w.k_in, dtype=torch.bfloat16, gen=gen)
         got = w4a16_gemv(x, w.qweight, w.scales, w.zeros, group_size=128, perm=w.perm)
-        _assert_close_at_scale(got, w.ref(x))
+        assert_close_at_scale(got, w.ref(x))
     for m in (5, 300, 2048):
         x = randn(m, w.k_in, dtype=torch.bfloat16, gen=gen)
         got = w4a16_gemm(x, w.qweight, w.scales, w.zeros, group_size=128, perm=w.perm)
-        _assert_close_at_scale(got, w.ref(x))
+        assert_close_at_scale(got, w.ref(x))
 
 
-def _assert_close_at_scale(got: torch.Tensor, want: torch.Tensor) -> None:
+def assert_close_at_scale(got: torch.Tensor, want: torch.Tensor) -> None:
     """Within 1% of the outputs' RMS. The kernels round each dequantised weight to the
     activations' dtype (bf16 here, for the tensor cores) and the fp32 reference does not, so
     over K terms the difference grows like sqrt(K) times the outputs' own scale (on an H200:

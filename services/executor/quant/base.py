@@ -101,6 +101,13 @@ class LinearMethod:
         return out if bias is None else out + bias
 
 
+def use_kernels(x: torch.Tensor) -> bool:
+    """Whether products with `x` run a format's Triton kernels (CUDA), else dequantise and
+    multiply in torch; tests replace it (in the method's module) to run the kernels in
+    Triton's CPU interpreter."""
+    return x.is_cuda
+
+
 @dataclass(frozen=True)
 class QuantConfig:
     """A checkpoint's weight format (or --quantization's), parsed from config.json's

@@ -25,7 +25,7 @@ from kernels.gguf_blocks import LAYOUTS, dequantize_ref, random_blocks, row_byte
 from services.executor.distributed.shard import LoadPlan, Shard
 from services.executor.errors import ModelLoadError
 from services.executor.models.linear import GemvConfig, Linear
-from services.executor.quant.base import LinearMethod, Slot
+from services.executor.quant.base import LinearMethod, Slot, use_kernels
 
 
 def _copy_blocks(param: torch.Tensor, start: int, end: int, part: torch.Tensor) -> None:
@@ -111,9 +111,3 @@ class GgufMethod(LinearMethod):
             block_n=cfg.block_n, block_k=max(cfg.block_k, self.lay.group),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
-
-
-def use_kernels(x: torch.Tensor) -> bool:
-    """Whether products with `x` run the block kernels (CUDA), else dequantise-and-multiply;
-    tests replace it to run the kernels in Triton's CPU interpreter."""
-    return x.is_cuda

@@ -9,8 +9,10 @@ frees the checkpoint's. The layer's `weight` is then the packed words [N, K / 8]
 reads a Linear's weight (choose_gemv's device and shape, the benchmark's byte count) sees
 what the kernels read.
 
-On CUDA the few-row products of decode run kernels/w4a16_gemv and the others
-kernels/w4a16_gemm; elsewhere (the CPU) the weight is dequantized and multiplied in torch.
+On CUDA every product goes through kernels/w4a16_matmul: the GEMV for the few rows of
+decode, the dequantising GEMM up to its GEMM_MAX_M rows, and past that (prefill) the weight
+dequantized a slice at a time for cuBLAS; elsewhere (the CPU) the weight is dequantized and
+multiplied in torch.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from kernels.w4a16 import PACK, pack_int4
 from services.executor.distributed.shard import WHOLE, LoadPlan, Shard
 from services.executor.errors import ModelLoadError, UnsupportedQuantizationError
 from services.executor.models.linear import GemvConfig, Linear
-from services.executor.quant.base import LinearMethod, Slot
+from services.executor.quant.base import LinearMethod, Slot, use_kernels
 from services.executor.quant.int4_layouts import (
     KERNEL_GROUP,
     Int4Config,
@@ -194,21 +196,15 @@ class Int4Method(LinearMethod):
         return _packed(layer).weight().dequantize()
 
     def dense(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if not x.is_cuda:
+        if not use_kernels(x):
             return F.linear(x, self.dequantized(layer).to(x.dtype), bias)
-        from kernels.gemv import MAX_M
+        from kernels.w4a16_matmul import w4a16_matmul
 
         p = _packed(layer)
-        rows = x.reshape(-1, x.shape[-1])
-        args = (rows, p.qweight, p.scales, p.zeros)
-        if rows.shape[0] <= MAX_M:
-            from kernels.w4a16_gemv import w4a16_gemv
-
-            out = w4a16_gemv(*args, group_size=p.group_size, perm=p.perm)
-        else:
-            from kernels.w4a16_gemm import w4a16_gemm
-
-            out = w4a16_gemm(*args, group_size=p.group_size, perm=p.perm)
+        out = w4a16_matmul(
+            x.reshape(-1, x.shape[-1]), p.qweight, p.scales, p.zeros,
+            group_size=p.group_size, perm=p.perm,
+        )  # fmt: skip
         out = out.view(*x.shape[:-1], layer.out_features)
         return out if bias is None else out + bias
 

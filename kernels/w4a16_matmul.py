@@ -1,0 +1,78 @@
+"""x @ w.T for any number of rows, w int4 in the layout of kernels/w4a16.py (AWQ and GPTQ).
+
+Three regimes, by the rows m of x, as kernels/gguf_matmul.py has them for GGUF blocks:
+- m <= MAX_M (small decode batches): kernels/w4a16_gemv, bound by reading w.
+- m <= gemm_max_m (larger decode batches, short extends): kernels/w4a16_gemm dequantises
+  tiles of w in registers for the tensor cores, reading the packed words once per tile of
+  rows of x.
+- past that (prefill): compute-bound, where the Triton GEMM runs at a small share of
+  cuBLAS's speed (12 to 31 times bf16 cuBLAS's time at 128 and 2,048 rows of Llama-3.1-8B's
+  projections on an H200). w is expanded to x's dtype by kernels/w4a16_dequant a slice of
+  rows at a time, each slice through cuBLAS (kernels/expand_mm).
+
+Act-order past gemm_max_m: the weight keeps its own column order, and x's columns are
+gathered once per call (x[:, perm], m x K elements, small beside the m x n x K product),
+the padding columns' -1 taken as column 0; w4a16_dequantize writes padding columns as 0, so
+what they add is 0 * x[:, 0] = 0 and the product is the twin's for every finite x. Folding
+the perm into the weight instead (each dequantised column stored at x's column) would
+scatter the kernel's stores across each row, where the gather of x is one indexed copy.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels._checks import check_tensor
+from kernels.expand_mm import CHUNK_ELEMS, expand_mm
+from kernels.gemv import MAX_M
+from kernels.w4a16 import check_w4
+from kernels.w4a16_dequant import w4a16_dequantize
+from kernels.w4a16_gemm import w4a16_gemm
+from kernels.w4a16_gemv import w4a16_gemv
+
+# The most rows the dequantising GEMM takes; from GEMM_MAX_M + 1 rows, dequantise + cuBLAS.
+# Taken from GGUF's measurement (gpu_bench gguf_kernel, Q4_K at gate_up's shape: expand +
+# cuBLAS beat kernels/gguf_gemm from 32 rows on, the GEMM won at 16); the w4a16 GEMM is
+# the slower of the two at prefill sizes, so int4 should cross no later. gpu_bench's
+# w4a16_kernel section measures int4's own: set this to its `crossover_m` - 1.
+GEMM_MAX_M = 31
+
+
+def w4a16_matmul(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    *,
+    group_size: int,
+    perm: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    gemm_max_m: int = GEMM_MAX_M,
+    chunk_elems: int = CHUNK_ELEMS,
+) -> torch.Tensor:
+    """x @ w.T (x's columns through `perm` when given), w in the int4 layout; returns out.
+
+    x: [m, k_in], a float dtype, any row stride; qweight, scales, zeros, perm: the layout
+    (kernels/w4a16.py). out (optional, written): [m, n] of x's dtype, any row stride.
+    gemm_max_m: the most rows given to the dequantising GEMM; chunk_elems: the most weights
+    dequantised at once past that (rounded up to one row).
+    """
+    if 1 <= x.shape[0] <= MAX_M:
+        return w4a16_gemv(x, qweight, scales, zeros, group_size=group_size, perm=perm, out=out)
+    if x.shape[0] <= gemm_max_m:
+        return w4a16_gemm(x, qweight, scales, zeros, group_size=group_size, perm=perm, out=out)
+    op = "w4a16_matmul"
+    m, n, _ = check_w4(op, x, qweight, scales, zeros, group_size, perm)
+    if out is None:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    check_tensor(op, "out", out, shape=(m, n), dims="[m, n]", dtypes=(x.dtype,), device=x.device)
+    if perm is not None:
+        x = x.index_select(1, perm.clamp(min=0))
+
+    def dequantize(n0: int, n1: int, buf: torch.Tensor) -> torch.Tensor:
+        return w4a16_dequantize(
+            qweight[n0:n1], scales[n0:n1], zeros[n0:n1],
+            group_size=group_size, dtype=x.dtype, perm=perm, out=buf,
+        )  # fmt: skip
+
+    return expand_mm(x, out, dequantize, chunk_elems=chunk_elems)
