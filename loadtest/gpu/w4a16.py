@@ -27,7 +27,15 @@ LLAMA_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "d
 GROUP = 128
 # (block_n, block_k (columns a step), num_warps, num_stages)
 GEMV_CONFIGS = [
-    (bn, bk, warps, 3) for bn in (2, 4, 8, 16) for bk in (512, 1024, 2048) for warps in (4, 8)
+    (bn, bk, warps, 3) for bn in (4, 8) for bk in (1024, 2048) for warps in (4, 8)
+] + [
+    # tall tiles: a thread holds several rows of the same words, so each column of x it
+    # loads serves all of them (at one row per thread, x costs a load per weight)
+    (bn, bk, warps, stages)
+    for bn in (16, 32, 64)
+    for bk in (128, 256, 512)
+    for warps in (2, 4)
+    for stages in (3, 4)
 ]
 # (block_m, block_n, block_k, num_warps, num_stages)
 GEMM_CONFIGS = [
