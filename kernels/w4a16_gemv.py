@@ -2,16 +2,19 @@
 the layout of kernels/w4a16.py.
 
 Decode reads every weight once per token, so the kernel is built around reading the packed
-words once and doing as little arithmetic per weight as possible (at int4, the H100's integer
-and fp32 throughput, not its bandwidth, is the next limit). A program owns BLOCK_N output rows
-and walks K in blocks of whole groups, viewing each block as [BLOCK_N, groups, words, 8]:
-the 8 nibbles of a word are split with one shift and mask each, and a group's zero point and
-scale are applied once per group, not per weight:
-
-    sum_k x_k (q_k - z) s  =  s * (sum_k x_k q_k  -  z * sum_k x_k)
-
-so each weight costs a shift, a mask, a conversion and one fused multiply-add. All M (at most
-MAX_M) partial sums stay in registers, as in kernels/gemv.py.
+words once, in tiles big enough to keep the memory system busy, and doing as little
+arithmetic per weight as possible. A program owns BLOCK_N output rows and walks K a tile of
+[BLOCK_N, BLOCK_W] words at a time (8 columns a word). Everything stays two-dimensional
+(no reshapes of the tile, which cost shuffles in compiled Triton):
+- nibble j of every word is taken with one shift and mask and turned into a float without a
+  conversion instruction: OR-ing it into the mantissa of 2^23 gives the float 2^23 + q, and
+  subtracting 2^23 + z (both exact in fp32) gives q - z in one instruction;
+- it meets x's column 8w + j (x is a few KB: reloaded per j from L1) in one fused
+  multiply-add into a per-word partial sum, one per row of x;
+- a word's partial is scaled by its group's scale once, into a [BLOCK_N, BLOCK_W]
+  accumulator that is reduced across words only after the loop.
+So a weight costs five simple instructions for the first row of x and one FMA for each
+further row.
 
 Grid: (cdiv(N, BLOCK_N),); accumulation in fp32, one rounding to x's dtype.
 """
@@ -25,16 +28,12 @@ import triton.language as tl
 from kernels._checks import check_launch, check_tensor
 from kernels.gemv import MAX_M, store_rows
 from kernels.pdl import pdl_launch, pdl_prologue
-from kernels.w4a16 import check_w4, columns_of_x
+from kernels.w4a16 import PACK, check_w4, columns_of_x
 
 
 @triton.jit
-def _row_dot(x_row_ptr, src, x_mask, qf, s, z):
-    """One row of x against the [BLOCK_N, NG, W, 8] dequantisation-free tile: [BLOCK_N]."""
-    x = tl.load(x_row_ptr + src, mask=x_mask, other=0.0).to(tl.float32)  # [NG, W, 8]
-    xq = tl.sum(tl.sum(qf * x[None, :, :, :], axis=3), axis=2)  # [BLOCK_N, NG]
-    xs = tl.sum(tl.sum(x, axis=2), axis=1)  # [NG]
-    return tl.sum(s * (xq - z * xs[None, :]), axis=1)
+def _x_at(x_row_ptr, src, x_mask):
+    return tl.load(x_row_ptr + src, mask=x_mask, other=0.0).to(tl.float32)[None, :]
 
 
 @triton.jit
@@ -55,52 +54,63 @@ def _w4a16_gemv_kernel(
     M: tl.constexpr,
     HAS_PERM: tl.constexpr,
     GROUP: tl.constexpr,
-    GROUPS_PER_BLOCK: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    BLOCK_W: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_prologue(PDL)
-    WORDS: tl.constexpr = GROUP // 8  # words per group
-    BLOCK_K: tl.constexpr = GROUPS_PER_BLOCK * GROUP
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    rows = offs_n.to(tl.int64)
-    offs_g = tl.arange(0, GROUPS_PER_BLOCK)
-    # word index within a block, and the k of each nibble: [NG, W] and [NG, W, 8]
-    word = offs_g[:, None] * WORDS + tl.arange(0, WORDS)[None, :]
-    nib = tl.arange(0, 8)
-    k_in_block = word[:, :, None] * 8 + nib[None, None, :]
-    shifts = (nib * 4)[None, None, None, :]
+    rows = offs_n.to(tl.int64)[:, None]
+    offs_w = tl.arange(0, BLOCK_W)
     num_words = K // 8
-    num_groups = tl.cdiv(K, GROUP)
-    acc0 = tl.zeros([BLOCK_N], dtype=tl.float32)
-    acc1 = tl.zeros([BLOCK_N], dtype=tl.float32)
-    acc2 = tl.zeros([BLOCK_N], dtype=tl.float32)
-    acc3 = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        words = k0 // 8 + word
-        q_mask = n_mask[:, None, None] & (words < num_words)[None, :, :]
-        q = tl.load(
-            qw_ptr + rows[:, None, None] * stride_qn + words[None, :, :], mask=q_mask, other=0
-        )  # [BLOCK_N, NG, W]
-        qf = ((q[:, :, :, None] >> shifts) & 0xF).to(tl.float32)  # [BLOCK_N, NG, W, 8]
-        groups = k0 // GROUP + offs_g
-        g_mask = n_mask[:, None] & (groups < num_groups)[None, :]
-        s = tl.load(s_ptr + rows[:, None] * stride_sn + groups[None, :], mask=g_mask, other=0.0)
-        z = tl.load(z_ptr + rows[:, None] * stride_zn + groups[None, :], mask=g_mask, other=0)
-        s = s.to(tl.float32)
-        z = z.to(tl.float32)
-        ks = k0 + k_in_block
-        k_mask = ks < K
-        src, x_mask = columns_of_x(perm_ptr, ks, k_mask, HAS_PERM)
-        acc0 += _row_dot(x_ptr, src, x_mask, qf, s, z)
+    acc0 = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
+    acc3 = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
+    for w0 in range(0, num_words, BLOCK_W):
+        words = w0 + offs_w
+        w_mask = words < num_words
+        nw_mask = n_mask[:, None] & w_mask[None, :]
+        q = tl.load(qw_ptr + rows * stride_qn + words[None, :], mask=nw_mask, other=0)
+        # each word's group: GROUP / 8 neighbouring words share it, so these repeat (L1 hits)
+        g = (words // (GROUP // 8))[None, :]
+        s = tl.load(s_ptr + rows * stride_sn + g, mask=nw_mask, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + rows * stride_zn + g, mask=nw_mask, other=0).to(tl.float32)
+        bias = z + 8388608.0  # 2^23 + z, exact
+        p0 = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
+        p1 = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
+        p2 = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
+        p3 = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
+        for j in tl.static_range(8):
+            nib = ((q >> (4 * j)) & 0xF) | 0x4B000000  # the float 2^23 + q, as bits
+            w = nib.to(tl.float32, bitcast=True) - bias  # q - z
+            src, x_mask = columns_of_x(perm_ptr, words * 8 + j, w_mask, HAS_PERM)
+            p0 += w * _x_at(x_ptr, src, x_mask)
+            if M > 1:
+                p1 += w * _x_at(x_ptr + stride_xm, src, x_mask)
+            if M > 2:
+                p2 += w * _x_at(x_ptr + 2 * stride_xm, src, x_mask)
+            if M > 3:
+                p3 += w * _x_at(x_ptr + 3 * stride_xm, src, x_mask)
+        acc0 += s * p0
         if M > 1:
-            acc1 += _row_dot(x_ptr + stride_xm, src, x_mask, qf, s, z)
+            acc1 += s * p1
         if M > 2:
-            acc2 += _row_dot(x_ptr + 2 * stride_xm, src, x_mask, qf, s, z)
+            acc2 += s * p2
         if M > 3:
-            acc3 += _row_dot(x_ptr + 3 * stride_xm, src, x_mask, qf, s, z)
-    store_rows(out_ptr, stride_om, offs_n, n_mask, acc0, acc1, acc2, acc3, M)
+            acc3 += s * p3
+    store_rows(
+        out_ptr,
+        stride_om,
+        offs_n,
+        n_mask,
+        tl.sum(acc0, axis=1),
+        tl.sum(acc1, axis=1),
+        tl.sum(acc2, axis=1),
+        tl.sum(acc3, axis=1),
+        M,
+    )
 
 
 def w4a16_gemv(
@@ -112,8 +122,8 @@ def w4a16_gemv(
     group_size: int,
     perm: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
-    block_n: int = 16,
-    groups_per_block: int | None = None,
+    block_n: int = 8,
+    block_k: int = 1024,
     num_warps: int = 4,
     num_stages: int = 3,
 ) -> torch.Tensor:
@@ -121,22 +131,21 @@ def w4a16_gemv(
 
     x: [m, k_in] (any row stride, m <= MAX_M), fp32/fp16/bf16. qweight, scales, zeros, perm:
     the layout (contiguous last dimensions, any row strides). out (optional, written): [m, n]
-    of x's dtype, contiguous rows of any stride. block_n: output rows per program;
-    groups_per_block: groups of K per step (both powers of two; by default 256 columns a
-    step, 128 bytes of each weight row).
+    of x's dtype, contiguous rows of any stride. block_n: output rows per program; block_k:
+    weight columns per step (block_k / 8 words; both powers of two, block_k >= 8).
     """
     op = "w4a16_gemv"
     m, n, k = check_w4(op, x, qweight, scales, zeros, group_size, perm)
     if not 1 <= m <= MAX_M:
         raise ValueError(f"{op}: x must have 1 to {MAX_M} rows, got {m}")
-    if groups_per_block is None:
-        groups_per_block = max(1, 256 // group_size)
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     check_tensor(op, "out", out, shape=(m, n), dims="[m, n]", dtypes=(x.dtype,), device=x.device)
-    for name, blk in (("block_n", block_n), ("groups_per_block", groups_per_block)):
+    for name, blk in (("block_n", block_n), ("block_k", block_k)):
         if blk < 1 or blk & (blk - 1):
             raise ValueError(f"{op}: {name} must be a power of two, got {blk}")
+    if block_k < PACK:
+        raise ValueError(f"{op}: block_k must be at least {PACK} (one word), got {block_k}")
     check_launch(op, num_warps, num_stages)
     if n == 0:
         return out
@@ -157,8 +166,8 @@ def w4a16_gemv(
         M=m,
         HAS_PERM=perm is not None,
         GROUP=group_size,
-        GROUPS_PER_BLOCK=groups_per_block,
         BLOCK_N=block_n,
+        BLOCK_W=block_k // PACK,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(x.device),

@@ -79,7 +79,7 @@ TIME_LIMITS = {
     "mla_kernel": 240,
     "moe_kernel": 240,
     "gguf_kernel": 300,
-    "w4a16_kernel": 300,
+    "w4a16_kernel": 420,
     "qwen3moe": 480,
     "dsv2lite": 480,
     "scale": 480,

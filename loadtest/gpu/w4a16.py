@@ -25,9 +25,17 @@ from loadtest.gpu.bandwidth import copy_bandwidth
 # (out_features, in_features) of Llama-3.1-8B's projections, qkv and gate_up fused
 LLAMA_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 GROUP = 128
-# (block_n, groups_per_block, num_warps, num_stages)
+# (block_n, block_k (columns a step), num_warps, num_stages)
 GEMV_CONFIGS = [
-    (bn, gpb, warps, 3) for bn in (4, 8, 16, 32) for gpb in (1, 2, 4) for warps in (4, 8)
+    (bn, bk, warps, 3) for bn in (4, 8) for bk in (1024, 2048) for warps in (4, 8)
+] + [
+    # tall tiles: a thread holds several rows of the same words, so each column of x it
+    # loads serves all of them (at one row per thread, x costs a load per weight)
+    (bn, bk, warps, stages)
+    for bn in (16, 32, 64)
+    for bk in (128, 256, 512)
+    for warps in (2, 4)
+    for stages in (3, 4)
 ]
 # (block_m, block_n, block_k, num_warps, num_stages)
 GEMM_CONFIGS = [
@@ -75,20 +83,18 @@ def _gemv_rows(name: str, n: int, k: int, bw: float, gen: torch.Generator) -> di
             x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
             bf16_us = min(_time_us(partial(F.linear, x, dense)), _time_us(partial(gemv, x, dense)))
             best: tuple[float, tuple[int, ...]] = (float("inf"), ())
-            for bn, gpb, warps, stages in GEMV_CONFIGS:
+            for bn, bk, warps, stages in GEMV_CONFIGS:
                 run = partial(
-                    w4a16_gemv, x, **w, block_n=bn, groups_per_block=gpb,
+                    w4a16_gemv, x, **w, block_n=bn, block_k=bk,
                     num_warps=warps, num_stages=stages,
                 )  # fmt: skip
                 try:
-                    best = min(best, (_time_us(run), (bn, gpb, warps, stages)))
+                    best = min(best, (_time_us(run), (bn, bk, warps, stages)))
                 except Exception as e:  # out of registers or shared memory: the next one
-                    rows.setdefault("skipped", []).append(f"{(bn, gpb, warps, stages)}: {e}")
+                    rows.setdefault("skipped", []).append(f"{(bn, bk, warps, stages)}: {e}")
             us, cfg = best
-            bn, gpb, warps, stages = cfg
-            got = w4a16_gemv(
-                x, **w, block_n=bn, groups_per_block=gpb, num_warps=warps, num_stages=stages
-            )
+            bn, bk, warps, stages = cfg
+            got = w4a16_gemv(x, **w, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages)
             read = _bytes(w, x)
             rows[f"{m}{'_act_order' if act_order else ''}"] = {
                 "bf16_us": bf16_us,
@@ -96,7 +102,7 @@ def _gemv_rows(name: str, n: int, k: int, bw: float, gen: torch.Generator) -> di
                 "speedup": bf16_us / us,
                 "int4_TBps": read / us / 1e6,
                 "int4_of_copy": read / us / 1e6 / (bw / 1e12),
-                "best_config": {"block_n": bn, "groups_per_block": gpb, "num_warps": warps},
+                "best_config": {"block_n": bn, "block_k": bk, "num_warps": warps},
                 "max_abs_diff": float((got.float() - w4a16_ref(x, **w).float()).abs().max()),
             }
     return rows

@@ -13,7 +13,8 @@ import torch
 
 from kernels.gemv import MAX_M
 from kernels.w4a16_matmul import GEMM_MAX_M
-from services.executor.models.linear import CANDIDATES, Linear, choose_gemv
+from services.executor.models.linear import Linear, choose_gemv
+from services.executor.quant.int4_linear import INT4_CANDIDATES
 from services.executor.weights import load_model
 from tests.executor.helpers import BatchDriver, greedy_generate, write_tiny_model
 from tests.executor.test_int4_weights import FORMATS, write_int4
@@ -49,7 +50,7 @@ def test_dense_and_every_gemv_plan_match_the_dequantized_weight(
             got = layer.method.dense(layer, x, None)
             torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
             if m <= MAX_M:
-                for cfg in CANDIDATES:
+                for cfg in INT4_CANDIDATES:
                     torch.testing.assert_close(
                         layer.method.gemv(layer, x, cfg), want, atol=1e-4, rtol=1e-4
                     )

@@ -96,11 +96,12 @@ def test_gemv_matches_reference(
     torch.testing.assert_close(out, w.ref(x), atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("groups_per_block", [1, 4])
+@pytest.mark.parametrize("block_k", [32, 128])
 @pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float32])
-def test_gemv_blocks_and_scale_dtypes(groups_per_block: int, scale_dtype: torch.dtype) -> None:
-    """K = 176: a block of 4 groups of 32 covers it partly, the last group is half full."""
-    gen = torch.Generator().manual_seed(groups_per_block)
+def test_gemv_blocks_and_scale_dtypes(block_k: int, scale_dtype: torch.dtype) -> None:
+    """K = 176: a step of one group of 32, or of 4 groups covering K partly; the last group
+    is half full."""
+    gen = torch.Generator().manual_seed(block_k)
     w = W4(24, 176, 32, gen, scale_dtype=scale_dtype)
     x = randn(2, 176, dtype=torch.float32, gen=gen)
     got = w4a16_gemv(
@@ -109,10 +110,24 @@ def test_gemv_blocks_and_scale_dtypes(groups_per_block: int, scale_dtype: torch.
         w.scales,
         w.zeros,
         group_size=32,
-        groups_per_block=groups_per_block,
+        block_k=block_k,
         block_n=16,
     )
     torch.testing.assert_close(got, w.ref(x), atol=1e-4, rtol=1e-4)
+
+
+def test_every_configuration_choose_gemv_may_pick() -> None:
+    from services.executor.quant.int4_linear import INT4_CANDIDATES
+
+    gen = torch.Generator().manual_seed(5)
+    w = W4(20, 176, 32, gen, act_order=True)
+    x = randn(3, w.k_in, dtype=torch.float32, gen=gen)
+    for c in INT4_CANDIDATES:
+        got = w4a16_gemv(
+            x, w.qweight, w.scales, w.zeros, group_size=32, perm=w.perm, block_n=c.block_n,
+            block_k=c.block_k, num_warps=c.num_warps, num_stages=c.num_stages,
+        )  # fmt: skip
+        torch.testing.assert_close(got, w.ref(x), atol=1e-4, rtol=1e-4, msg=str(c))
 
 
 @pytest.mark.parametrize("dtype", DOT_DTYPES)

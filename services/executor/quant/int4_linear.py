@@ -103,6 +103,19 @@ def _copy(param: torch.Tensor, dim: int, start: int, end: int, t: torch.Tensor) 
     param.narrow(dim, start, end - start).copy_(t)
 
 
+# Half a byte a weight: steps of 512 to 2,048 columns (256 B to 1 KB of each packed row),
+# the bf16 candidates' bytes per step and up; fewer rows a program for the small projections.
+INT4_CANDIDATES = (
+    GemvConfig(8, 1024, 4, 3),
+    GemvConfig(4, 1024, 4, 3),
+    GemvConfig(4, 2048, 4, 3),
+    GemvConfig(8, 2048, 8, 3),
+    GemvConfig(16, 512, 4, 3),
+    GemvConfig(2, 2048, 4, 3),
+    GemvConfig(8, 512, 4, 4),
+)
+
+
 class Int4Method(LinearMethod):
     """AWQ (gemm) or GPTQ (v1, gptq_v2; act-order) int4 weights, as `layout` says."""
 
@@ -208,13 +221,16 @@ class Int4Method(LinearMethod):
         out = out.view(*x.shape[:-1], layer.out_features)
         return out if bias is None else out + bias
 
+    def gemv_candidates(self) -> tuple[GemvConfig, ...]:
+        return INT4_CANDIDATES
+
     def gemv(self, layer: Linear, x: torch.Tensor, cfg: GemvConfig) -> torch.Tensor:
         from kernels.w4a16_gemv import w4a16_gemv
 
         p = _packed(layer)
         return w4a16_gemv(
             x, p.qweight, p.scales, p.zeros, group_size=p.group_size, perm=p.perm,
-            block_n=cfg.block_n, groups_per_block=max(1, cfg.block_k // p.group_size),
+            block_n=cfg.block_n, block_k=cfg.block_k,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
 
