@@ -22,12 +22,12 @@ MoE: the same two figures, gpu/deepseek.py); qwen3moe_decode and dsv2lite_decode
 decode half alone; scale (decode at long contexts and big batches against its roofline, the
 100,000-token prefill, host time per step at batch 256: gpu/scale.py), gguf_kernel (GGUF
 Q8_0/Q4_K/Q6_K blocks: the decode GEMV's bandwidth at Llama-3.1-8B's shapes, the prefill
-paths' crossover: gpu/gguf_kernel.py), w4a16_kernel (the int4 GEMV and GEMM at
-Llama-3.1-8B's projection shapes against bf16: gpu/w4a16.py); quant_decode (batch-1 decode
-with bf16, fp8 per-channel, fp8 block and GGUF Q4_K weights, each against its own roofline:
-gpu/quant.py; quant_decode_int4 the same with bf16, int4 AWQ and int4 GPTQ) and
-offline_fp8w (the 500 prompts with --quantization fp8 weights and --kv-cache-dtype
-fp8_e4m3).
+paths' crossover: gpu/gguf_kernel.py), w4a16_kernel (the int4 GEMV, GEMM and dequantise +
+cuBLAS at Llama-3.1-8B's projection shapes against bf16, the prefill paths' crossover:
+gpu/w4a16.py); quant_decode (batch-1 decode with bf16, fp8 per-channel, fp8 block and GGUF
+Q4_K weights, each against its own roofline: gpu/quant.py; quant_decode_int4 the same with
+bf16, int4 AWQ and int4 GPTQ) and offline_fp8w (the 500 prompts with --quantization fp8
+weights and --kv-cache-dtype fp8_e4m3).
 """
 
 from __future__ import annotations

@@ -7,9 +7,18 @@ bytes the int4 kernel reads per call (packed weight, scales, zero points) as TB/
 share of the copy bandwidth, and its largest difference from the torch twin. Summed over the
 four projections at one row, the ratio of bf16 to int4 time is what the projections alone
 give batch-1 decode (the issue's target for the whole model: int4 >= 2.8x bf16). down_proj
-is also timed with an act-order perm. Then prefill: the GEMM at 128 and 2,048 rows against
-cuBLAS in bf16. Every time is a CUDA-graph replay (models/linear.py's _time_us), as decode
-runs the kernels.
+is also timed with an act-order perm.
+
+Then prefill (`prefill`), per projection and for down_proj with an act-order perm: the
+dequantise kernel alone (kernels/w4a16_dequant, the whole weight to bf16: the launcher's
+default tile and the best of a small grid, bytes read + written as GB/s and as a share of
+the copy bandwidth), and at PREFILL_ROWS rows the dequantising GEMM's best over its grid,
+dequantise + cuBLAS (kernels/w4a16_matmul past its GEMM rows: slices of the weight expanded,
+then torch.mm; with act-order, x's columns gathered too) and bf16 cuBLAS. `crossover_m` is
+the row count from which dequantise + cuBLAS beats the GEMM at every larger measured count;
+`gemm_max_m` (the largest crossover over the projections, less one) is the figure
+kernels/w4a16_matmul.GEMM_MAX_M should follow. Every time is a CUDA-graph replay
+(models/linear.py's _time_us), as decode runs the kernels.
 """
 
 from __future__ import annotations
@@ -26,9 +35,7 @@ from loadtest.gpu.bandwidth import copy_bandwidth
 LLAMA_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 GROUP = 128
 # (block_n, block_k (columns a step), num_warps, num_stages)
-GEMV_CONFIGS = [
-    (bn, bk, warps, 3) for bn in (4, 8) for bk in (1024, 2048) for warps in (4, 8)
-] + [
+GEMV_CONFIGS = [(bn, bk, warps, 3) for bn in (4, 8) for bk in (1024, 2048) for warps in (4, 8)] + [
     # tall tiles: a thread holds several rows of the same words, so each column of x it
     # loads serves all of them (at one row per thread, x costs a load per weight)
     (bn, bk, warps, stages)
@@ -37,6 +44,11 @@ GEMV_CONFIGS = [
     for warps in (2, 4)
     for stages in (3, 4)
 ]
+# rows of x for the prefill paths, from below GGUF's crossover (32) to a prefill chunk; all
+# multiples of 16, so that each GEMM tile compiles once (Triton specialises on it)
+PREFILL_ROWS = (16, 32, 128, 512, 2048)
+# kernels/w4a16_dequant's (block_n, block_w, num_warps); the launcher's default first
+DEQUANT_CONFIGS = [(16, 64, 4), (16, 32, 4), (32, 32, 4), (32, 64, 8), (8, 128, 4), (64, 16, 4)]
 # (block_m, block_n, block_k, num_warps, num_stages)
 GEMM_CONFIGS = [
     (64, 64, 64, 4, 3),
@@ -108,14 +120,46 @@ def _gemv_rows(name: str, n: int, k: int, bw: float, gen: torch.Generator) -> di
     return rows
 
 
-def _gemm_rows(n: int, k: int, gen: torch.Generator) -> dict[str, Any]:
+def _dequant_point(w: dict[str, Any], bw: float) -> dict[str, Any]:
+    """kernels/w4a16_dequant over the whole weight into one bf16 buffer, per launch config."""
+    from kernels.w4a16 import PACK
+    from kernels.w4a16_dequant import w4a16_dequantize
+    from services.executor.models.linear import _time_us
+
+    n, k = w["qweight"].shape[0], w["qweight"].shape[1] * PACK
+    out = torch.empty(n, k, dtype=torch.bfloat16, device="cuda")
+    moved = _bytes(w, out)  # packed words, scales, zero points (and perm) read; out written
+    by_cfg: dict[tuple[int, int, int], float] = {}
+    for bn, bwords, warps in DEQUANT_CONFIGS:
+        run = partial(
+            w4a16_dequantize, **w, dtype=torch.bfloat16, out=out,
+            block_n=bn, block_w=bwords, num_warps=warps,
+        )  # fmt: skip
+        by_cfg[(bn, bwords, warps)] = _time_us(run)
+    best = min(by_cfg, key=by_cfg.__getitem__)
+    default_us = by_cfg[DEQUANT_CONFIGS[0]]
+    return {
+        "default_us": default_us,
+        "default_GBps": moved / default_us / 1e3,
+        "default_of_copy": moved / default_us / 1e6 / (bw / 1e12),
+        "best_us": by_cfg[best],
+        "best_of_copy": moved / by_cfg[best] / 1e6 / (bw / 1e12),
+        "best_config": {"block_n": best[0], "block_w": best[1], "num_warps": best[2]},
+    }
+
+
+def _prefill_rows(
+    n: int, k: int, bw: float, gen: torch.Generator, act_order: bool
+) -> dict[str, Any]:
     from kernels.w4a16_gemm import w4a16_gemm
+    from kernels.w4a16_matmul import w4a16_matmul
     from services.executor.models.linear import _time_us
 
     dense = torch.randn(n, k, device="cuda", generator=gen).mul_(0.02).bfloat16()
-    w = _weights(n, k, gen)
+    w = _weights(n, k, gen, act_order)
+    result: dict[str, Any] = {"dequant": _dequant_point(w, bw)}
     rows: dict[str, Any] = {}
-    for m in (128, 2048):
+    for m in PREFILL_ROWS:
         x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
         bf16_us = _time_us(partial(F.linear, x, dense), reps=5)
         best: tuple[float, tuple[int, ...]] = (float("inf"), ())
@@ -127,14 +171,43 @@ def _gemm_rows(n: int, k: int, gen: torch.Generator) -> dict[str, Any]:
             try:
                 best = min(best, (_time_us(run, reps=5), (bm, bn, bk, warps, stages)))
             except Exception as e:  # out of shared memory for this tile: try the next one
-                rows.setdefault("skipped", []).append(f"{(bm, bn, bk, warps, stages)}: {e}")
+                result.setdefault("skipped", []).append(f"{(bm, bn, bk, warps, stages)}: {e}")
+        expand_us = _time_us(partial(w4a16_matmul, x, **w, gemm_max_m=0), reps=5)
         rows[str(m)] = {
-            "bf16_us": bf16_us,
-            "int4_us": best[0],
-            "int4_over_bf16_time": best[0] / bf16_us,
-            "best_config": best[1],
+            "gemm_us": best[0],
+            "gemm_config": best[1],
+            "dequant_cublas_us": expand_us,
+            "bf16_cublas_us": bf16_us,
+            "gemm_over_bf16_time": best[0] / bf16_us,
+            "dequant_cublas_over_bf16_time": expand_us / bf16_us,
         }
-    return rows
+    result["rows"] = rows
+    result["crossover_m"] = crossover(rows)
+    return result
+
+
+def crossover(rows: dict[str, Any]) -> int | None:
+    """The smallest measured row count from which dequantise + cuBLAS beats the GEMM at it
+    and every larger count (None: the GEMM wins the largest)."""
+    found = None
+    for m in sorted(rows, key=int, reverse=True):
+        if rows[m]["dequant_cublas_us"] >= rows[m]["gemm_us"]:
+            break
+        found = int(m)
+    return found
+
+
+def _prefill_section(bw: float, gen: torch.Generator) -> dict[str, Any]:
+    shapes = [(name, n, k, False) for name, (n, k) in LLAMA_8B.items()]
+    shapes.append(("down_act_order", *LLAMA_8B["down"], True))
+    projections: dict[str, Any] = {}
+    for name, n, k, act_order in shapes:
+        projections[name] = _prefill_rows(n, k, bw, gen, act_order)
+        torch.cuda.empty_cache()
+    ms = [r["crossover_m"] for r in projections.values()]
+    # where one projection never crosses over, the GEMM keeps every measured row count
+    worst = PREFILL_ROWS[-1] + 1 if None in ms else max(m for m in ms if m is not None)
+    return {"projections": projections, "gemm_max_m": worst - 1}
 
 
 def w4a16_kernel_section() -> dict[str, Any]:
@@ -148,7 +221,7 @@ def w4a16_kernel_section() -> dict[str, Any]:
         "copy_bandwidth_TBps": bw / 1e12,
         "gemv": gemv,
         "layer_projections_1row": {"bf16_us": bf16, "int4_us": int4, "speedup": bf16 / int4},
-        "gemm": {name: _gemm_rows(n, k, gen) for name, (n, k) in LLAMA_8B.items()},
+        "prefill": _prefill_section(bw, gen),
     }
 
 
@@ -170,14 +243,30 @@ def table_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     layer = result.get("layer_projections_1row")
     if layer:
         rows.append(("int4 vs bf16, a layer's projections at 1 row", f"{layer['speedup']:.2f}x"))
-    for name, by_rows in result.get("gemm", {}).items():
-        for m in ("128", "2048"):
-            if m in by_rows:
-                r = by_rows[m]
-                rows.append(
-                    (
-                        f"int4 GEMM {name}, {m} rows",
-                        f"{r['int4_us']:.0f} us = {r['int4_over_bf16_time']:.2f}x bf16's time",
-                    )
+    prefill = result.get("prefill", {})
+    for name, p in prefill.get("projections", {}).items():
+        d = p["dequant"]
+        rows.append(
+            (
+                f"int4 dequantise {name}",
+                f"{d['default_us']:.0f} us, {d['default_GBps']:.0f} GB/s = "
+                f"{100 * d['default_of_copy']:.0f}% of copy bandwidth (best tile "
+                f"{100 * d['best_of_copy']:.0f}%)",
+            )
+        )
+        for m, r in p["rows"].items():
+            rows.append(
+                (
+                    f"int4 prefill {name}, {m} rows",
+                    f"GEMM {r['gemm_us']:.0f} us, dequantise + cuBLAS "
+                    f"{r['dequant_cublas_us']:.0f} us, bf16 cuBLAS {r['bf16_cublas_us']:.0f} us",
                 )
+            )
+        rows.append(
+            (f"int4 prefill {name}: dequantise + cuBLAS wins from rows", str(p["crossover_m"]))
+        )
+    if "gemm_max_m" in prefill:
+        rows.append(
+            ("int4 prefill: GEMM_MAX_M to set (largest crossover - 1)", str(prefill["gemm_max_m"]))
+        )
     return rows
