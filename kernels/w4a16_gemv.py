@@ -33,7 +33,8 @@ from kernels.w4a16 import PACK, check_w4, columns_of_x
 
 @triton.jit
 def _x_at(x_row_ptr, src, x_mask):
-    return tl.load(x_row_ptr + src, mask=x_mask, other=0.0).to(tl.float32)[None, :]
+    """x's columns `src` [BLOCK_N, BLOCK_W] (the same column down each row of the tile)."""
+    return tl.load(x_row_ptr + src, mask=x_mask, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -73,6 +74,7 @@ def _w4a16_gemv_kernel(
         w_mask = words < num_words
         nw_mask = n_mask[:, None] & w_mask[None, :]
         q = tl.load(qw_ptr + rows * stride_qn + words[None, :], mask=nw_mask, other=0)
+        q = q.to(tl.uint32, bitcast=True)  # logical shifts: no sign to extend
         # each word's group: GROUP / 8 neighbouring words share it, so these repeat (L1 hits)
         g = (words // (GROUP // 8))[None, :]
         s = tl.load(s_ptr + rows * stride_sn + g, mask=nw_mask, other=0.0).to(tl.float32)
@@ -85,7 +87,11 @@ def _w4a16_gemv_kernel(
         for j in tl.static_range(8):
             nib = ((q >> (4 * j)) & 0xF) | 0x4B000000  # the float 2^23 + q, as bits
             w = nib.to(tl.float32, bitcast=True) - bias  # q - z
-            src, x_mask = columns_of_x(perm_ptr, words * 8 + j, w_mask, HAS_PERM)
+            # addressed as the whole tile, so each thread loads the columns of its own
+            # words in the tile's layout (a [BLOCK_W] vector would be loaded in another
+            # layout and passed through shared memory, behind two barriers per nibble)
+            cols = words[None, :] * 8 + j + 0 * rows
+            src, x_mask = columns_of_x(perm_ptr, cols, nw_mask, HAS_PERM)
             p0 += w * _x_at(x_ptr, src, x_mask)
             if M > 1:
                 p1 += w * _x_at(x_ptr + stride_xm, src, x_mask)
