@@ -152,7 +152,7 @@ def run_case(case: Case) -> Result:
     error = None
     try:
         case.run()
-    except triton.CompilationError as e:
+    except (triton.CompilationError, OutOfResources) as e:  # the compiler's own message
         error = f"{type(e).__name__}: {e}"
     except Exception:
         error = traceback.format_exc()

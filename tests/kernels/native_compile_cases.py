@@ -43,7 +43,6 @@ from tests.kernels.native_compile import Case
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 E5M2, E4M3 = torch.float8_e5m2, torch.float8_e4m3fn
-_ID = {BF16: "bf16", FP16: "fp16", FP32: "fp32", E5M2: "e5m2", E4M3: "e4m3"}
 
 
 def _t(*shape: int, dtype: torch.dtype = BF16) -> torch.Tensor:
@@ -323,6 +322,7 @@ def _cases() -> list[Case]:
         ("bitmask/bf16", partial(_bitmask, BF16)),
         ("rotary/bf16", partial(_rotary, BF16, 128, False, False, False)),
         ("rotary/fp16-partial", partial(_rotary, FP16, 64, False, False, False)),
+        ("rotary/bf16-kv-store", partial(_rotary, BF16, 128, False, False, True)),
         ("rotary/bf16-qk-norm-kv-store", partial(_rotary, BF16, 128, True, False, True)),
         ("rotary/bf16-qk-norm-unit-offset", partial(_rotary, BF16, 128, True, True, False)),
         ("store_kv/bf16", partial(_store_kv, BF16, BF16)),
@@ -331,6 +331,7 @@ def _cases() -> list[Case]:
         ("decode_attention/fp16-3-stages-nopdl", partial(_decode, FP16, num_stages=3), False),
         ("decode_attention/bf16-e4m3-pool", partial(_decode, BF16, E4M3)),
         ("decode_attention/fp16-e5m2-pool", partial(_decode, FP16, E5M2)),
+        ("decode_attention/bf16-window", partial(_decode, BF16, window=4096)),
         (
             "decode_attention/bf16-window-softcap-hd256",
             partial(_decode, BF16, heads=16, head_dim=256, window=4096, softcap=50.0),
