@@ -62,28 +62,54 @@ def _mismatched_kernel(out_ptr, n):
 
 
 def launch_mismatched() -> None:
-    """The subprocess's case below: the bad kernel, launched as a launcher would (n = 3, not
-    1, which Triton would make a constant and the `if` static)."""
+    """The bad kernel, launched as a launcher would (n = 3, not 1, which Triton would make a
+    constant and the `if` static)."""
     _mismatched_kernel[(1,)](torch.empty(4), 3)
 
 
-_BAD_CASE = """
+@triton.jit
+def _pipelined_dot_kernel(
+    a_ptr, b_ptr, c_ptr, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr
+):
+    """A K loop of tl.dot: the compiler stages its A and B tiles in shared memory."""
+    offs_m, offs_n, offs_k = tl.arange(0, BM), tl.arange(0, BN), tl.arange(0, BK)
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for k in range(0, K, BK):
+        a = tl.load(a_ptr + offs_m[:, None] * K + (k + offs_k)[None, :])
+        b = tl.load(b_ptr + (k + offs_k)[:, None] * BN + offs_n[None, :])
+        acc = tl.dot(a, b, acc)
+    tl.store(c_ptr + offs_m[:, None] * BN + offs_n[None, :], acc)
+
+
+def launch_oversized_tiles() -> None:
+    """128 x 128 x 256 bf16 tiles in 4 stages: 512 KiB of shared memory, which compiles and
+    which an H100 (227 KiB a block) refuses to load."""
+    a, b = torch.empty(128, 4096, dtype=torch.bfloat16), torch.empty(4096, 128).bfloat16()
+    _pipelined_dot_kernel[(1,)](a, b, torch.empty(128, 128), 4096, 128, 128, 256, num_stages=4)
+
+
+_BAD_CASES = """
 import sys
 from tests.kernels import native_compile as nc
-from tests.kernels.test_native_compile import launch_mismatched
+from tests.kernels import test_native_compile as t
 nc.install()
-result = nc.run_case(nc.Case("bad/mismatched-if", launch_mismatched))
-print(nc.report(result))
-sys.exit(0 if result.error is None else 1)
+results = [
+    nc.run_case(nc.Case("bad/mismatched-if", t.launch_mismatched)),
+    nc.run_case(nc.Case("bad/oversized-tiles", t.launch_oversized_tiles)),
+]
+print("\\n".join(map(nc.report, results)))
+sys.exit(sum(r.error is not None for r in results))
 """
 
 
-def test_a_kernel_the_compiler_rejects_is_reported_as_failed(tmp_path: Path) -> None:
-    proc = _compile(["-c", _BAD_CASE], tmp_path)
-    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
-    assert proc.stdout.startswith("FAIL"), proc.stdout
-    assert "bad/mismatched-if (_mismatched_kernel)" in proc.stdout
-    assert "CompilationError" in proc.stdout and "Mismatched type for x" in proc.stdout
+def test_what_the_gpu_would_refuse_is_reported_as_failed(tmp_path: Path) -> None:
+    proc = _compile(["-c", _BAD_CASES], tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr[-3000:]
+    mismatched, oversized = proc.stdout.split("\nFAIL ")
+    assert mismatched.startswith("FAIL") and "bad/mismatched-if (_mismatched_kernel)" in mismatched
+    assert "CompilationError" in mismatched and "Mismatched type for x" in mismatched
+    assert "bad/oversized-tiles (_pipelined_dot_kernel)" in oversized
+    assert "OutOfResources: out of resource: shared memory" in oversized
 
 
 def test_every_launched_kernel_needs_a_case() -> None:
