@@ -1,0 +1,365 @@
+"""The launcher calls tests/kernels/native_compile.py compiles for sm_90: every kernel of
+kernels/, through the constexpr branches a GPU compiles (decode and prefill shapes, 16-bit
+dtypes, PDL on and off, fp8 KV pools, the optional fusions).
+
+Tensors are empty CPU tensors: nothing is launched, so only shapes, dtypes and strides matter.
+Shapes are small but of the models' proportions (head dims, ranks, group sizes), since the
+compiler specialises on divisibility by 16 and on the constexpr tiles derived from them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import torch
+
+from kernels.bitmask import apply_token_bitmask
+from kernels.decode_attention import DecodeWorkspace, decode_attention
+from kernels.extend_attention import extend_attention
+from kernels.fp8_act_quant import quantize_act
+from kernels.fp8_block_gemm import fp8_block_gemm
+from kernels.fp8_gemv import fp8_gemv
+from kernels.fp8_weights import BLOCK, FP8
+from kernels.fused_moe import fused_moe
+from kernels.gated_act import gelu_tanh_mul, silu_mul
+from kernels.gemv import gemv
+from kernels.gguf_blocks import LAYOUTS, row_bytes
+from kernels.gguf_dequant import gguf_dequantize
+from kernels.gguf_gemm import gguf_gemm
+from kernels.gguf_gemv import gguf_gemv
+from kernels.head_gemv import head_gemv
+from kernels.mla_decode import mla_decode
+from kernels.mla_extend import mla_extend
+from kernels.mla_prep import mla_prep
+from kernels.moe_align import moe_align
+from kernels.moe_topk import moe_topk
+from kernels.rmsnorm import rmsnorm
+from kernels.rotary import KVStore, QKNorm, apply_rotary
+from kernels.store_kv import store_kv
+from kernels.w4a16_gemm import w4a16_gemm
+from kernels.w4a16_gemv import w4a16_gemv
+from tests.kernels.native_compile import Case
+
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+E5M2, E4M3 = torch.float8_e5m2, torch.float8_e4m3fn
+
+
+def _t(*shape: int, dtype: torch.dtype = BF16) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype)
+
+
+def _ints(n: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    return torch.zeros(n, dtype=dtype)
+
+
+# -- dense layers ---------------------------------------------------------------------------
+
+
+def _gemv(dtype: torch.dtype, m: int) -> None:
+    gemv(_t(m, 4096, dtype=dtype), _t(1024, 4096, dtype=dtype))
+
+
+def _fp8_gemv(block_scales: bool) -> None:
+    n, k = 1024, 4096
+    scale = _t(n // BLOCK, k // BLOCK, dtype=FP32) if block_scales else _t(n, 1, dtype=FP32)
+    fp8_gemv(_t(2, k), _t(n, k, dtype=FP8), scale, block_scales=block_scales)
+
+
+def _quantize_act(group: int, static: bool) -> None:
+    quantize_act(_t(16, 4096), group=group, static_scale=_t(1, dtype=FP32) if static else None)
+
+
+def _fp8_block_gemm(out_dtype: torch.dtype) -> None:
+    m, n, k = 64, 1024, 4096
+    a, a_scale = _t(m, k, dtype=FP8), _t(m, k // BLOCK, dtype=FP32)
+    w, w_scale = _t(n, k, dtype=FP8), _t(n // BLOCK, k // BLOCK, dtype=FP32)
+    fp8_block_gemm(a, a_scale, w, w_scale, out_dtype=out_dtype)
+
+
+def _w4a16(gemm: bool, dtype: torch.dtype, group: int, act_order: bool, m: int) -> None:
+    n, k = 1024, 4096
+    qweight, zeros = _t(n, k // 8, dtype=torch.int32), _t(n, k // group, dtype=torch.uint8)
+    scales = _t(n, k // group, dtype=FP16)  # as AWQ and GPTQ checkpoints keep them
+    perm = _ints(k, torch.int32) if act_order else None
+    launch = w4a16_gemm if gemm else w4a16_gemv
+    launch(_t(m, k, dtype=dtype), qweight, scales, zeros, group_size=group, perm=perm)
+
+
+def _gguf(op: str, qtype: str, dtype: torch.dtype) -> None:
+    n, k = 256, 4096
+    blocks = _t(n, row_bytes(qtype, k), dtype=torch.uint8)
+    if op == "gemv":
+        gguf_gemv(_t(1, k, dtype=dtype), blocks, qtype=qtype)
+    elif op == "gemm":
+        gguf_gemm(_t(64, k, dtype=dtype), blocks, qtype=qtype)
+    else:
+        gguf_dequantize(blocks, qtype=qtype, k=k, dtype=dtype)
+
+
+def _rmsnorm(dtype: torch.dtype, residual: bool, unit_offset: bool) -> None:
+    x = _t(4, 4096, dtype=dtype)
+    res = _t(4, 4096, dtype=dtype) if residual else None
+    rmsnorm(x, _t(4096, dtype=dtype), 1e-6, residual=res, unit_offset=unit_offset)
+
+
+def _act(gelu: bool, dtype: torch.dtype) -> None:
+    (gelu_tanh_mul if gelu else silu_mul)(_t(4, 2 * 14336, dtype=dtype))
+
+
+def _head_gemv(dtype: torch.dtype) -> None:
+    heads, i, j = 16, 128, 512  # DeepSeek's absorbed q_nope @ W_UK
+    head_gemv(
+        _t(2, heads, i, dtype=dtype), _t(heads, i, j, dtype=dtype), _t(2, heads, j, dtype=dtype)
+    )
+
+
+def _bitmask(dtype: torch.dtype) -> None:
+    vocab = 128256
+    apply_token_bitmask(
+        logits=_t(4, vocab, dtype=dtype), bitmask=_t(4, vocab // 32, dtype=torch.int32)
+    )
+
+
+# -- rotary and the KV pool -----------------------------------------------------------------
+
+
+def _rotary(
+    dtype: torch.dtype, rotary_dim: int, norm: bool, unit_offset: bool, store: bool
+) -> None:
+    n, heads, kv_heads, head_dim = 4, 32, 8, 128
+    qkv = _t(n, heads + 2 * kv_heads, head_dim, dtype=dtype)  # views of one fused projection
+    q, k, v = qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
+    w = _t(head_dim, dtype=dtype)
+    kv_store = None
+    if store:
+        pool = (_t(64, kv_heads, head_dim, dtype=dtype), _t(64, kv_heads, head_dim, dtype=dtype))
+        kv_store = KVStore(v, *pool, _ints(n))
+    apply_rotary(
+        q=q,
+        k=k,
+        positions=_ints(n),
+        cos_sin_cache=_t(256, rotary_dim, dtype=FP32),
+        norm=QKNorm(w, w, 1e-6, unit_offset) if norm else None,
+        store=kv_store,
+    )
+
+
+def _store_kv(dtype: torch.dtype, pool: torch.dtype) -> None:
+    n, kv_heads, head_dim = 4, 8, 128
+    k, v = _t(n, kv_heads, head_dim, dtype=dtype), _t(n, kv_heads, head_dim, dtype=dtype)
+    k_buffer, v_buffer = (
+        _t(64, kv_heads, head_dim, dtype=pool),
+        _t(64, kv_heads, head_dim, dtype=pool),
+    )
+    store_kv(k=k, v=v, k_buffer=k_buffer, v_buffer=v_buffer, out_cache_loc=_ints(n))
+
+
+# -- attention ------------------------------------------------------------------------------
+
+
+def _decode(
+    dtype: torch.dtype,
+    pool: torch.dtype | None = None,
+    *,
+    heads: int = 32,
+    kv_heads: int = 8,
+    head_dim: int = 128,
+    num_stages: int = 2,
+    window: int | None = None,
+    softcap: float | None = None,
+) -> None:
+    bs = 4
+    ws = DecodeWorkspace.allocate(
+        max_batch_size=bs, num_heads=heads, head_dim=head_dim, max_kv_splits=16, device="cpu"
+    )
+    decode_attention(
+        q=_t(bs, heads, head_dim, dtype=dtype),
+        k_buffer=_t(256, kv_heads, head_dim, dtype=pool or dtype),
+        v_buffer=_t(256, kv_heads, head_dim, dtype=pool or dtype),
+        req_to_token=_t(bs + 1, 64, dtype=torch.int64),
+        req_rows=_ints(bs),
+        seq_lens=_ints(bs),
+        num_kv_splits=_ints(bs, torch.int32),
+        workspace=ws,
+        sm_scale=head_dim**-0.5,
+        num_stages=num_stages,
+        window=window,
+        softcap=softcap,
+    )
+
+
+def _extend(
+    dtype: torch.dtype,
+    pool: torch.dtype | None = None,
+    *,
+    max_extend_len: int = 512,
+    head_dim: int = 128,
+    window: int | None = None,
+    softcap: float | None = None,
+) -> None:
+    bs, heads, kv_heads = 2, 32, 8
+    extend_attention(
+        q=_t(2 * max_extend_len, heads, head_dim, dtype=dtype),
+        k_buffer=_t(4096, kv_heads, head_dim, dtype=pool or dtype),
+        v_buffer=_t(4096, kv_heads, head_dim, dtype=pool or dtype),
+        req_to_token=_t(bs + 1, 2048, dtype=torch.int64),
+        req_rows=_ints(bs),
+        prefix_lens=_ints(bs),
+        extend_lens=_ints(bs),
+        extend_starts=_ints(bs),
+        max_extend_len=max_extend_len,
+        sm_scale=head_dim**-0.5,
+        window=window,
+        softcap=softcap,
+    )
+
+
+_RANK, _ROPE = 512, 64  # DeepSeek-V2/V3's latent width and rotary part
+
+
+def _mla_decode(dtype: torch.dtype, pool: torch.dtype | None = None, rank: int = _RANK) -> None:
+    bs, heads = 4, 16
+    ws = DecodeWorkspace.allocate(
+        max_batch_size=bs, num_heads=heads, head_dim=rank, max_kv_splits=16, device="cpu"
+    )
+    mla_decode(
+        q=_t(bs, heads, rank + _ROPE, dtype=dtype),
+        buffer=_t(256, 1, rank + _ROPE, dtype=pool or dtype),
+        rank=rank,
+        req_to_token=_t(bs + 1, 64, dtype=torch.int64),
+        req_rows=_ints(bs),
+        seq_lens=_ints(bs),
+        num_kv_splits=_ints(bs, torch.int32),
+        workspace=ws,
+        sm_scale=0.1,
+    )
+
+
+def _mla_extend(dtype: torch.dtype, pool: torch.dtype | None = None, rank: int = _RANK) -> None:
+    bs, heads, tokens = 2, 16, 256
+    mla_extend(
+        q=_t(tokens, heads, rank + _ROPE, dtype=dtype),
+        buffer=_t(4096, 1, rank + _ROPE, dtype=pool or dtype),
+        rank=rank,
+        req_to_token=_t(bs + 1, 2048, dtype=torch.int64),
+        req_rows=_ints(bs),
+        prefix_lens=_ints(bs),
+        extend_lens=_ints(bs),
+        extend_starts=_ints(bs),
+        max_extend_len=tokens // bs,
+        sm_scale=0.1,
+    )
+
+
+def _mla_prep(dtype: torch.dtype, interleave: bool, mscale: float) -> None:
+    n, heads, nope = 4, 16, 128
+    mla_prep(
+        q=_t(n, heads, nope + _ROPE, dtype=dtype),
+        kv=_t(n, _RANK + _ROPE, dtype=dtype),
+        query=_t(n, heads, _RANK + _ROPE, dtype=dtype),
+        buffer=_t(256, 1, _RANK + _ROPE, dtype=dtype),
+        out_cache_loc=_ints(n),
+        positions=_ints(n),
+        cos_sin_cache=_t(4096, _ROPE, dtype=FP32),
+        norm_weight=_t(_RANK, dtype=dtype),
+        eps=1e-6,
+        rank=_RANK,
+        interleave=interleave,
+        mscale=mscale,
+    )
+
+
+# -- mixture of experts ---------------------------------------------------------------------
+
+
+def _moe_topk(dtype: torch.dtype, experts: int, scoring: str, renormalise: bool) -> None:
+    moe_topk(_t(4, experts, dtype=dtype), top_k=8, scoring=scoring, renormalise=renormalise)
+
+
+def _moe_align(tokens: int) -> None:
+    # 128 experts, top 8: a decode batch takes the one-program path, a prefill the three kernels
+    moe_align(_ints(tokens * 8).view(tokens, 8), 128, 16)
+
+
+def _fused_moe(dtype: torch.dtype, tokens: int, path: str) -> None:
+    experts, top_k, hidden, inter = 128, 8, 2048, 768  # Qwen3-30B-A3B
+    fused_moe(
+        _t(tokens, hidden, dtype=dtype),
+        _t(experts, 2 * inter, hidden, dtype=dtype),
+        _t(experts, hidden, inter, dtype=dtype),
+        _t(tokens, top_k, dtype=FP32),
+        _ints(tokens * top_k, torch.int32).view(tokens, top_k),
+        path=path,
+    )
+
+
+def _cases() -> list[Case]:
+    c: list[tuple[str, Callable[[], None]] | tuple[str, Callable[[], None], bool]] = [
+        ("gemv/bf16-m1", partial(_gemv, BF16, 1)),
+        ("gemv/fp16-m4-nopdl", partial(_gemv, FP16, 4), False),
+        ("fp8_gemv/row-scales", partial(_fp8_gemv, False)),
+        ("fp8_gemv/block-scales", partial(_fp8_gemv, True)),
+        ("fp8_act_quant/per-token", partial(_quantize_act, 0, False)),
+        ("fp8_act_quant/group-128", partial(_quantize_act, BLOCK, False)),
+        ("fp8_act_quant/static", partial(_quantize_act, 0, True)),
+        ("fp8_block_gemm/bf16", partial(_fp8_block_gemm, BF16)),
+        ("fp8_block_gemm/fp16", partial(_fp8_block_gemm, FP16)),
+        ("w4a16_gemv/bf16-m1", partial(_w4a16, False, BF16, 128, False, 1)),
+        ("w4a16_gemv/fp16-m4-act-order", partial(_w4a16, False, FP16, 32, True, 4)),
+        ("w4a16_gemm/bf16-group-128", partial(_w4a16, True, BF16, 128, False, 64)),
+        ("w4a16_gemm/fp16-group-32-act-order", partial(_w4a16, True, FP16, 32, True, 64)),
+        *((f"gguf_gemv/{q}", partial(_gguf, "gemv", q, BF16)) for q in LAYOUTS),
+        *((f"gguf_gemm/{q}", partial(_gguf, "gemm", q, BF16)) for q in LAYOUTS),
+        *((f"gguf_dequant/{q}", partial(_gguf, "dequant", q, FP16)) for q in LAYOUTS),
+        ("rmsnorm/bf16", partial(_rmsnorm, BF16, False, False)),
+        ("rmsnorm/bf16-residual-nopdl", partial(_rmsnorm, BF16, True, False), False),
+        ("rmsnorm/fp16-residual-unit-offset", partial(_rmsnorm, FP16, True, True)),
+        ("gated_act/silu-bf16", partial(_act, False, BF16)),
+        ("gated_act/gelu-tanh-fp16", partial(_act, True, FP16)),
+        ("head_gemv/bf16", partial(_head_gemv, BF16)),
+        ("bitmask/fp32", partial(_bitmask, FP32)),
+        ("bitmask/bf16", partial(_bitmask, BF16)),
+        ("rotary/bf16", partial(_rotary, BF16, 128, False, False, False)),
+        ("rotary/fp16-partial", partial(_rotary, FP16, 64, False, False, False)),
+        ("rotary/bf16-kv-store", partial(_rotary, BF16, 128, False, False, True)),
+        ("rotary/bf16-qk-norm-kv-store", partial(_rotary, BF16, 128, True, False, True)),
+        ("rotary/bf16-qk-norm-unit-offset", partial(_rotary, BF16, 128, True, True, False)),
+        ("store_kv/bf16", partial(_store_kv, BF16, BF16)),
+        ("store_kv/fp16-fp8-pool", partial(_store_kv, FP16, E4M3)),
+        ("decode_attention/bf16", partial(_decode, BF16)),
+        ("decode_attention/fp16-3-stages-nopdl", partial(_decode, FP16, num_stages=3), False),
+        ("decode_attention/bf16-e4m3-pool", partial(_decode, BF16, E4M3)),
+        ("decode_attention/fp16-e5m2-pool", partial(_decode, FP16, E5M2)),
+        ("decode_attention/bf16-window", partial(_decode, BF16, window=4096)),
+        (
+            "decode_attention/bf16-window-softcap-hd256",
+            partial(_decode, BF16, heads=16, head_dim=256, window=4096, softcap=50.0),
+        ),
+        ("decode_attention/fp32", partial(_decode, FP32, head_dim=64)),
+        ("extend_attention/bf16-long", partial(_extend, BF16)),
+        ("extend_attention/fp16-short", partial(_extend, FP16, max_extend_len=64)),
+        ("extend_attention/bf16-e4m3-pool", partial(_extend, BF16, E4M3)),
+        (
+            "extend_attention/bf16-window-softcap-hd256",
+            partial(_extend, BF16, head_dim=256, window=4096, softcap=50.0),
+        ),
+        ("extend_attention/fp32", partial(_extend, FP32, head_dim=64)),
+        ("mla_decode/bf16", partial(_mla_decode, BF16)),
+        ("mla_decode/bf16-e4m3-pool", partial(_mla_decode, BF16, E4M3)),
+        ("mla_extend/bf16", partial(_mla_extend, BF16)),
+        ("mla_extend/fp16-e5m2-pool-rank-128", partial(_mla_extend, FP16, E5M2, 128)),
+        ("mla_prep/bf16-interleave", partial(_mla_prep, BF16, True, 1.0)),
+        ("mla_prep/fp16-halves-mscale", partial(_mla_prep, FP16, False, 0.7)),
+        ("moe_topk/bf16-softmax", partial(_moe_topk, BF16, 128, "softmax", False)),
+        ("moe_topk/fp32-sigmoid-renormalise-512", partial(_moe_topk, FP32, 512, "sigmoid", True)),
+        ("moe_align/decode-one-program", partial(_moe_align, 4)),
+        ("moe_align/prefill-three-kernels", partial(_moe_align, 512)),
+        ("fused_moe/bf16-decode", partial(_fused_moe, BF16, 1, "grouped")),
+        ("fused_moe/fp16-prefill", partial(_fused_moe, FP16, 512, "grouped")),
+        ("moe_gemv/bf16", partial(_fused_moe, BF16, 1, "gemv")),
+    ]
+    return [Case(*entry) for entry in c]
+
+
+CASES = _cases()
