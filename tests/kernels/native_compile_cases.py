@@ -37,6 +37,7 @@ from kernels.moe_topk import moe_topk
 from kernels.rmsnorm import rmsnorm
 from kernels.rotary import KVStore, QKNorm, apply_rotary
 from kernels.store_kv import store_kv
+from kernels.w4a16_dequant import w4a16_dequantize
 from kernels.w4a16_gemm import w4a16_gemm
 from kernels.w4a16_gemv import w4a16_gemv
 from tests.kernels.native_compile import Case
@@ -84,6 +85,15 @@ def _w4a16(gemm: bool, dtype: torch.dtype, group: int, act_order: bool, m: int) 
     perm = _ints(k, torch.int32) if act_order else None
     launch = w4a16_gemm if gemm else w4a16_gemv
     launch(_t(m, k, dtype=dtype), qweight, scales, zeros, group_size=group, perm=perm)
+
+
+def _w4a16_dequant(dtype: torch.dtype, act_order: bool) -> None:
+    n, k, group = 1024, 4096, 128
+    qweight, zeros = _t(n, k // 8, dtype=torch.int32), _t(n, k // group, dtype=torch.uint8)
+    perm = _ints(k, torch.int32) if act_order else None
+    w4a16_dequantize(
+        qweight, _t(n, k // group, dtype=FP16), zeros, group_size=group, perm=perm, dtype=dtype
+    )
 
 
 def _gguf(op: str, qtype: str, dtype: torch.dtype) -> None:
@@ -309,6 +319,8 @@ def _cases() -> list[Case]:
         ("w4a16_gemv/fp16-m4-act-order", partial(_w4a16, False, FP16, 32, True, 4)),
         ("w4a16_gemm/bf16-group-128", partial(_w4a16, True, BF16, 128, False, 64)),
         ("w4a16_gemm/fp16-group-32-act-order", partial(_w4a16, True, FP16, 32, True, 64)),
+        ("w4a16_dequant/bf16", partial(_w4a16_dequant, BF16, False)),
+        ("w4a16_dequant/fp16-act-order", partial(_w4a16_dequant, FP16, True)),
         *((f"gguf_gemv/{q}", partial(_gguf, "gemv", q, BF16)) for q in LAYOUTS),
         *((f"gguf_gemm/{q}", partial(_gguf, "gemm", q, BF16)) for q in LAYOUTS),
         *((f"gguf_dequant/{q}", partial(_gguf, "dequant", q, FP16)) for q in LAYOUTS),
