@@ -91,6 +91,27 @@ def test_gemv_matches_its_twin_for_every_row_count(qtype: str, m: int) -> None:
     torch.testing.assert_close(out, gguf_gemv_ref(x, blocks, qtype=qtype), atol=1e-4, rtol=1e-4)
 
 
+def test_every_gemv_configuration_choose_gemv_may_pick() -> None:
+    """Each type's candidates (services/executor/quant/gguf_linear.py) against the twin, a row
+    count each in turn: rows not a multiple of block_n, and one block past block_k, so that
+    the last step runs almost empty (its blocks re-read the row's last one against zeros)."""
+    from services.executor.quant.gguf_linear import GGUF_CANDIDATES
+
+    gen = torch.Generator().manual_seed(7)
+    for qtype, configs in GGUF_CANDIDATES.items():
+        elems = LAYOUTS[qtype].elems
+        for i, c in enumerate(configs):
+            m, n, k = 1 + i % MAX_M, c.block_n + 3, c.block_k + elems
+            blocks = random_blocks(n, k, qtype, gen)
+            x = randn(m, k, dtype=torch.float32, gen=gen)
+            got = gguf_gemv(
+                x, blocks, qtype=qtype, block_n=c.block_n, block_k=c.block_k,
+                num_warps=c.num_warps, num_stages=c.num_stages,
+            )  # fmt: skip
+            want = gguf_gemv_ref(x, blocks, qtype=qtype)
+            torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4, msg=f"{qtype} {c}")
+
+
 def test_gemv_rejects_q4_k_blocks_off_word_alignment() -> None:
     """Q4_K is read as 4-byte words (kernels/gguf_gemv.py); Q6_K and Q8_0 as halfwords."""
     gen = torch.Generator().manual_seed(8)
