@@ -1,10 +1,13 @@
 """GGUF blocks on the GPU (kernels/gguf_*): the decode GEMV's bandwidth and where prefill should
 leave the dequantising GEMM for expand-then-cuBLAS, at Llama-3.1-8B's projection shapes.
 
-- gemv: per type and shape, rows 1..MAX_M, the best of a small grid of launch configurations;
-  bytes read (blocks + x) / time against the copy bandwidth, beside bf16's own skinny matmul
-  (kernels/gemv, cuBLAS) on the same shape. `layer_*` sums one decoder layer's projections at
-  one row: the batch-1 decode speed the projections alone allow, against their roofline.
+- gemv: per type and shape, rows 1..MAX_M: the launch configurations choose_gemv times for
+  the type (quant/gguf_linear.GGUF_CANDIDATES), every one at one row (m1_us_by_config), at
+  more rows the fastest of one row's best and the narrowest; bytes read (blocks + x) / time
+  against the copy bandwidth, beside bf16's own skinny matmul (kernels/gemv, cuBLAS) on the
+  same shape.
+  `layer_*` sums one decoder layer's projections at one row: the batch-1 decode speed the
+  projections alone allow, against their roofline.
 - matmul: Q4_K at the MLP's gate_up shape over row counts from a decode batch to a prefill
   chunk: kernels/gguf_gemm against expanding the weight and cuBLAS (gguf_matmul's two paths
   past MAX_M) and against bf16 cuBLAS; `crossover_m` is the first row count where expanding
@@ -20,18 +23,18 @@ import torch
 import torch.nn.functional as F
 
 from kernels.gemv import MAX_M, gemv
-from kernels.gguf_blocks import LAYOUTS, random_blocks, row_bytes
+from kernels.gguf_blocks import random_blocks, row_bytes
 from kernels.gguf_gemm import gguf_gemm
 from kernels.gguf_gemv import gguf_gemv
 from kernels.gguf_matmul import gguf_matmul
 from loadtest.gpu.bandwidth import copy_bandwidth
 from loadtest.gpu.mla_kernel import graph_seconds
+from services.executor.models.linear import GemvConfig
+from services.executor.quant.gguf_linear import GGUF_CANDIDATES
 
 LAYERS = 32  # Llama-3.1-8B
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 QTYPES = ("Q4_K", "Q6_K", "Q8_0")
-# (block_n, block_k, num_warps, num_stages) tried at one row; the best also runs 2..MAX_M
-CONFIGS = [(8, 512, 4, 3), (16, 256, 4, 3), (4, 512, 4, 4), (4, 1024, 4, 3), (2, 1024, 4, 4)]
 MATMUL_ROWS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
@@ -67,23 +70,35 @@ def _gemv_point(qtype: str, n: int, k: int, bw: float, gen: torch.Generator) -> 
     blocks = random_blocks(n, k, qtype, gen, "cuda")
     x = torch.randn(MAX_M, k, generator=gen).to("cuda", torch.bfloat16)
 
-    def timed(m: int, cfg: tuple[int, int, int, int]) -> float:
-        bn, bk, warps, stages = cfg
-        if bk < LAYOUTS[qtype].group:
-            return float("inf")
+    def timed(m: int, cfg: GemvConfig) -> float:
         out = torch.empty(m, n, dtype=x.dtype, device="cuda")
-        kw = {"block_n": bn, "block_k": bk, "num_warps": warps, "num_stages": stages}
-        return graph_seconds(lambda: gguf_gemv(x[:m], blocks, qtype=qtype, out=out, **kw))
+        kw = {"block_n": cfg.block_n, "block_k": cfg.block_k, "num_warps": cfg.num_warps}
+        return graph_seconds(
+            lambda: gguf_gemv(x[:m], blocks, qtype=qtype, out=out, num_stages=cfg.num_stages, **kw)
+        )
 
-    by_cfg = {cfg: timed(1, cfg) for cfg in CONFIGS}
-    best = min(by_cfg, key=by_cfg.__getitem__)
-    point: dict[str, Any] = {"best_config": list(best), "bytes_m1": n * row_bytes(qtype, k) + 2 * k}
+    # every candidate at one row; more rows take the best of those and the one of fewest
+    # rows a program (the most registers left for the rows of x), as compiles are the cost
+    configs = GGUF_CANDIDATES[qtype]
+    at_m1 = {cfg: timed(1, cfg) for cfg in configs}
+    best_m1 = min(at_m1, key=at_m1.__getitem__)
+    narrow = min(configs, key=lambda c: (c.block_n, -c.block_k))
+    point: dict[str, Any] = {
+        "bytes_m1": n * row_bytes(qtype, k) + 2 * k,
+        "m1_us_by_config": {_label(c): t * 1e6 for c, t in at_m1.items()},
+    }
     for m in range(1, MAX_M + 1):
-        seconds = by_cfg[best] if m == 1 else timed(m, best)
+        by_cfg = at_m1 if m == 1 else {c: timed(m, c) for c in {best_m1, narrow}}
+        best = min(by_cfg, key=by_cfg.__getitem__)
         read = n * row_bytes(qtype, k) + 2 * m * k
-        point[f"m{m}_us"] = seconds * 1e6
-        point[f"m{m}_of_copy"] = read / seconds / bw
+        point[f"m{m}_config"] = _label(best)
+        point[f"m{m}_us"] = by_cfg[best] * 1e6
+        point[f"m{m}_of_copy"] = read / by_cfg[best] / bw
     return point
+
+
+def _label(cfg: GemvConfig) -> str:
+    return f"{cfg.block_n}x{cfg.block_k}/{cfg.num_warps}w"
 
 
 def _bf16_point(n: int, k: int, bw: float, gen: torch.Generator) -> dict[str, Any]:

@@ -91,6 +91,38 @@ def test_gemv_matches_its_twin_for_every_row_count(qtype: str, m: int) -> None:
     torch.testing.assert_close(out, gguf_gemv_ref(x, blocks, qtype=qtype), atol=1e-4, rtol=1e-4)
 
 
+def test_every_gemv_configuration_choose_gemv_may_pick() -> None:
+    """Each type's candidates (services/executor/quant/gguf_linear.py) against the twin, a row
+    count each in turn: rows not a multiple of block_n, and one block past block_k, so that
+    the last step runs almost empty (its blocks re-read the row's last one against zeros)."""
+    from services.executor.quant.gguf_linear import GGUF_CANDIDATES
+
+    gen = torch.Generator().manual_seed(7)
+    for qtype, configs in GGUF_CANDIDATES.items():
+        elems = LAYOUTS[qtype].elems
+        for i, c in enumerate(configs):
+            m, n, k = 1 + i % MAX_M, c.block_n + 3, c.block_k + elems
+            blocks = random_blocks(n, k, qtype, gen)
+            x = randn(m, k, dtype=torch.float32, gen=gen)
+            got = gguf_gemv(
+                x, blocks, qtype=qtype, block_n=c.block_n, block_k=c.block_k,
+                num_warps=c.num_warps, num_stages=c.num_stages,
+            )  # fmt: skip
+            want = gguf_gemv_ref(x, blocks, qtype=qtype)
+            torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4, msg=f"{qtype} {c}")
+
+
+def test_gemv_rejects_q4_k_blocks_off_word_alignment() -> None:
+    """Q4_K is read as 4-byte words (kernels/gguf_gemv.py); Q6_K and Q8_0 as halfwords."""
+    gen = torch.Generator().manual_seed(8)
+    blocks = random_blocks(2, 256, "Q4_K", gen)
+    wide = torch.zeros(2, 146, dtype=torch.uint8, device=DEVICE)
+    wide[:, 2:] = blocks
+    x = torch.zeros(1, 256, device=DEVICE)
+    with pytest.raises(ValueError, match="4-byte words"):
+        gguf_gemv(x, wide[:, 2:], qtype="Q4_K")
+
+
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_gemv_in_bf16_with_strided_x_and_out(qtype: str) -> None:
     gen = torch.Generator().manual_seed(11)
@@ -159,7 +191,10 @@ def test_matmul_takes_the_gemv_then_the_gemm_then_cublas(monkeypatch: pytest.Mon
     for m in (1, MAX_M, MAX_M + 1, 8, 9):
         x = randn(m, 64, dtype=torch.float32, gen=gen)
         got = gguf_matmul(x, blocks, qtype="Q8_0", gemm_max_m=8)
-        torch.testing.assert_close(got, gguf_gemv_ref(x, blocks, qtype="Q8_0"))
+        # the GEMV sums x * (384 + q) and takes the offset off per block: in fp32 a few
+        # bits short of the twin's exact products
+        want = gguf_gemv_ref(x, blocks, qtype="Q8_0")
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     assert seen == [("gemv", 1), ("gemv", MAX_M), ("gemm", MAX_M + 1), ("gemm", 8)]
 
 

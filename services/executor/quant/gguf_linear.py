@@ -51,6 +51,21 @@ def dummy_blocks(
     return blocks.reshape(n, -1)
 
 
+# Launch configurations choose_gemv times, per type (kernels/gguf_gemv.py): (rows a program,
+# warps). block_k counts weights, and a step spans every thread of a type's warps once at
+# block_k = WARP_SPAN * warps: Q4_K puts 8 threads on a 144-byte super-block, Q6_K 16, Q8_0 4
+# on a 32-weight block, about 570 bytes of a row a warp for each. Each thread keeps all the
+# program's rows (each column of x is loaded once for them): 16 rows where a projection has
+# them for a few waves of programs, 8 and 4 for the narrower (MoE experts, MLA) and for more
+# rows of x (fewer registers); two warps for short rows, eight for long ones.
+WARP_SPAN = {"Q4_K": 1024, "Q6_K": 512, "Q8_0": 256}
+GGUF_SHAPES = ((16, 4), (8, 4), (4, 4), (16, 2), (8, 2), (8, 8))
+GGUF_CANDIDATES = {
+    qtype: tuple(GemvConfig(rows, span * warps, warps, 1) for rows, warps in GGUF_SHAPES)
+    for qtype, span in WARP_SPAN.items()
+}
+
+
 class GgufMethod(LinearMethod):
     """weight: uint8 blocks of one GGUF type `qtype`, [out_features, row bytes]."""
 
@@ -103,11 +118,14 @@ class GgufMethod(LinearMethod):
         out = out.view(*x.shape[:-1], layer.out_features)
         return out if bias is None else out + bias
 
+    def gemv_candidates(self) -> tuple[GemvConfig, ...]:
+        return GGUF_CANDIDATES[self.qtype]
+
     def gemv(self, layer: Linear, x: torch.Tensor, cfg: GemvConfig) -> torch.Tensor:
         from kernels.gguf_gemv import gguf_gemv
 
         return gguf_gemv(
             x, layer.weight, qtype=self.qtype,
-            block_n=cfg.block_n, block_k=max(cfg.block_k, self.lay.group),
+            block_n=cfg.block_n, block_k=cfg.block_k,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
