@@ -61,6 +61,20 @@ def unpack_int4(words: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def load_words(
+    qw_ptr, s_ptr, z_ptr, rows, words, mask, stride_qn, stride_sn, stride_zn, GROUP: tl.constexpr
+):
+    """The packed words [R, W] of weight rows `rows` ([R, 1] int64) and word columns `words`
+    ([1, W]), with each word's scale and zero point as fp32 ([R, W]: a word's 8 columns lie in
+    one group, GROUP / 8 neighbouring words share it, so these loads repeat: L1 hits)."""
+    q = tl.load(qw_ptr + rows * stride_qn + words, mask=mask, other=0)
+    g = words // (GROUP // 8)
+    s = tl.load(s_ptr + rows * stride_sn + g, mask=mask, other=0.0).to(tl.float32)
+    z = tl.load(z_ptr + rows * stride_zn + g, mask=mask, other=0).to(tl.float32)
+    return q, s, z
+
+
+@triton.jit
 def columns_of_x(perm_ptr, ks, k_mask, HAS_PERM: tl.constexpr):
     """For the weight columns `ks` (any shape), the columns of x they multiply and where x
     is read at all (past K, and at act-order padding, x counts as 0)."""

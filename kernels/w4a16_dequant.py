@@ -31,7 +31,7 @@ import triton.language as tl
 
 from kernels._checks import FLOAT_DTYPES, check_device, check_tensor
 from kernels.pdl import pdl_launch, pdl_prologue
-from kernels.w4a16 import PACK, check_weight
+from kernels.w4a16 import PACK, check_weight, load_words
 
 
 @triton.jit
@@ -60,10 +60,10 @@ def _dequant_kernel(
     w_mask = offs_w < WORDS
     mask = n_mask[:, None] & w_mask[None, :]
     rows = offs_n.to(tl.int64)
-    q = tl.load(qw_ptr + rows[:, None] * stride_qn + offs_w[None, :], mask=mask, other=0)
-    g = (offs_w // (GROUP // 8))[None, :]  # the group of the word's 8 columns
-    s = tl.load(s_ptr + rows[:, None] * stride_sn + g, mask=mask, other=0.0).to(tl.float32)
-    z = tl.load(z_ptr + rows[:, None] * stride_zn + g, mask=mask, other=0).to(tl.float32)
+    q, s, z = load_words(
+        qw_ptr, s_ptr, z_ptr, rows[:, None], offs_w[None, :], mask,
+        stride_qn, stride_sn, stride_zn, GROUP,
+    )  # fmt: skip
     j = tl.arange(0, 8)
     nib = (q[:, :, None] >> (4 * j)[None, None, :]) & 0xF  # [BLOCK_N, BLOCK_W, 8]
     # (q - z) * s in fp32, as dequantize_w4 computes it: exact integers times the scale, one

@@ -28,7 +28,7 @@ import triton.language as tl
 from kernels._checks import check_launch, check_tensor
 from kernels.gemv import MAX_M, store_rows
 from kernels.pdl import pdl_launch, pdl_prologue
-from kernels.w4a16 import PACK, check_w4, columns_of_x
+from kernels.w4a16 import PACK, check_w4, columns_of_x, load_words
 
 
 @triton.jit
@@ -73,12 +73,11 @@ def _w4a16_gemv_kernel(
         words = w0 + offs_w
         w_mask = words < num_words
         nw_mask = n_mask[:, None] & w_mask[None, :]
-        q = tl.load(qw_ptr + rows * stride_qn + words[None, :], mask=nw_mask, other=0)
+        q, s, z = load_words(
+            qw_ptr, s_ptr, z_ptr, rows, words[None, :], nw_mask,
+            stride_qn, stride_sn, stride_zn, GROUP,
+        )  # fmt: skip
         q = q.to(tl.uint32, bitcast=True)  # logical shifts: no sign to extend
-        # each word's group: GROUP / 8 neighbouring words share it, so these repeat (L1 hits)
-        g = (words // (GROUP // 8))[None, :]
-        s = tl.load(s_ptr + rows * stride_sn + g, mask=nw_mask, other=0.0).to(tl.float32)
-        z = tl.load(z_ptr + rows * stride_zn + g, mask=nw_mask, other=0).to(tl.float32)
         bias = z + 8388608.0  # 2^23 + z, exact
         p0 = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
         p1 = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
