@@ -1,20 +1,23 @@
 """Dequantising skinny matmul for decode: out = x @ w.T for a handful of rows of x, w int4 in
 the layout of kernels/w4a16.py.
 
-Decode reads every weight once per token, so the kernel is built around reading the packed
-words once, in tiles big enough to keep the memory system busy, and doing as little
-arithmetic per weight as possible. A program owns BLOCK_N output rows and walks K a tile of
-[BLOCK_N, BLOCK_W] words at a time (8 columns a word). Everything stays two-dimensional
-(no reshapes of the tile, which cost shuffles in compiled Triton):
-- nibble j of every word is taken with one shift and mask and turned into a float without a
-  conversion instruction: OR-ing it into the mantissa of 2^23 gives the float 2^23 + q, and
-  subtracting 2^23 + z (both exact in fp32) gives q - z in one instruction;
-- it meets x's column 8w + j (x is a few KB: reloaded per j from L1) in one fused
-  multiply-add into a per-word partial sum, one per row of x;
-- a word's partial is scaled by its group's scale once, into a [BLOCK_N, BLOCK_W]
-  accumulator that is reduced across words only after the loop.
-So a weight costs five simple instructions for the first row of x and one FMA for each
-further row.
+Decode reads every weight once per token; at 4 bits a weight that is 8 weights per 4-byte
+word, so what limits the kernel is the instructions it spends per weight, not the bytes:
+- a program owns BLOCK_N weight rows and walks K BLOCK_W words at a time. Each thread holds
+  the same few consecutive words of every one of its rows, so x's 8 columns per word (and
+  their sum) are loaded and converted once per step and reused down all BLOCK_N rows (an
+  earlier version held x in the [rows, words] tile's layout and issued one load of x per
+  weight: 18% of the copy bandwidth, bound by L1, as ncu showed);
+- nibble j of a word becomes a float in one logic instruction and one add, exactly: AND-ed
+  out in place and OR-ed into the exponent of 2^(23 - b) (b its lowest bit, at most 16), it
+  is the float 2^(23 - b) + q, whose unit in the last place is 1; nibbles 5 to 7 are first
+  shifted down 12 bits, once per word;
+- the zero point never meets the weights: sum_j (q_j - z) x_j = sum_j q_j x_j - z sum_j x_j,
+  and the group's scale multiplies a word's partial sum once.
+That is three instructions per weight (and-or, add, fused multiply-add) for the first row of
+x and one more for each further row. Rows of the tile are separate values, not a tensor
+dimension, which keeps every tensor one-dimensional in the one layout of the packed words'
+loads (no shared memory, no barriers in the loop).
 
 Grid: (cdiv(N, BLOCK_N),); accumulation in fp32, one rounding to x's dtype.
 """
@@ -26,15 +29,98 @@ import triton
 import triton.language as tl
 
 from kernels._checks import check_launch, check_tensor
-from kernels.gemv import MAX_M, store_rows
+from kernels.gemv import MAX_M
 from kernels.pdl import pdl_launch, pdl_prologue
-from kernels.w4a16 import PACK, check_w4, columns_of_x, load_words
+from kernels.w4a16 import PACK, check_w4, columns_of_x
+
+# rows of the tile: each is spelled out in the kernel
+MAX_BLOCK_N = 8
 
 
 @triton.jit
-def _x_at(x_row_ptr, src, x_mask):
-    """x's columns `src` [BLOCK_N, BLOCK_W] (the same column down each row of the tile)."""
-    return tl.load(x_row_ptr + src, mask=x_mask, other=0.0).to(tl.float32)
+def _nibble(word, BIT: tl.constexpr):
+    """Bits BIT..BIT+3 (BIT <= 16) of uint32 `word` as floats 0..15, exactly."""
+    bits = (word & (0xF << BIT)) | ((150 - BIT) << 23)
+    return bits.to(tl.float32, bitcast=True) - 2.0 ** (23 - BIT)
+
+
+@triton.jit
+def _x_columns(x_row_ptr, perm_ptr, words, w_mask, HAS_PERM: tl.constexpr):
+    """The 8 columns of x each word multiplies, as fp32 [BLOCK_W], and their sum."""
+    c = words * 8
+    s0, m0 = columns_of_x(perm_ptr, c, w_mask, HAS_PERM)
+    s1, m1 = columns_of_x(perm_ptr, c + 1, w_mask, HAS_PERM)
+    s2, m2 = columns_of_x(perm_ptr, c + 2, w_mask, HAS_PERM)
+    s3, m3 = columns_of_x(perm_ptr, c + 3, w_mask, HAS_PERM)
+    s4, m4 = columns_of_x(perm_ptr, c + 4, w_mask, HAS_PERM)
+    s5, m5 = columns_of_x(perm_ptr, c + 5, w_mask, HAS_PERM)
+    s6, m6 = columns_of_x(perm_ptr, c + 6, w_mask, HAS_PERM)
+    s7, m7 = columns_of_x(perm_ptr, c + 7, w_mask, HAS_PERM)
+    x0 = tl.load(x_row_ptr + s0, mask=m0, other=0.0).to(tl.float32)
+    x1 = tl.load(x_row_ptr + s1, mask=m1, other=0.0).to(tl.float32)
+    x2 = tl.load(x_row_ptr + s2, mask=m2, other=0.0).to(tl.float32)
+    x3 = tl.load(x_row_ptr + s3, mask=m3, other=0.0).to(tl.float32)
+    x4 = tl.load(x_row_ptr + s4, mask=m4, other=0.0).to(tl.float32)
+    x5 = tl.load(x_row_ptr + s5, mask=m5, other=0.0).to(tl.float32)
+    x6 = tl.load(x_row_ptr + s6, mask=m6, other=0.0).to(tl.float32)
+    x7 = tl.load(x_row_ptr + s7, mask=m7, other=0.0).to(tl.float32)
+    total = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))
+    return (x0, x1, x2, x3, x4, x5, x6, x7, total)
+
+
+@triton.jit
+def _word_dot(q, lo, hi, xs):
+    """sum_j q_j x_j over a word's 8 nibbles, [BLOCK_W] (lo: the word, hi: it >> 12)."""
+    p = _nibble(lo, 0) * xs[0]
+    p += _nibble(lo, 4) * xs[1]
+    p += _nibble(lo, 8) * xs[2]
+    p += _nibble(lo, 12) * xs[3]
+    p += _nibble(lo, 16) * xs[4]
+    p += _nibble(hi, 8) * xs[5]
+    p += _nibble(hi, 12) * xs[6]
+    p += _nibble(hi, 16) * xs[7]
+    return p
+
+
+@triton.jit
+def _row_step(
+    qw_ptr, s_ptr, z_ptr, n, N, words, w_mask, stride_qn, stride_sn, stride_zn,
+    xs0, xs1, xs2, xs3, acc, M: tl.constexpr, GROUP: tl.constexpr,
+):  # fmt: skip
+    """One weight row's step: its BLOCK_W words against each row of x, added to `acc` (a
+    tuple of MAX_M [BLOCK_W] partial sums, one per row of x; those past M untouched)."""
+    mask = w_mask & ((n + 0 * words) < N)  # a vector: the interpreter takes no scalar masks
+    row = n.to(tl.int64)
+    q = tl.load(qw_ptr + row * stride_qn + words, mask=mask, other=0).to(tl.uint32, bitcast=True)
+    g = words // (GROUP // 8)
+    s = tl.load(s_ptr + row * stride_sn + g, mask=mask, other=0.0).to(tl.float32)
+    z = tl.load(z_ptr + row * stride_zn + g, mask=mask, other=0).to(tl.float32)
+    hi = q >> 12
+    a0 = acc[0] + s * (_word_dot(q, q, hi, xs0) - z * xs0[8])
+    a1 = acc[1]
+    a2 = acc[2]
+    a3 = acc[3]
+    if M > 1:
+        a1 += s * (_word_dot(q, q, hi, xs1) - z * xs1[8])
+    if M > 2:
+        a2 += s * (_word_dot(q, q, hi, xs2) - z * xs2[8])
+    if M > 3:
+        a3 += s * (_word_dot(q, q, hi, xs3) - z * xs3[8])
+    return (a0, a1, a2, a3)
+
+
+@triton.jit
+def _store_row(out_ptr, stride_om, n, N, acc, M: tl.constexpr):
+    """out[:M, n] = the sums of a weight row's partials, rounded to out's dtype."""
+    dtype = out_ptr.dtype.element_ty
+    ok = n < N
+    tl.store(out_ptr + n, tl.sum(acc[0], axis=0).to(dtype), mask=ok)
+    if M > 1:
+        tl.store(out_ptr + stride_om + n, tl.sum(acc[1], axis=0).to(dtype), mask=ok)
+    if M > 2:
+        tl.store(out_ptr + 2 * stride_om + n, tl.sum(acc[2], axis=0).to(dtype), mask=ok)
+    if M > 3:
+        tl.store(out_ptr + 3 * stride_om + n, tl.sum(acc[3], axis=0).to(dtype), mask=ok)
 
 
 @triton.jit
@@ -46,7 +132,7 @@ def _w4a16_gemv_kernel(
     perm_ptr,  # int32 [K] (HAS_PERM)
     out_ptr,  # [M, N]
     N,
-    K,
+    NUM_WORDS,  # K / 8, passed (not derived from K) so that Triton sees its divisibility
     stride_xm,
     stride_qn,
     stride_sn,
@@ -60,62 +146,76 @@ def _w4a16_gemv_kernel(
     PDL: tl.constexpr,
 ):
     pdl_prologue(PDL)
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < N
-    rows = offs_n.to(tl.int64)[:, None]
+    n0 = tl.program_id(0) * BLOCK_N
     offs_w = tl.arange(0, BLOCK_W)
-    num_words = K // 8
-    acc0 = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
-    acc1 = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
-    acc2 = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
-    acc3 = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
-    for w0 in range(0, num_words, BLOCK_W):
+    zero = tl.zeros([BLOCK_W], dtype=tl.float32)
+    acc0 = (zero, zero, zero, zero)
+    acc1 = acc0
+    acc2 = acc0
+    acc3 = acc0
+    acc4 = acc0
+    acc5 = acc0
+    acc6 = acc0
+    acc7 = acc0
+    for w0 in range(0, NUM_WORDS, BLOCK_W):
         words = w0 + offs_w
-        w_mask = words < num_words
-        nw_mask = n_mask[:, None] & w_mask[None, :]
-        q, s, z = load_words(
-            qw_ptr, s_ptr, z_ptr, rows, words[None, :], nw_mask,
-            stride_qn, stride_sn, stride_zn, GROUP,
-        )  # fmt: skip
-        q = q.to(tl.uint32, bitcast=True)  # logical shifts: no sign to extend
-        bias = z + 8388608.0  # 2^23 + z, exact
-        p0 = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
-        p1 = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
-        p2 = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
-        p3 = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
-        for j in tl.static_range(8):
-            nib = ((q >> (4 * j)) & 0xF) | 0x4B000000  # the float 2^23 + q, as bits
-            w = nib.to(tl.float32, bitcast=True) - bias  # q - z
-            # addressed as the whole tile, so each thread loads the columns of its own
-            # words in the tile's layout (a [BLOCK_W] vector would be loaded in another
-            # layout and passed through shared memory, behind two barriers per nibble)
-            cols = words[None, :] * 8 + j + 0 * rows
-            src, x_mask = columns_of_x(perm_ptr, cols, nw_mask, HAS_PERM)
-            p0 += w * _x_at(x_ptr, src, x_mask)
-            if M > 1:
-                p1 += w * _x_at(x_ptr + stride_xm, src, x_mask)
-            if M > 2:
-                p2 += w * _x_at(x_ptr + 2 * stride_xm, src, x_mask)
-            if M > 3:
-                p3 += w * _x_at(x_ptr + 3 * stride_xm, src, x_mask)
-        acc0 += s * p0
+        w_mask = words < NUM_WORDS
+        xs0 = _x_columns(x_ptr, perm_ptr, words, w_mask, HAS_PERM)
+        xs1 = xs0
+        xs2 = xs0
+        xs3 = xs0
         if M > 1:
-            acc1 += s * p1
+            xs1 = _x_columns(x_ptr + stride_xm, perm_ptr, words, w_mask, HAS_PERM)
         if M > 2:
-            acc2 += s * p2
+            xs2 = _x_columns(x_ptr + 2 * stride_xm, perm_ptr, words, w_mask, HAS_PERM)
         if M > 3:
-            acc3 += s * p3
-    store_rows(
-        out_ptr,
-        stride_om,
-        offs_n,
-        n_mask,
-        tl.sum(acc0, axis=1),
-        tl.sum(acc1, axis=1),
-        tl.sum(acc2, axis=1),
-        tl.sum(acc3, axis=1),
-        M,
-    )
+            xs3 = _x_columns(x_ptr + 3 * stride_xm, perm_ptr, words, w_mask, HAS_PERM)
+        acc0 = _row_step(
+            qw_ptr, s_ptr, z_ptr, n0, N, words, w_mask, stride_qn, stride_sn, stride_zn,
+            xs0, xs1, xs2, xs3, acc0, M, GROUP,
+        )  # fmt: skip
+        if BLOCK_N > 1:
+            acc1 = _row_step(
+                qw_ptr, s_ptr, z_ptr, n0 + 1, N, words, w_mask, stride_qn, stride_sn, stride_zn,
+                xs0, xs1, xs2, xs3, acc1, M, GROUP,
+            )  # fmt: skip
+        if BLOCK_N > 2:
+            acc2 = _row_step(
+                qw_ptr, s_ptr, z_ptr, n0 + 2, N, words, w_mask, stride_qn, stride_sn, stride_zn,
+                xs0, xs1, xs2, xs3, acc2, M, GROUP,
+            )  # fmt: skip
+            acc3 = _row_step(
+                qw_ptr, s_ptr, z_ptr, n0 + 3, N, words, w_mask, stride_qn, stride_sn, stride_zn,
+                xs0, xs1, xs2, xs3, acc3, M, GROUP,
+            )  # fmt: skip
+        if BLOCK_N > 4:
+            acc4 = _row_step(
+                qw_ptr, s_ptr, z_ptr, n0 + 4, N, words, w_mask, stride_qn, stride_sn, stride_zn,
+                xs0, xs1, xs2, xs3, acc4, M, GROUP,
+            )  # fmt: skip
+            acc5 = _row_step(
+                qw_ptr, s_ptr, z_ptr, n0 + 5, N, words, w_mask, stride_qn, stride_sn, stride_zn,
+                xs0, xs1, xs2, xs3, acc5, M, GROUP,
+            )  # fmt: skip
+            acc6 = _row_step(
+                qw_ptr, s_ptr, z_ptr, n0 + 6, N, words, w_mask, stride_qn, stride_sn, stride_zn,
+                xs0, xs1, xs2, xs3, acc6, M, GROUP,
+            )  # fmt: skip
+            acc7 = _row_step(
+                qw_ptr, s_ptr, z_ptr, n0 + 7, N, words, w_mask, stride_qn, stride_sn, stride_zn,
+                xs0, xs1, xs2, xs3, acc7, M, GROUP,
+            )  # fmt: skip
+    _store_row(out_ptr, stride_om, n0, N, acc0, M)
+    if BLOCK_N > 1:
+        _store_row(out_ptr, stride_om, n0 + 1, N, acc1, M)
+    if BLOCK_N > 2:
+        _store_row(out_ptr, stride_om, n0 + 2, N, acc2, M)
+        _store_row(out_ptr, stride_om, n0 + 3, N, acc3, M)
+    if BLOCK_N > 4:
+        _store_row(out_ptr, stride_om, n0 + 4, N, acc4, M)
+        _store_row(out_ptr, stride_om, n0 + 5, N, acc5, M)
+        _store_row(out_ptr, stride_om, n0 + 6, N, acc6, M)
+        _store_row(out_ptr, stride_om, n0 + 7, N, acc7, M)
 
 
 def w4a16_gemv(
@@ -128,16 +228,16 @@ def w4a16_gemv(
     perm: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     block_n: int = 8,
-    block_k: int = 1024,
-    num_warps: int = 4,
+    block_k: int = 2048,
+    num_warps: int = 2,
     num_stages: int = 3,
 ) -> torch.Tensor:
     """x @ w.T for at most MAX_M rows of x, w in the int4 layout of kernels/w4a16.py; returns out.
 
     x: [m, k_in] (any row stride, m <= MAX_M), fp32/fp16/bf16. qweight, scales, zeros, perm:
     the layout (contiguous last dimensions, any row strides). out (optional, written): [m, n]
-    of x's dtype, contiguous rows of any stride. block_n: output rows per program; block_k:
-    weight columns per step (block_k / 8 words; both powers of two, block_k >= 8).
+    of x's dtype, contiguous rows of any stride. block_n: weight rows per program (1, 2, 4 or
+    8); block_k: weight columns per step (block_k / 8 words; a power of two, at least 8).
     """
     op = "w4a16_gemv"
     m, n, k = check_w4(op, x, qweight, scales, zeros, group_size, perm)
@@ -146,11 +246,10 @@ def w4a16_gemv(
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     check_tensor(op, "out", out, shape=(m, n), dims="[m, n]", dtypes=(x.dtype,), device=x.device)
-    for name, blk in (("block_n", block_n), ("block_k", block_k)):
-        if blk < 1 or blk & (blk - 1):
-            raise ValueError(f"{op}: {name} must be a power of two, got {blk}")
-    if block_k < PACK:
-        raise ValueError(f"{op}: block_k must be at least {PACK} (one word), got {block_k}")
+    if block_n not in (1, 2, 4, MAX_BLOCK_N):
+        raise ValueError(f"{op}: block_n must be 1, 2, 4 or {MAX_BLOCK_N}, got {block_n}")
+    if block_k < PACK or block_k & (block_k - 1):
+        raise ValueError(f"{op}: block_k must be a power of two of at least {PACK}, got {block_k}")
     check_launch(op, num_warps, num_stages)
     if n == 0:
         return out
@@ -162,7 +261,7 @@ def w4a16_gemv(
         qweight if perm is None else perm,  # never read without a perm
         out,
         n,
-        k,
+        k // PACK,
         x.stride(0),
         qweight.stride(0),
         scales.stride(0),

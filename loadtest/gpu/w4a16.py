@@ -36,13 +36,7 @@ LLAMA_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "d
 GROUP = 128
 # (block_n, block_k (columns a step), num_warps, num_stages)
 GEMV_CONFIGS = [
-    (bn, bk, warps, 3) for bn in (4, 8) for bk in (512, 1024, 2048) for warps in (4, 8)
-] + [
-    # taller tiles: a thread holds several rows of the same words (fewer programs; on an
-    # H200 they ran no faster while x crossed shared memory, 2026-11-26)
-    (bn, bk, 4, 3)
-    for bn in (16, 32)
-    for bk in (256, 512)
+    (bn, bk, warps, 3) for bn in (2, 4, 8) for bk in (1024, 2048, 4096) for warps in (2, 4)
 ]
 # rows of x for the prefill paths, from below GGUF's crossover (32) to a prefill chunk; all
 # multiples of 16, so that each GEMM tile compiles once (Triton specialises on it)

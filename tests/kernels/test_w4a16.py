@@ -96,12 +96,12 @@ def test_gemv_matches_reference(
     torch.testing.assert_close(out, w.ref(x), atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("block_k", [32, 128])
+@pytest.mark.parametrize(("block_k", "block_n"), [(32, 1), (128, 2), (32, 4)])
 @pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float32])
-def test_gemv_blocks_and_scale_dtypes(block_k: int, scale_dtype: torch.dtype) -> None:
+def test_gemv_blocks_and_scale_dtypes(block_k: int, block_n: int, scale_dtype: torch.dtype) -> None:
     """K = 176: a step of one group of 32, or of 4 groups covering K partly; the last group
-    is half full."""
-    gen = torch.Generator().manual_seed(block_k)
+    is half full; tiles of 1, 2 and 4 rows (24 rows: 6 programs of 4)."""
+    gen = torch.Generator().manual_seed(block_k + block_n)
     w = W4(24, 176, 32, gen, scale_dtype=scale_dtype)
     x = randn(2, 176, dtype=torch.float32, gen=gen)
     got = w4a16_gemv(
@@ -111,7 +111,7 @@ def test_gemv_blocks_and_scale_dtypes(block_k: int, scale_dtype: torch.dtype) ->
         w.zeros,
         group_size=32,
         block_k=block_k,
-        block_n=16,
+        block_n=block_n,
     )
     torch.testing.assert_close(got, w.ref(x), atol=1e-4, rtol=1e-4)
 
@@ -217,6 +217,22 @@ def test_rejects_bad_arguments(
 def test_gemv_rejects_too_many_rows() -> None:
     with pytest.raises(ValueError, match=rf"1 to {MAX_M} rows"):
         w4a16_gemv(*_args(m=MAX_M + 1).values(), group_size=32)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ((16, 1024), "block_n must be 1, 2, 4 or 8"),
+        ((8, 4), "block_k must be a power of two of at least 8"),
+        ((8, 96), "block_k must be a power of two"),
+    ],
+)
+def test_gemv_rejects_bad_tiles(change: tuple[int, int], match: str) -> None:
+    """The tile's rows are spelled out in the kernel (at most 8) and its words are a power of
+    two: anything else is refused with the argument's name."""
+    block_n, block_k = change
+    with pytest.raises(ValueError, match=match):
+        w4a16_gemv(*_args().values(), group_size=32, block_n=block_n, block_k=block_k)
 
 
 @pytest.mark.gpu
