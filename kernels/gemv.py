@@ -39,16 +39,6 @@ def store_rows(out_ptr, stride_om, offs_n, n_mask, acc0, acc1, acc2, acc3, M: tl
 
 
 @triton.jit
-def _x_tile(offs_k, k_mask, offs_n, n_mask, TILE: tl.constexpr):
-    """Offsets and mask of x's columns for a step: [BLOCK_N, BLOCK_K] (every row of the tile
-    the same columns) with TILE, else [BLOCK_K] (broadcast down the rows where it is used)."""
-    if TILE:
-        return offs_k[None, :] + 0 * offs_n[:, None], k_mask[None, :] & n_mask[:, None]
-    else:
-        return offs_k, k_mask
-
-
-@triton.jit
 def _gemv_kernel(
     x_ptr,
     w_ptr,
@@ -93,21 +83,17 @@ def _gemv_kernel(
                 tl.reshape(w, [BLOCK_N, GROUPS, SCALE_BLOCK]) * s[:, :, None],
                 [BLOCK_N, BLOCK_K],
             )
-        # fp8 weights: x addressed as the whole tile, in the weight tile's layout (16 bytes
-        # a thread hold 16 weights but 8 of x, so a [BLOCK_K] load of x was passed through
-        # shared memory behind two barriers a step); 16-bit weights match x's layout as it is
-        xs, x_mask = _x_tile(offs_k, k_mask, offs_n, n_mask, SCALES)
-        x0 = tl.load(x_ptr + xs, mask=x_mask, other=0.0).to(tl.float32)
-        acc0 += tl.sum(w * x0, axis=1)
+        x0 = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+        acc0 += tl.sum(w * x0[None, :], axis=1)
         if M > 1:
-            x1 = tl.load(x_ptr + stride_xm + xs, mask=x_mask, other=0.0).to(tl.float32)
-            acc1 += tl.sum(w * x1, axis=1)
+            x1 = tl.load(x_ptr + stride_xm + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+            acc1 += tl.sum(w * x1[None, :], axis=1)
         if M > 2:
-            x2 = tl.load(x_ptr + 2 * stride_xm + xs, mask=x_mask, other=0.0).to(tl.float32)
-            acc2 += tl.sum(w * x2, axis=1)
+            x2 = tl.load(x_ptr + 2 * stride_xm + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+            acc2 += tl.sum(w * x2[None, :], axis=1)
         if M > 3:
-            x3 = tl.load(x_ptr + 3 * stride_xm + xs, mask=x_mask, other=0.0).to(tl.float32)
-            acc3 += tl.sum(w * x3, axis=1)
+            x3 = tl.load(x_ptr + 3 * stride_xm + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+            acc3 += tl.sum(w * x3[None, :], axis=1)
     if SCALES and SCALE_BLOCK == 0:
         row_scale = tl.load(s_ptr + offs_n.to(tl.int64) * stride_sn, mask=n_mask, other=0.0)
         acc0 *= row_scale
