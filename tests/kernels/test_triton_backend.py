@@ -215,12 +215,12 @@ def test_registered_and_decode_buffers_persist() -> None:
         q = randn(bs, 4, 16, dtype=torch.float32, gen=gen)
         k = randn(bs, 2, 16, dtype=torch.float32, gen=gen)
         backend.forward(q, k, k, 0, batch)
-        workspace, splits = backend._workspace, backend._splits_buf
-        assert workspace is not None and workspace.max_batch_size == 8
+        scratch, splits = backend._scratch, backend._splits_buf
+        assert scratch is not None and scratch.max_batch_size == 8
         assert splits is not None and splits.shape == (8,)
         if bs == 3:
-            first = (workspace.partial_out.data_ptr(), splits.data_ptr())
-        assert (workspace.partial_out.data_ptr(), splits.data_ptr()) == first
+            first = (scratch.out.data_ptr(), splits.data_ptr())
+        assert (scratch.out.data_ptr(), splits.data_ptr()) == first
 
 
 def greedy_with_prefix_reuse(
@@ -341,3 +341,21 @@ def test_tiny_qwen3_with_the_pool_store_fused_into_rotation(
     assert stores == []  # every layer's K/V went in with its rotation
     assert got[0] == want[0]
     torch.testing.assert_close(got[1], want[1], atol=1e-4, rtol=1e-4)
+
+
+def test_split_caps_on_a_gpu_and_the_scratch_views() -> None:
+    """On a GPU of 132 SMs (an H100), 8 KV heads: one request splits 64 ways, two 32, eight
+    or more 8 (the floor); a step's workspace is a contiguous [bs, heads, cap] view of the
+    flat scratch, so a 64-way split of one request needs no 64 chunks for every row."""
+    backend = TritonBackend()
+    backend._sm_count = 132
+    gpu = torch.device("cuda")  # only its type is read
+    assert [backend._split_cap(bs, 8, gpu) for bs in (1, 2, 4, 8, 256)] == [64, 32, 16, 8, 8]
+    backend.reserve_decode(max_batch_size=8, num_heads=4, head_dim=16, device="cpu")
+    scratch = backend._scratch
+    assert scratch is not None and scratch.out.numel() == 8 * 64 * 4 * 16  # CPU: every cap 64
+    ws = scratch.view(3, 64)
+    assert ws.partial_out.shape == (3, 4, 64, 16) and ws.partial_out.is_contiguous()
+    assert (
+        ws.partial_lse.shape == (3, 4, 64) and ws.partial_out.data_ptr() == scratch.out.data_ptr()
+    )

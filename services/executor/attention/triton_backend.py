@@ -40,6 +40,27 @@ class _ExtendMetadata:
 
 
 @dataclass
+class _SplitScratch:
+    """fp32 scratch for decode's per-chunk partial outputs and log-sum-exps, flat: each step
+    views it as [bs, heads, split_cap, head_dim], contiguous. Sized for the largest
+    bs * split_cap of any batch up to max_batch_size, which is about 8 * max_batch_size, so
+    a request alone may split 64 ways without the scratch of 64 chunks for every row."""
+
+    out: torch.Tensor  # [rows * num_heads * head_dim]
+    lse: torch.Tensor  # [rows * num_heads]
+    max_batch_size: int
+    num_heads: int
+    head_dim: int
+
+    def view(self, bs: int, split_cap: int) -> DecodeWorkspace:
+        h, d = self.num_heads, self.head_dim
+        return DecodeWorkspace(
+            partial_out=self.out[: bs * h * split_cap * d].view(bs, h, split_cap, d),
+            partial_lse=self.lse[: bs * h * split_cap].view(bs, h, split_cap),
+        )
+
+
+@dataclass
 class _Metadata:
     """What every layer of one forward shares: built once, before layer 0."""
 
@@ -47,7 +68,7 @@ class _Metadata:
     extend: _ExtendMetadata | None  # EXTEND only
     num_kv_splits: torch.Tensor | None  # DECODE only: [bs] int32, a view of the persistent buffer
     split_cap: int  # DECODE only: the grid's chunks per request, a function of bs alone
-    num_stages: int = 2  # DECODE only: stage 1's pipelining depth, a function of bs alone
+    num_stages: int = 3  # DECODE only: stage 1's pipelining depth
 
 
 class TritonBackend(AttentionBackend):
@@ -56,13 +77,17 @@ class TritonBackend(AttentionBackend):
     batch size: a few long requests split many ways, a large batch fewer.
 
     A batch too small to give every SM a (request, KV head) pair splits into chunks of only
-    `small_batch_split_len` keys instead, and runs stage 1 with two pipeline stages rather
-    than three. Measured on an H100 (bf16, 32/8 heads of 128): bs 1 at 256 keys took 9.8 us
-    a layer with 32-key chunks against 17-20 us with 256; bs 256 at 1,024 keys was best with
-    256-key chunks and three stages (415 us against 430-440 us)."""
+    `small_batch_split_len` keys instead. Measured on an H100 (bf16, 32/8 heads of 128): bs 1
+    at 256 keys took 9.8 us a layer with 32-key chunks against 17-20 us with 256; bs 256 at
+    1,024 keys was best with 256-key chunks and three stages (415 us against 430-440 us).
+    Later on an H100 (2026-11-27, `loadtest/results/gpu_decode_attention_h100_run1.json`): one
+    request of 100,000 keys took 223 us a layer split 32 ways with two stages, 155 with 64
+    chunks and 145 with 64 chunks and three stages (94% of the copy bandwidth); 8 requests of
+    16,000 keys 194 us with two stages, 181 with three: hence 64 chunks at most and three
+    stages at every batch size."""
 
     def __init__(
-        self, max_kv_splits: int = 32, min_split_len: int = 256, small_batch_split_len: int = 32
+        self, max_kv_splits: int = 64, min_split_len: int = 256, small_batch_split_len: int = 32
     ) -> None:
         if max_kv_splits < 1 or min_split_len < 1 or small_batch_split_len < 1:
             raise ValueError("max_kv_splits and the split lengths must be positive")
@@ -71,7 +96,7 @@ class TritonBackend(AttentionBackend):
         self.small_batch_split_len = small_batch_split_len
         self._sm_count: int | None = None
         self._meta: _Metadata | None = None
-        self._workspace: DecodeWorkspace | None = None
+        self._scratch: _SplitScratch | None = None
         self._splits_buf: torch.Tensor | None = None  # [capacity] int32
 
     def reserve_decode(
@@ -93,7 +118,7 @@ class TritonBackend(AttentionBackend):
             splits.copy_(
                 num_kv_splits_for(batch.seq_lens, max_kv_splits=cap, min_split_len=split_len)
             )
-            self._meta = _Metadata(batch, None, splits, cap, num_stages=2 if small else 3)
+            self._meta = _Metadata(batch, None, splits, cap, num_stages=3)
             return
         extend_lens = batch.extend_lens_cpu
         starts = [0]
@@ -117,13 +142,8 @@ class TritonBackend(AttentionBackend):
     def _split_workspace(
         self, meta: _Metadata, bs: int, num_heads: int, head_dim: int, device: torch.device
     ) -> DecodeWorkspace:
-        """The decode workspace as a view of its first split_cap chunks (the kernels follow
-        its strides)."""
-        ws = self._decode_workspace(bs, num_heads, head_dim, device)
-        return DecodeWorkspace(
-            partial_out=ws.partial_out[:, :, : meta.split_cap],
-            partial_lse=ws.partial_lse[:, :, : meta.split_cap],
-        )
+        """The decode scratch as this batch's [bs, heads, split_cap] workspace."""
+        return self._decode_workspace(bs, num_heads, head_dim, device).view(bs, meta.split_cap)
 
     def forward(
         self,
@@ -257,25 +277,27 @@ class TritonBackend(AttentionBackend):
 
     def _decode_workspace(
         self, bs: int, num_heads: int, head_dim: int, device: torch.device
-    ) -> DecodeWorkspace:
-        ws = self._workspace
+    ) -> _SplitScratch:
+        sc = self._scratch
         if (
-            ws is None
-            or ws.max_batch_size < bs
-            or ws.partial_out.shape[1] != num_heads
-            or ws.partial_out.shape[3] != head_dim
-            or ws.partial_out.device != device
+            sc is None
+            or sc.max_batch_size < bs
+            or sc.num_heads != num_heads
+            or sc.head_dim != head_dim
+            or sc.out.device != device
         ):
-            capacity = max(bs, 2 * ws.max_batch_size if ws is not None else 8)
-            ws = DecodeWorkspace.allocate(
+            capacity = max(bs, 2 * sc.max_batch_size if sc is not None else 8)
+            # split caps only fall with more KV heads: one KV head bounds every model's
+            rows = max(b * self._split_cap(b, 1, device) for b in range(1, capacity + 1))
+            sc = _SplitScratch(
+                out=torch.empty(rows * num_heads * head_dim, dtype=torch.float32, device=device),
+                lse=torch.empty(rows * num_heads, dtype=torch.float32, device=device),
                 max_batch_size=capacity,
                 num_heads=num_heads,
                 head_dim=head_dim,
-                max_kv_splits=self.max_kv_splits,
-                device=device,
             )
-            self._workspace = ws
-        return ws
+            self._scratch = sc
+        return sc
 
     def _splits(self, bs: int, device: torch.device) -> torch.Tensor:
         buf = self._splits_buf
