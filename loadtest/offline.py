@@ -163,6 +163,8 @@ def run_throughput(engine: Engine, a: argparse.Namespace) -> dict[str, Any]:
         "decode_steps": d.decode_steps,
         "extend_s": d.extend_s,
         "decode_s": d.decode_s,
+        "steady_decode_steps": d.steady_decode_steps,
+        "steady_decode_s": d.steady_decode_s,
         "extend_tokens": d.extend_tokens,  # more than the input when retraction recomputes
         "decode_batch_mean": d.decode_bs_sum / d.decode_steps if d.decode_steps else 0.0,
         "overlapped_steps": engine.overlapped_steps,
@@ -182,6 +184,11 @@ class Drained:
     decode_s: float = 0.0
     extend_tokens: int = 0
     decode_bs_sum: int = 0
+    # decode steps that follow a decode step: with overlap, a decode step right after an
+    # extend spends its time waiting for that prefill chunk on the device, so only these
+    # measure decoding itself (issue 26's table)
+    steady_decode_steps: int = 0
+    steady_decode_s: float = 0.0
     decode_step_ends: list[float] = field(default_factory=list)
     first_token_at: dict[str, float] = field(default_factory=dict)
     tokens_by_rid: dict[str, int] = field(default_factory=dict)
@@ -193,6 +200,7 @@ def drain(engine: Engine, reqs: list[TokenizedRequest], time_limit: float = 0.0)
         engine.submit(r)
     out = Drained()
     deadline = time.perf_counter() + time_limit if time_limit > 0 else float("inf")
+    last_was_decode = False
     while engine.has_work():
         if time.perf_counter() > deadline and not out.stopped:
             out.stopped = True
@@ -207,10 +215,14 @@ def drain(engine: Engine, reqs: list[TokenizedRequest], time_limit: float = 0.0)
             out.decode_s += now - before
             out.decode_step_ends.append(now)
             out.decode_bs_sum += result.forward_tokens
+            if last_was_decode:
+                out.steady_decode_steps += 1
+                out.steady_decode_s += now - before
         elif result.forward_tokens:
             out.extend_steps += 1
             out.extend_s += now - before
             out.extend_tokens += result.forward_tokens
+        last_was_decode = result.is_decode
         for _, msg in result.outputs:
             if not isinstance(msg, StepOutput):
                 raise RuntimeError(f"request failed: {msg}")

@@ -155,3 +155,35 @@ def test_int4_weights_and_the_bytes_a_decode_step_reads(tiny: Path) -> None:
         assert model.quantization is not None and model.quantization.family in name
         want = bytes_per_step(bf16.runner.model, kv_dtype, 10) - saved
         assert bytes_per_step(model, kv_dtype, 10) == want
+
+
+class _ScriptedEngine:
+    """Steps of the given kinds ("e" extend, "d" decode, "-" idle), then no more work."""
+
+    def __init__(self, kinds: str) -> None:
+        self.kinds = list(kinds)
+
+    def submit(self, _req: object) -> None:
+        pass
+
+    def has_work(self) -> bool:
+        return bool(self.kinds)
+
+    def step(self) -> object:
+        kind = self.kinds.pop(0)
+
+        class Result:
+            is_decode = kind == "d"
+            forward_tokens = 0 if kind == "-" else 4
+            outputs: list[object] = []
+
+        return Result()
+
+
+def test_steady_decode_steps_are_those_after_a_decode_step() -> None:
+    """A decode step right after an extend waits, with overlap, for the prefill chunk on the
+    device: issue 26's table takes only decode steps that follow a decode step."""
+    d = offline.drain(_ScriptedEngine("eddeddd-dde"), [])  # type: ignore[arg-type]
+    assert (d.decode_steps, d.extend_steps) == (7, 3)
+    assert d.steady_decode_steps == 4  # the 2nd, 4th, 5th and 7th decode steps
+    assert 0 <= d.steady_decode_s <= d.decode_s
