@@ -74,6 +74,8 @@ def scale_section() -> dict[str, Any]:
             "share": floor / step_ms,
             "output_tok_s": run["output_tok_s"],
             "prefill_s": run["extend_s"],
+            # all prompts arrive at once: for one prompt, its time to the first token
+            "ttft_s_median": run["ttft_ms_median"] / 1000,
             "decode_batch_mean": run["decode_batch_mean"],
             "finished": run["finished"],
         }
