@@ -64,9 +64,10 @@ def unpack_int4(words: torch.Tensor) -> torch.Tensor:
 def load_words(
     qw_ptr, s_ptr, z_ptr, rows, words, mask, stride_qn, stride_sn, stride_zn, GROUP: tl.constexpr
 ):
-    """The packed words [R, W] of weight rows `rows` ([R, 1] int64) and word columns `words`
-    ([1, W]), with each word's scale and zero point as fp32 ([R, W]: a word's 8 columns lie in
-    one group, GROUP / 8 neighbouring words share it, so these loads repeat: L1 hits)."""
+    """The packed words of weight rows `rows` (int64) and word columns `words`, any shapes
+    that broadcast ([R, 1] and [1, W] for a tile; one row and [W]), with each word's scale and
+    zero point as fp32 (a word's 8 columns lie in one group, GROUP / 8 neighbouring words share
+    it, so these loads repeat: L1 hits)."""
     q = tl.load(qw_ptr + rows * stride_qn + words, mask=mask, other=0)
     g = words // (GROUP // 8)
     s = tl.load(s_ptr + rows * stride_sn + g, mask=mask, other=0.0).to(tl.float32)

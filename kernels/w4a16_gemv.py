@@ -31,7 +31,7 @@ import triton.language as tl
 from kernels._checks import check_launch, check_tensor
 from kernels.gemv import MAX_M
 from kernels.pdl import pdl_launch, pdl_prologue
-from kernels.w4a16 import PACK, check_w4, columns_of_x
+from kernels.w4a16 import PACK, check_w4, columns_of_x, load_words
 
 # rows of the tile: each is spelled out in the kernel
 MAX_BLOCK_N = 8
@@ -69,7 +69,7 @@ def _x_columns(x_row_ptr, perm_ptr, words, w_mask, HAS_PERM: tl.constexpr):
 
 
 @triton.jit
-def _word_dot(q, lo, hi, xs):
+def _word_dot(lo, hi, xs):
     """sum_j q_j x_j over a word's 8 nibbles, [BLOCK_W] (lo: the word, hi: it >> 12)."""
     p = _nibble(lo, 0) * xs[0]
     p += _nibble(lo, 4) * xs[1]
@@ -90,22 +90,21 @@ def _row_step(
     """One weight row's step: its BLOCK_W words against each row of x, added to `acc` (a
     tuple of MAX_M [BLOCK_W] partial sums, one per row of x; those past M untouched)."""
     mask = w_mask & ((n + 0 * words) < N)  # a vector: the interpreter takes no scalar masks
-    row = n.to(tl.int64)
-    q = tl.load(qw_ptr + row * stride_qn + words, mask=mask, other=0).to(tl.uint32, bitcast=True)
-    g = words // (GROUP // 8)
-    s = tl.load(s_ptr + row * stride_sn + g, mask=mask, other=0.0).to(tl.float32)
-    z = tl.load(z_ptr + row * stride_zn + g, mask=mask, other=0).to(tl.float32)
+    q, s, z = load_words(
+        qw_ptr, s_ptr, z_ptr, n.to(tl.int64), words, mask, stride_qn, stride_sn, stride_zn, GROUP
+    )
+    q = q.to(tl.uint32, bitcast=True)  # logical shifts: no sign to extend
     hi = q >> 12
-    a0 = acc[0] + s * (_word_dot(q, q, hi, xs0) - z * xs0[8])
+    a0 = acc[0] + s * (_word_dot(q, hi, xs0) - z * xs0[8])
     a1 = acc[1]
     a2 = acc[2]
     a3 = acc[3]
     if M > 1:
-        a1 += s * (_word_dot(q, q, hi, xs1) - z * xs1[8])
+        a1 += s * (_word_dot(q, hi, xs1) - z * xs1[8])
     if M > 2:
-        a2 += s * (_word_dot(q, q, hi, xs2) - z * xs2[8])
+        a2 += s * (_word_dot(q, hi, xs2) - z * xs2[8])
     if M > 3:
-        a3 += s * (_word_dot(q, q, hi, xs3) - z * xs3[8])
+        a3 += s * (_word_dot(q, hi, xs3) - z * xs3[8])
     return (a0, a1, a2, a3)
 
 
