@@ -176,12 +176,13 @@ def _decode(
     kv_heads: int = 8,
     head_dim: int = 128,
     num_stages: int = 2,
+    splits: int = 16,
     window: int | None = None,
     softcap: float | None = None,
 ) -> None:
     bs = 4
     ws = DecodeWorkspace.allocate(
-        max_batch_size=bs, num_heads=heads, head_dim=head_dim, max_kv_splits=16, device="cpu"
+        max_batch_size=bs, num_heads=heads, head_dim=head_dim, max_kv_splits=splits, device="cpu"
     )
     decode_attention(
         q=_t(bs, heads, head_dim, dtype=dtype),
@@ -340,6 +341,8 @@ def _cases() -> list[Case]:
         ("store_kv/bf16", partial(_store_kv, BF16, BF16)),
         ("store_kv/fp16-fp8-pool", partial(_store_kv, FP16, E4M3)),
         ("decode_attention/bf16", partial(_decode, BF16)),
+        # what the backend launches for a lone long request: 64 chunks, three stages
+        ("decode_attention/bf16-64-splits", partial(_decode, BF16, num_stages=3, splits=64)),
         ("decode_attention/fp16-3-stages-nopdl", partial(_decode, FP16, num_stages=3), False),
         ("decode_attention/bf16-e4m3-pool", partial(_decode, BF16, E4M3)),
         ("decode_attention/fp16-e5m2-pool", partial(_decode, FP16, E5M2)),
