@@ -227,7 +227,7 @@ def w4a16_gemv(
     perm: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     block_n: int = 8,
-    block_k: int = 2048,
+    block_k: int = 512,
     num_warps: int = 2,
     num_stages: int = 3,
 ) -> torch.Tensor:

@@ -36,7 +36,7 @@ LLAMA_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "d
 GROUP = 128
 # (block_n, block_k (columns a step), num_warps, num_stages)
 GEMV_CONFIGS = [
-    (bn, bk, warps, 3) for bn in (2, 4, 8) for bk in (1024, 2048, 4096) for warps in (2, 4)
+    (bn, bk, warps, 3) for bn in (2, 4, 8) for bk in (512, 1024, 2048) for warps in (2, 4)
 ]
 # rows of x for the prefill paths, from below GGUF's crossover (32) to a prefill chunk; all
 # multiples of 16, so that each GEMM tile compiles once (Triton specialises on it)

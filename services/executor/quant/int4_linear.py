@@ -103,17 +103,18 @@ def _copy(param: torch.Tensor, dim: int, start: int, end: int, t: torch.Tensor) 
     param.narrow(dim, start, end - start).copy_(t)
 
 
-# The GEMV's fastest launches at Llama-3.1-8B's shapes on an H200 (2026-11-27): 256 words
-# (2,048 columns) a step over 2 warps, 4 or 8 rows a program; the rest are near neighbours
-# for other shapes and GPUs.
+# The GEMV's fastest launches at Llama-3.1-8B's shapes on an H200 (2026-11-27, timed alone
+# over 4 or 8 rows, 512 to 2,048 columns a step, 1 to 4 warps): 8 x 512 over 2 warps for qkv
+# and gate_up, 4 x 512 for o, 4 x 1,024 for down; the rest are near neighbours for other
+# shapes and GPUs.
 INT4_CANDIDATES = (
-    GemvConfig(8, 2048, 2, 3),
-    GemvConfig(4, 2048, 2, 3),
+    GemvConfig(8, 512, 2, 3),
+    GemvConfig(4, 512, 2, 3),
+    GemvConfig(4, 1024, 2, 3),
     GemvConfig(8, 1024, 2, 3),
-    GemvConfig(8, 2048, 4, 3),
+    GemvConfig(8, 2048, 2, 3),
     GemvConfig(4, 2048, 4, 3),
-    GemvConfig(4, 4096, 4, 3),
-    GemvConfig(2, 2048, 2, 3),
+    GemvConfig(2, 1024, 2, 3),
 )
 
 
