@@ -23,6 +23,7 @@ import torch
 from services.executor.builder import EngineSettings, build_engine, build_runner
 from services.executor.distributed.follower import Follower
 from services.executor.distributed.group import SINGLE, TPGroup, init_group
+from services.executor.distributed.node import destroy_group, exit_rank
 from shared.model_files import resolve_model
 from tests.conftest import free_port
 from tests.executor.helpers import TINY_VOCAB_SIZE, write_tiny_model
@@ -78,6 +79,10 @@ def generate(path: Path, tp: TPGroup) -> tuple[dict[str, list[int]], torch.Tenso
 
 
 def rank_main(rank: int, addr: str, path: str, results: Any) -> None:
+    """One rank's process. It ends through `exit_rank`, as the executor's ranks do: left to
+    the interpreter's finalisation, gloo's threads aborted rank 0 at exit now and then
+    ("terminate called without an active exception", status -6) after a correct run."""
+    code = 0
     try:
         tp = init_group(rank, 2, addr, torch.device("cpu"))
         if rank == 0:
@@ -86,10 +91,13 @@ def rank_main(rank: int, addr: str, path: str, results: Any) -> None:
         else:
             b = build_runner(settings(Path(path)), tp=tp)
             Follower(b.runner, tp).run()
-        torch.distributed.destroy_process_group()
+        destroy_group()
     except BaseException:
         results.put(("error", f"rank {rank}: {traceback.format_exc()}"))
-        raise
+        code = 1
+    results.close()
+    results.join_thread()  # the result is in the pipe before the process ends
+    exit_rank(code)
 
 
 @pytest.mark.parametrize("case", list(CASES))
