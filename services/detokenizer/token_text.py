@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import xgrammar as xgr
-
 
 class TokenTexts:
     def __init__(self, tokenizer: Any) -> None:
@@ -23,6 +21,10 @@ class TokenTexts:
         if hit is not None:
             return hit
         if self._vocab is None:
+            # Imported here: xgrammar brings torch, a second of the detokenizer's start that
+            # only a logprob request needs.
+            import xgrammar as xgr
+
             self._vocab = list(xgr.TokenizerInfo.from_huggingface(self.tokenizer).decoded_vocab)
         raw = self._vocab[token_id] if token_id < len(self._vocab) else b""
         if raw:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import logging
 import sys
 import time
@@ -321,10 +320,6 @@ async def serve_leader(a: argparse.Namespace, group: ExecutorGroup) -> None:
     )
     group.runner = engine.runner
     progress.finish()
-    # Everything loaded so far lives as long as the process: keep the collector from walking
-    # it on every collection (a full pass over the radix tree's nodes stalls a step).
-    gc.collect()
-    gc.freeze()
     reader: StreamReader[ExecutorMessage] = StreamReader(
         svc.r, stream, ExecutorMessage, trim_consumed=True
     )

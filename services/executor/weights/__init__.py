@@ -30,6 +30,7 @@ from services.executor.weights.loader import (
     init_dummy_weights,
     load_weights,
 )
+from shared.model_files import forget_gguf
 
 __all__ = ["load_model"]
 
@@ -89,6 +90,7 @@ def load_model(
     elif gguf_path is not None:
         blocks = block_weights(model)
         load_weights(model, iter_gguf_weights(reader, config, blocks), source, progress)
+        forget_gguf()
     else:
         load_weights(model, iter_hf_weights(hf_weight_files(path)), source, progress)
     finish_loading(model)

@@ -17,6 +17,7 @@ from gguf.quants import dequantize
 
 from services.executor.errors import ModelLoadError, UnsupportedModelError
 from services.executor.model_config import ModelConfig
+from shared.model_files import gguf_reader
 
 _TOP_LEVEL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 # blk.N.<key> -> model.layers.N.<value>
@@ -83,7 +84,8 @@ _CONFIG_TENSORS = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factor
 def open_gguf(path: str) -> GGUFReader:
     """A memory-mapped reader; ModelLoadError naming `path` if it isn't a valid GGUF file."""
     try:
-        return GGUFReader(path)
+        reader: GGUFReader = gguf_reader(path)
+        return reader
     except (OSError, ValueError, IndexError, KeyError) as e:
         raise ModelLoadError(f"cannot read GGUF file {path}: {e}") from e
 
