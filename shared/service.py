@@ -176,12 +176,13 @@ class Service:
     async def run(self, *workers: Worker) -> None:
         """Run `workers` until they all return, one fails, or a stop signal drains them."""
         self._install_signals()
-        # What the service loaded to get here (libraries, tokenizer, model, radix tree) lives
-        # as long as the process: the collector then never walks it again, neither in a full
-        # collection while serving (one pass over the executor's radix tree stalls a step)
-        # nor at exit, where it took about 1 s of each service's stop.
-        gc.collect()
-        gc.freeze()
+        if _owns_process:
+            # What the service loaded to get here (libraries, tokenizer, model, radix tree)
+            # lives as long as the process: the collector then never walks it again, neither
+            # in a full collection while serving (one pass over the executor's radix tree
+            # stalls a step) nor at exit, where it took about 1 s of each service's stop.
+            gc.collect()
+            gc.freeze()
         endpoint: web.AppRunner | None = None
         if self.metrics_addr is not None:
             host, port = self.metrics_addr
@@ -263,8 +264,15 @@ def model_label(a: Any) -> str:
         return a.served_model_name or a.model
 
 
+# Set by run_async, which only a service's own process calls (its `main`): a Service run
+# inside another program (a test, an embedding) leaves that program's collector alone.
+_owns_process = False
+
+
 def run_async(main: Callable[[], Awaitable[None]]) -> None:
-    """asyncio.run on uvloop where available."""
+    """asyncio.run on uvloop where available; the process is the service's own."""
+    global _owns_process
+    _owns_process = True
     try:
         import uvloop
 
