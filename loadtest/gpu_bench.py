@@ -89,6 +89,8 @@ TIME_LIMITS = {
     "quant_decode": 540,
     "quant_decode_int4": 420,  # bf16, int4 AWQ and int4 GPTQ 8B models
     "offline_fp8w": 260,
+    "flashinfer_kernel": 540,  # FlashInfer compiles its kernels on first use
+    "shared_prefix": 540,  # two servers, the workload on each
 }
 OFFLINE_RUN_S = 130  # the 500-prompt run stops here and reports what it finished
 
@@ -193,6 +195,14 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         from loadtest.gpu.quant import quant_decode_section
 
         return quant_decode_section(QUANT_SECTIONS[name])
+    if name == "shared_prefix":
+        from loadtest.gpu.burst import shared_prefix_section
+
+        return shared_prefix_section(str(out_dir))
+    if name == "flashinfer_kernel":
+        from loadtest.gpu.flashinfer_attn import flashinfer_kernel_section
+
+        return flashinfer_kernel_section()
     if name == "offline_fp8w":
         return sections.offline_throughput(
             time_limit=OFFLINE_RUN_S, kv_cache_dtype="fp8_e4m3", quantization="fp8"
@@ -200,7 +210,8 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
     extra = ["burst", "engine_ab", "protocols", "dp", "observability", "tools"]
     extra += ["tp", "tp70b", "tp_kill", "mla_kernel", "moe_kernel", "qwen3moe", "dsv2lite"]
     extra += ["qwen3moe_decode", "dsv2lite_decode", "scale", "gguf_kernel", "w4a16_kernel"]
-    extra += ["quant_decode", "quant_decode_int4", "offline_fp8w"]
+    extra += ["quant_decode", "quant_decode_int4", "offline_fp8w", "flashinfer_kernel"]
+    extra += ["shared_prefix"]
     raise SystemExit(f"unknown section {name!r}; known: {', '.join([*SECTIONS, *extra])}")
 
 

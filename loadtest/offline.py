@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -58,7 +59,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=list(QUANTIZATION_CHOICES),
         help="weights: the checkpoint's format, or fp8 (a float checkpoint quantized at load)",
     )
-    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    p.add_argument(
+        "--attention-backend",
+        # the executor's variable: gpu_bench's sections run on FlashInfer with it set
+        default=os.environ.get("RADIXSERVE_ATTENTION_BACKEND", "auto"),
+        choices=["auto", "torch", "triton", "flashinfer"],
+    )
     p.add_argument("--disable-cuda-graph", action="store_true")
     p.add_argument("--max-total-tokens", type=int, default=0)
     p.add_argument("--mem-fraction-static", type=float, default=0.85)

@@ -40,40 +40,24 @@ def _burst(port: int, retry: bool) -> dict[str, Any]:
     return summary
 
 
-def _shared_prefix(port: int, model: Path) -> dict[str, Any]:
+def _shared_prefix(
+    port: int, model: Path, groups: int = 32, concurrency: int | None = 256
+) -> dict[str, Any]:
+    """The generated-shared-prefix workload: `groups` system prompts of 2,048 tokens, 16
+    questions of 128 each, 256 output tokens."""
     from loadtest import serving
     from loadtest.flags import build_parser
 
-    args = build_parser().parse_args(
-        [
-            "--base-url",
-            f"http://127.0.0.1:{port}",
-            "--backend",
-            "radixserve",
-            "--tokenizer",
-            str(model),
-            "--disable-tqdm",
-            "--seed",
-            "1",
-            "--dataset-name",
-            "generated-shared-prefix",
-            "--gsp-num-groups",
-            "32",
-            "--gsp-prompts-per-group",
-            "16",
-            "--gsp-system-prompt-len",
-            "2048",
-            "--gsp-question-len",
-            "128",
-            "--gsp-output-len",
-            "256",
-            "--max-concurrency",
-            "256",
-        ]
-    )
-    m = asyncio.run(serving.benchmark(args))
+    argv = ["--base-url", f"http://127.0.0.1:{port}", "--backend", "radixserve"]
+    argv += ["--tokenizer", str(model), "--disable-tqdm", "--seed", "1"]
+    argv += ["--dataset-name", "generated-shared-prefix", "--gsp-num-groups", str(groups)]
+    argv += ["--gsp-prompts-per-group", "16", "--gsp-system-prompt-len", "2048"]
+    argv += ["--gsp-question-len", "128", "--gsp-output-len", "256"]
+    if concurrency is not None:
+        argv += ["--max-concurrency", str(concurrency)]
+    m = asyncio.run(serving.benchmark(build_parser().parse_args(argv)))
     out = m.to_json()
-    requests = 32 * 16
+    requests = groups * 16
     out["requests"] = requests
     out["lost"] = requests - m.completed
     print(
@@ -101,3 +85,27 @@ def burst_section(log_dir: str) -> dict[str, Any]:
             proc.wait(timeout=60)
         except Exception:
             proc.kill()
+
+
+def shared_prefix_section(log_dir: str) -> dict[str, Any]:
+    """Issue 26's check: the generated-shared-prefix workload at SGLang's defaults (64 groups
+    of 16, every request sent at once) through `radixserve serve`, with the radix cache and
+    with `--disable-radix-cache`, and the ratio of their output throughputs."""
+    root = Path(tempfile.mkdtemp())
+    model = llama8b_dir(root, tokenizer="words")
+    out: dict[str, Any] = {}
+    for name, extra in (("cache_on", ()), ("cache_off", ("--disable-radix-cache",))):
+        port = 18110 if name == "cache_on" else 18111
+        proc = _serve(model, Path(log_dir) / f"serve_gsp_{name}.log", port, *extra)
+        try:
+            out[name] = _shared_prefix(port, model, groups=64, concurrency=None)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except Exception:
+                proc.kill()
+    on, off = out["cache_on"]["output_throughput"], out["cache_off"]["output_throughput"]
+    out["speedup"] = on / off if off else None
+    print(f"shared prefix: {on:.0f} vs {off:.0f} output tok/s, {out['speedup']:.2f}x", flush=True)
+    return out

@@ -128,6 +128,14 @@ def pick_kv_dtype(
             f"--kv-cache-dtype={name!r}: unknown; choose one of {', '.join(KV_CACHE_DTYPES)}"
         )
     kv_dtype = KV_CACHE_DTYPES[name] or model_dtype
+    if backend == "flashinfer":
+        if device.type != "cuda":
+            raise ValueError("--attention-backend flashinfer runs on CUDA devices only")
+        if kv_dtype != model_dtype:
+            raise ValueError(
+                f"--attention-backend flashinfer keeps the cache in the model's dtype; "
+                f"--kv-cache-dtype={name} needs the triton backend"
+            )
     if kv_dtype == torch.float8_e4m3fn and backend == "triton" and device.type == "cuda":
         # Triton has float8e4nv (e4m3fn) only from compute capability 8.9 (Ada, Hopper) on.
         major, minor = torch.cuda.get_device_capability(device)
@@ -209,6 +217,11 @@ def build_runner(
         gguf_blocks=GGUF_WEIGHTS[s.gguf_weights],
     )
     model.eval()
+    if backend == "flashinfer" and config.mla is not None:
+        raise ValueError(
+            f"--attention-backend flashinfer has no latent (MLA) attention for "
+            f"{config.architecture}: use triton"
+        )
     progress("kv pool", 0.0)
     slots = tp.min_int(
         kv_pool_tokens(s, config, dtype, kv_dtype, device, model.num_kv_heads), device

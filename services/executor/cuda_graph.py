@@ -51,6 +51,10 @@ class CudaGraphRunner:
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool: Any = None
         backend = getattr(model, "backend", None)
+        # A backend with host work per step the graph cannot hold (FlashInfer's plan) is told
+        # which size it is capturing, and planned before each replay.
+        self._prepare_capture = getattr(backend, "prepare_capture", None)
+        self._prepare_replay = getattr(backend, "prepare_replay", None)
         reserve = getattr(backend, "reserve_decode", None)
         if reserve is not None:  # this rank's heads (all of them without tensor parallelism)
             # What attention returns per head: head_dim, or MLA's latent width.
@@ -78,17 +82,23 @@ class CudaGraphRunner:
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            for bs in reversed(self.sizes):
-                batch = self._static_batch(bs)
-                for _ in range(2):  # warm up: autotuning and lazy init outside the capture
-                    self.model(batch)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                    out = self.model(batch)
-                if self.pool is None:
-                    self.pool = graph.pool()
-                self.graphs[bs] = graph
-                self.outputs[bs] = out
+            try:
+                for bs in reversed(self.sizes):
+                    batch = self._static_batch(bs)
+                    if self._prepare_capture is not None:
+                        self._prepare_capture(bs)
+                    for _ in range(2):  # warm up: autotuning and lazy init outside the capture
+                        self.model(batch)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                        out = self.model(batch)
+                    if self.pool is None:
+                        self.pool = graph.pool()
+                    self.graphs[bs] = graph
+                    self.outputs[bs] = out
+            finally:
+                if self._prepare_capture is not None:
+                    self._prepare_capture(None)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         torch.cuda.synchronize(self.device)
         log.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
@@ -119,5 +129,7 @@ class CudaGraphRunner:
             self.seq_lens[bs:size].fill_(1)
             self.input_ids[bs:size].zero_()
             self.positions[bs:size].zero_()
+        if self._prepare_replay is not None:
+            self._prepare_replay(size, batch.seq_lens_cpu + [1] * (size - bs))
         self.graphs[size].replay()
         return self.outputs[size][:bs]

@@ -111,8 +111,9 @@ def add_flags(p: EnvArgumentParser) -> None:
     p.add_flag(
         "--attention-backend",
         default="auto",
-        choices=["auto", "torch", "triton"],
-        help="attention kernels: triton (CUDA) or the torch reference (auto: triton on CUDA)",
+        choices=["auto", "torch", "triton", "flashinfer"],
+        help="attention kernels: triton (CUDA), flashinfer (CUDA; pip install "
+        "'radixserve[flashinfer]') or the torch reference (auto: triton on CUDA)",
     )
     p.add_bool("--disable-cuda-graph", help="launch decode kernels one by one (debugging)")
     p.add_flag(

@@ -17,6 +17,7 @@ import torch
 from kernels.bitmask import apply_token_bitmask
 from kernels.decode_attention import DecodeWorkspace, decode_attention
 from kernels.extend_attention import extend_attention
+from kernels.flat_slots import flat_slots
 from kernels.fp8_act_quant import quantize_act
 from kernels.fp8_block_gemm import fp8_block_gemm
 from kernels.fp8_gemv import fp8_gemv
@@ -163,6 +164,17 @@ def _store_kv(dtype: torch.dtype, pool: torch.dtype) -> None:
         _t(64, kv_heads, head_dim, dtype=pool),
     )
     store_kv(k=k, v=v, k_buffer=k_buffer, v_buffer=v_buffer, out_cache_loc=_ints(n))
+
+
+def _flat_slots(table_dtype: torch.dtype) -> None:
+    bs = 4
+    flat_slots(
+        req_to_token=_t(8, 4096, dtype=table_dtype),
+        req_rows=_ints(bs),
+        indptr=_ints(bs + 1, torch.int32),
+        max_len=4096,
+        out=_ints(64, torch.int32),
+    )
 
 
 # -- attention ------------------------------------------------------------------------------
@@ -340,6 +352,7 @@ def _cases() -> list[Case]:
         ("rotary/bf16-qk-norm-unit-offset", partial(_rotary, BF16, 128, True, True, False)),
         ("store_kv/bf16", partial(_store_kv, BF16, BF16)),
         ("store_kv/fp16-fp8-pool", partial(_store_kv, FP16, E4M3)),
+        ("flat_slots/int64-table", partial(_flat_slots, torch.int64)),
         ("decode_attention/bf16", partial(_decode, BF16)),
         # what the backend launches for a lone long request: 64 chunks, three stages
         ("decode_attention/bf16-64-splits", partial(_decode, BF16, num_stages=3, splits=64)),

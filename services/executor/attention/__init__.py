@@ -81,6 +81,7 @@ class AttentionBackend(ABC):
 _BACKENDS: dict[str, tuple[str, str]] = {
     "torch": ("services.executor.attention.torch_ref", "TorchRefBackend"),
     "triton": ("services.executor.attention.triton_backend", "TritonBackend"),
+    "flashinfer": ("services.executor.attention.flashinfer_backend", "FlashInferBackend"),
 }
 
 

@@ -1,0 +1,270 @@
+"""The FlashInfer attention backend (`--attention-backend flashinfer`, `pip install
+radixserve[flashinfer]`): FlashInfer's paged prefill and decode kernels over the same pool,
+request table and radix cache as the Triton backend.
+
+The pool is FlashInfer's NHD paged cache with pages of one slot: K of layer l is
+`k_buffers[l]` viewed as [slots, 1, kv_heads, head_dim]. A request's pages are its row of the
+request table, gathered on the device into `kv_indices` (kernels/flat_slots.py), so nothing
+is read back to the host; `kv_indptr` comes from the host's own sequence lengths.
+
+FlashInfer splits every call in two: `plan` (host work: the split schedule for these lengths,
+copied to the device) and `run` (the kernels). A forward plans once per kind of layer (sliding
+window, softcap, scale: Gemma has two kinds), at the first layer of that kind, and reuses the
+plan for the others. Decode uses FlashInfer's tensor-core kernels, which measured faster at
+every shape of issue 24's table (GQA groups of 4, `loadtest/gpu/flashinfer_attn.py`).
+
+CUDA graphs: a decode graph of batch size bs is captured over wrappers of that size whose
+tables live in fixed buffers (FlashInfer's `use_cuda_graph`); the slot gathering is captured
+with the kernels, and before each replay `prepare_replay` plans those wrappers for the real
+sequence lengths (host work the graph cannot hold).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from kernels.flat_slots import flat_slots, kv_indptr
+from kernels.store_kv import store_kv
+from services.executor.attention import AttentionBackend
+from services.executor.forward_batch import ForwardBatch, ForwardMode
+
+WORKSPACE_BYTES = 256 * 2**20  # FlashInfer's split-KV scratch; its docs suggest 128 MiB
+# (window, softcap, scale) of a kind of layer
+LayerKind = tuple[int, float, float]
+
+
+def load_flashinfer() -> Any:
+    """The flashinfer module, or an ImportError that says how to install it."""
+    try:
+        import flashinfer
+    except ImportError as e:
+        raise ImportError(
+            "--attention-backend flashinfer needs FlashInfer: pip install 'radixserve[flashinfer]' "
+            f"(flashinfer-python; it compiles its kernels with nvcc on first use): {e}"
+        ) from e
+    return flashinfer
+
+
+class FlashInferBackend(AttentionBackend):
+    def __init__(self) -> None:
+        self.fi = load_flashinfer()
+        self._workspace: torch.Tensor | None = None
+        self._batch: ForwardBatch | None = None
+        self._indptr_host: torch.Tensor | None = None  # [bs + 1] int32, this forward's
+        self._indices: torch.Tensor | None = None  # int32 slots of this forward
+        self._ones: torch.Tensor | None = None  # last_page_len: every page holds one slot
+        self._planned: dict[LayerKind, Any] = {}  # this forward's planned wrappers
+        self._eager: dict[tuple[ForwardMode, LayerKind], Any] = {}
+        # CUDA graphs: the batch size being captured, fixed tables, a wrapper per size and kind
+        self._capture_bs: int | None = None
+        self._g_indptr: torch.Tensor | None = None
+        self._g_indices: torch.Tensor | None = None
+        self._graph: dict[tuple[int, LayerKind], Any] = {}
+        self._shape: tuple[int, int, int, torch.dtype, torch.dtype] | None = None
+
+    # -- CUDA graphs (services/executor/cuda_graph.py) --------------------------------------
+
+    def reserve_decode(
+        self, *, max_batch_size: int, num_heads: int, head_dim: int, device: torch.device | str
+    ) -> None:
+        """The fixed [max_batch_size + 1] indptr the decode graphs read (the slot buffer is
+        sized from the pool at the first capture)."""
+        dev = torch.empty(0, device=device).device
+        self._g_indptr = torch.zeros(max_batch_size + 1, dtype=torch.int32, device=dev)
+        self._ensure_ones(max_batch_size, dev)
+
+    def prepare_capture(self, bs: int | None) -> None:
+        """Decode forwards from now on are the warm-up and capture of the graph of size `bs`
+        (None: capturing is over)."""
+        self._capture_bs = bs
+
+    def prepare_replay(self, bs: int, seq_lens: list[int]) -> None:
+        """Plan the graph of size `bs` for these sequence lengths (padding rows included)."""
+        self._indptr_host = _indptr(seq_lens)
+        for (size, kind), wrapper in self._graph.items():
+            if size == bs:
+                self._plan_decode(wrapper, kind)
+
+    # -- a forward --------------------------------------------------------------------------
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        device = batch.seq_lens.device
+        table = batch.req_to_token.req_to_token
+        self._batch, self._planned = batch, {}
+        seq_lens_cpu = batch.seq_lens_cpu
+        self._indptr_host = _indptr(seq_lens_cpu)
+        graph_bs = self._capture_bs if batch.mode is ForwardMode.DECODE else None
+        if graph_bs is not None:
+            # Captured: the gathering reads the static seq_lens, writes the fixed buffers.
+            assert self._g_indptr is not None, "reserve_decode before capturing"
+            if self._g_indices is None:
+                slots = batch.kv_pool.k_buffers[0].shape[0]
+                self._g_indices = torch.zeros(slots + graph_bs, dtype=torch.int32, device=device)
+            indptr = kv_indptr(batch.seq_lens, out=self._g_indptr[: graph_bs + 1])
+            out, width = self._g_indices, table.shape[1]
+        else:
+            indptr = kv_indptr(batch.seq_lens)
+            out = torch.empty(int(sum(seq_lens_cpu)), dtype=torch.int32, device=device)
+            width = max(seq_lens_cpu, default=0)
+        self._indices = flat_slots(
+            req_to_token=table, req_rows=batch.req_rows, indptr=indptr, max_len=width, out=out
+        )
+        self._ensure_ones(batch.batch_size, device)
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer_id: int,
+        batch: ForwardBatch,
+        *,
+        scale: float | None = None,
+        window: int | None = None,
+        softcap: float | None = None,
+        kv_stored: bool = False,
+    ) -> torch.Tensor:
+        if self._batch is not batch:
+            self.init_forward_metadata(batch)
+        k_buffer = batch.kv_pool.k_buffers[layer_id]
+        v_buffer = batch.kv_pool.v_buffers[layer_id]
+        if k_buffer.dtype != q.dtype:
+            raise ValueError(
+                f"--attention-backend flashinfer runs a {q.dtype} model over a cache of the "
+                f"same dtype, not {k_buffer.dtype}: use the triton backend for an fp8 cache"
+            )
+        if not kv_stored:
+            loc = batch.out_cache_loc
+            store_kv(k=k, v=v, k_buffer=k_buffer, v_buffer=v_buffer, out_cache_loc=loc)
+        num_heads, head_dim = q.shape[1], q.shape[2]
+        kind: LayerKind = (
+            window or 0,
+            softcap or 0.0,
+            scale if scale is not None else 1.0 / math.sqrt(head_dim),
+        )
+        self._shape = (num_heads, k_buffer.shape[1], head_dim, q.dtype, k_buffer.dtype)
+        wrapper = self._planned.get(kind)
+        if wrapper is None:
+            wrapper = self._wrapper_for(batch, kind)
+            self._planned[kind] = wrapper
+        pages = (
+            k_buffer.view(k_buffer.shape[0], 1, k_buffer.shape[1], head_dim),
+            v_buffer.view(v_buffer.shape[0], 1, v_buffer.shape[1], head_dim),
+        )
+        out: torch.Tensor = wrapper.run(q.contiguous(), pages)
+        return out
+
+    def fused_kv_store(
+        self, layer_id: int, batch: ForwardBatch, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The pool's buffers: the rotary kernel may write the new K/V itself."""
+        k_buffer = batch.kv_pool.k_buffers[layer_id]
+        if k_buffer.dtype != dtype or not batch.kv_pool.v_buffers:
+            return None
+        return k_buffer, batch.kv_pool.v_buffers[layer_id]
+
+    # -- wrappers and plans -----------------------------------------------------------------
+
+    def _wrapper_for(self, batch: ForwardBatch, kind: LayerKind) -> Any:
+        """This forward's wrapper for layers of `kind`, planned (except inside a capture,
+        where the warm-up of the same batch planned it and the replay plans again)."""
+        ws = self._workspace_on(batch.seq_lens.device)
+        if batch.mode is ForwardMode.EXTEND:
+            wrapper = self._eager.get((ForwardMode.EXTEND, kind))
+            if wrapper is None:
+                wrapper = self.fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+                self._eager[(ForwardMode.EXTEND, kind)] = wrapper
+            self._plan_extend(wrapper, kind, batch)
+            return wrapper
+        bs = self._capture_bs
+        if bs is None:
+            wrapper = self._eager.get((ForwardMode.DECODE, kind))
+            if wrapper is None:
+                wrapper = self.fi.BatchDecodeWithPagedKVCacheWrapper(
+                    ws, "NHD", use_tensor_cores=True
+                )
+                self._eager[(ForwardMode.DECODE, kind)] = wrapper
+            self._plan_decode(wrapper, kind)
+            return wrapper
+        wrapper = self._graph.get((bs, kind))
+        if wrapper is None:
+            assert self._g_indptr is not None and self._g_indices is not None
+            assert self._ones is not None
+            wrapper = self.fi.BatchDecodeWithPagedKVCacheWrapper(
+                ws,
+                "NHD",
+                use_cuda_graph=True,
+                use_tensor_cores=True,
+                paged_kv_indptr_buffer=self._g_indptr[: bs + 1],
+                paged_kv_indices_buffer=self._g_indices,
+                paged_kv_last_page_len_buffer=self._ones[:bs],
+            )
+            self._graph[(bs, kind)] = wrapper
+        if not torch.cuda.is_current_stream_capturing():
+            self._plan_decode(wrapper, kind)
+        return wrapper
+
+    def _plan_decode(self, wrapper: Any, kind: LayerKind) -> None:
+        assert self._shape is not None and self._indptr_host is not None
+        assert self._indices is not None and self._ones is not None
+        heads, kv_heads, dim, q_dtype, kv_dtype = self._shape
+        window, softcap, scale = kind
+        bs = self._indptr_host.shape[0] - 1
+        in_graph = getattr(wrapper, "is_cuda_graph_enabled", False)
+        wrapper.plan(
+            self._indptr_host,
+            # A graph's wrapper reads the slots its captured gathering writes: copy none.
+            self._indices[:0] if in_graph else self._indices,
+            self._ones[:bs],
+            heads,
+            kv_heads,
+            dim,
+            1,
+            window_left=window - 1 if window else -1,
+            logits_soft_cap=softcap or None,
+            q_data_type=q_dtype,
+            kv_data_type=kv_dtype,
+            sm_scale=scale,
+        )
+
+    def _plan_extend(self, wrapper: Any, kind: LayerKind, batch: ForwardBatch) -> None:
+        assert self._shape is not None and self._indptr_host is not None
+        assert self._indices is not None and self._ones is not None
+        heads, kv_heads, dim, q_dtype, kv_dtype = self._shape
+        window, softcap, scale = kind
+        wrapper.plan(
+            _indptr(batch.extend_lens_cpu),
+            self._indptr_host,
+            self._indices,
+            self._ones[: batch.batch_size],
+            heads,
+            kv_heads,
+            dim,
+            1,
+            causal=True,
+            window_left=window - 1 if window else -1,
+            logits_soft_cap=softcap or None,
+            q_data_type=q_dtype,
+            kv_data_type=kv_dtype,
+            sm_scale=scale,
+        )
+
+    def _workspace_on(self, device: torch.device) -> torch.Tensor:
+        if self._workspace is None:
+            self._workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        return self._workspace
+
+    def _ensure_ones(self, n: int, device: torch.device) -> None:
+        if self._ones is None or self._ones.shape[0] < n:
+            self._ones = torch.ones(max(n, 256), dtype=torch.int32, device=device)
+
+
+def _indptr(lens: list[int]) -> torch.Tensor:
+    """0, then the running sum of `lens`: [len(lens) + 1] int32 on the host."""
+    out = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    if lens:
+        torch.cumsum(torch.tensor(lens, dtype=torch.int32), 0, out=out[1:])
+    return out

@@ -1,0 +1,200 @@
+"""FlashInferBackend (`--attention-backend flashinfer`) on a GPU: the same attention as the
+torch reference for EXTEND (cached prefixes) and DECODE batches, with sliding windows and
+softcaps, the same pool contents, decode replayed from a CUDA graph planned for new lengths,
+and the same greedy tokens as the Triton backend from tiny models, eager and through the
+engine with its CUDA graphs. FlashInfer is an optional extra (radixserve[flashinfer]) and
+runs on CUDA only: without a GPU these tests are skipped, as every `gpu` test is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from services.executor.attention.torch_ref import TorchRefBackend
+from services.executor.builder import EngineSettings, build_engine
+from services.executor.forward_batch import ForwardMode
+from services.executor.weights import load_model
+from shared.model_files import resolve_model
+from tests.executor.helpers import write_tiny_model
+from tests.executor.test_engine import make_request
+from tests.kernels.helpers import DEVICE, TOLERANCES, assert_same_bits, randn
+from tests.kernels.test_triton_backend import (
+    CASES,
+    clone_pool,
+    greedy_with_prefix_reuse,
+    make_batch,
+)
+
+pytestmark = [pytest.mark.gpu]
+# (heads, kv heads, head dim, dtype) of every test: FlashInfer compiles a module for each
+# dtype, head dim and kind of mask (window, softcap) on first use, 20-70 s apiece.
+SHAPE = (8, 2, 128, torch.float16)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def flashinfer() -> Any:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    return pytest.importorskip("flashinfer", reason="the optional extra radixserve[flashinfer]")
+
+
+def backend() -> Any:
+    from services.executor.attention.flashinfer_backend import FlashInferBackend
+
+    return FlashInferBackend()
+
+
+def check_against_torch(
+    mode: ForwardMode,
+    prefix_lens: list[int],
+    extend_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    attn: dict[str, Any] | None = None,
+) -> None:
+    attn = attn or {}
+    gen = torch.Generator().manual_seed(sum(prefix_lens) * 10 + num_heads + head_dim)
+    batch = make_batch(mode, prefix_lens, extend_lens, 2, num_kv_heads, head_dim, dtype, gen)
+    twin = clone_pool(batch)
+    ours, ref = backend(), TorchRefBackend()
+    ours.init_forward_metadata(batch)
+    ref.init_forward_metadata(twin)
+    n = sum(extend_lens)
+    for layer in range(2):  # planned at the first layer, reused by the second
+        q = randn(n, num_heads, head_dim, dtype=dtype, gen=gen)
+        k = randn(n, num_kv_heads, head_dim, dtype=dtype, gen=gen)
+        v = randn(n, num_kv_heads, head_dim, dtype=dtype, gen=gen)
+        got = ours.forward(q, k, v, layer, batch, **attn)
+        want = ref.forward(q, k, v, layer, twin, **attn)
+        assert got.shape == q.shape and got.dtype == dtype
+        tol = TOLERANCES[dtype]
+        if attn.get("softcap"):
+            # FlashInfer's soft cap is tanh.approx.f32 (relative error ~2^-11, measured: one
+            # fp16 output in 46,080 off by 3.1e-3 where 2e-3 is allowed).
+            tol = {"atol": 4e-3, "rtol": 4e-3}
+        torch.testing.assert_close(got, want, **tol)
+        assert_same_bits(batch.kv_pool.k_buffers[layer], twin.kv_pool.k_buffers[layer])
+        assert_same_bits(batch.kv_pool.v_buffers[layer], twin.kv_pool.v_buffers[layer])
+
+
+@pytest.mark.parametrize(
+    ("mode", "prefix_lens", "extend_lens"),
+    CASES,
+    ids=[f"{c[0].value}-bs{len(c[1])}-max{max(c[1])}" for c in CASES],
+)
+def test_matches_torch_backend(
+    mode: ForwardMode, prefix_lens: list[int], extend_lens: list[int]
+) -> None:
+    check_against_torch(mode, prefix_lens, extend_lens, *SHAPE)
+
+
+@pytest.mark.parametrize(
+    ("case", "attn"),
+    [
+        pytest.param(CASES[1], {"window": 5, "softcap": 3.0, "scale": 0.2}, id="extend-w5-cap"),
+        pytest.param(CASES[2], {"window": 9, "softcap": 2.0}, id="extend-w9-cap"),
+        pytest.param(CASES[3], {"window": 5, "softcap": 3.0, "scale": 0.2}, id="decode-w5-cap"),
+        pytest.param(CASES[5], {"window": 34, "softcap": 5.0}, id="decode-w34-cap"),
+    ],
+)
+def test_window_and_softcap_match_torch_backend(
+    case: tuple[ForwardMode, list[int], list[int]], attn: dict[str, Any]
+) -> None:
+    mode, prefix_lens, extend_lens = case
+    check_against_torch(mode, prefix_lens, extend_lens, *SHAPE, attn=attn)
+
+
+def test_decode_replays_in_a_cuda_graph_planned_for_new_lengths() -> None:
+    """As services/executor/cuda_graph.py runs it: warm-up and capture of a batch size, then
+    a replay after prepare_replay with other sequence lengths and slots."""
+    gen = torch.Generator().manual_seed(2)
+    heads, kv_heads, dim, dtype = SHAPE
+    batch = make_batch(ForwardMode.DECODE, [40, 300, 7], [1, 1, 1], 1, kv_heads, dim, dtype, gen)
+    fi = backend()
+    fi.reserve_decode(max_batch_size=4, num_heads=heads, head_dim=dim, device=DEVICE)
+    q = randn(3, heads, dim, dtype=dtype, gen=gen)
+    k = randn(3, kv_heads, dim, dtype=dtype, gen=gen)
+    v = randn(3, kv_heads, dim, dtype=dtype, gen=gen)
+
+    def step() -> torch.Tensor:
+        fi.init_forward_metadata(batch)
+        out: torch.Tensor = fi.forward(q, k, v, 0, batch)
+        return out
+
+    fi.prepare_capture(3)
+    step()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    fi.prepare_capture(None)
+
+    new_lens = [33, 129, 1]
+    table = batch.req_to_token.req_to_token
+    rows = batch.req_rows.tolist()
+    batch.seq_lens.copy_(torch.tensor(new_lens))
+    locs = [int(table[row, n - 1]) for row, n in zip(rows, new_lens, strict=True)]
+    batch.out_cache_loc.copy_(torch.tensor(locs))
+    for t in (q, k, v):
+        t.copy_(randn(*t.shape, dtype=dtype, gen=gen))
+    twin = clone_pool(batch)
+    twin.prefix_lens_cpu = [n - 1 for n in new_lens]
+    twin.seq_lens = batch.seq_lens.clone()
+    twin.out_cache_loc = batch.out_cache_loc.clone()
+    fi.prepare_replay(3, new_lens)
+    graph.replay()
+    want = TorchRefBackend().forward(q, k, v, 0, twin)
+    torch.testing.assert_close(out, want, **TOLERANCES[dtype])
+    assert_same_bits(batch.kv_pool.k_buffers[0], twin.kv_pool.k_buffers[0])
+
+
+# SHAPE's heads (the tiny families' own head dims are too small for FlashInfer's kernels).
+TINY = {"hidden_size": 256, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128}
+PROMPTS = [[5, 9, 200, 17, 3, 88, 41, 7, 7, 1, 2, 3, 4, 5], [260, 72, 101, 108], [7] * 23]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_tiny_model_greedy_tokens_match_triton(tmp_path: Path, arch: str) -> None:
+    """fp16, prefill in two chunks (the second over a cached prefix), then decode; Gemma 2's
+    window of 8, softcaps and scale on its alternate layers."""
+    path = write_tiny_model(tmp_path, arch, **TINY)
+    results = {}
+    for name in ("triton", "flashinfer"):
+        model, config = load_model(path, device=DEVICE, dtype=torch.float16, attention_backend=name)
+        results[name] = greedy_with_prefix_reuse(model, config, PROMPTS, steps=8)
+    assert results["flashinfer"][0] == results["triton"][0]
+    torch.testing.assert_close(results["flashinfer"][1], results["triton"][1], atol=2e-2, rtol=2e-2)
+
+
+def test_the_engine_with_cuda_graphs_answers_what_triton_answers(tmp_path: Path) -> None:
+    """The executor's engine on the GPU, decode replayed from CUDA graphs (batch sizes 1-8),
+    requests of different lengths finishing at different steps."""
+    path = write_tiny_model(tmp_path, "llama", **TINY)
+    answers = {}
+    for name in ("triton", "flashinfer"):
+        settings = EngineSettings(
+            model=resolve_model(str(path)),
+            name="e0",
+            stream="rs:exec:e0",
+            device="cuda",
+            dtype="float16",
+            attention_backend=name,
+            cuda_graph_max_bs=8,
+            max_total_tokens=8192,
+        )
+        engine = build_engine(settings)
+        assert engine.runner.graphs is not None
+        for i, p in enumerate(PROMPTS * 2):
+            engine.submit(make_request(f"r{i}", p, 6 + 3 * i, ignore_eos=True))
+        tokens: dict[str, list[int]] = {}
+        while engine.has_work():
+            for _, out in engine.step().outputs:
+                for d in getattr(out, "deltas", []):
+                    tokens.setdefault(d.rid, []).extend(d.token_ids)
+        engine.policy.check_integrity()
+        answers[name] = tokens
+    assert answers["flashinfer"] == answers["triton"]
