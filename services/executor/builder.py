@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from services.executor.attention import auto_backend
 from services.executor.batch_policy import BatchPolicy
 from services.executor.cache import NullCache, PrefixCache, RadixCache
 from services.executor.cuda_device import make_current
@@ -203,7 +204,7 @@ def build_runner(
     dtype = pick_dtype(s.dtype, device)
     backend = s.attention_backend
     if backend == "auto":
-        backend = "triton" if device.type == "cuda" else "torch"
+        backend = auto_backend(device.type, KV_CACHE_DTYPES.get(s.kv_cache_dtype) is None)
     kv_dtype = pick_kv_dtype(s.kv_cache_dtype, dtype, device, backend)  # before the slow load
     model, config = load_model(
         s.model.path,
@@ -259,7 +260,7 @@ def build_runner(
     runner = ModelRunner(model, kv, rows, config.vocab_size, device, graphs=graphs, tp=tp)
     quant = model.quantization.name if model.quantization else str(dtype)
     log.info(
-        "model %s (%s) on %s in %s%s; KV pool %d tokens in %s (%.1f MiB)",
+        "model %s (%s) on %s in %s%s; KV pool %d tokens in %s (%.1f MiB); attention %s",
         s.model.name,
         config.architecture,
         device,
@@ -268,6 +269,7 @@ def build_runner(
         slots,
         kv_dtype,
         kv.nbytes() / 2**20,
+        backend,
     )
     return Built(runner, config, policy, device)
 

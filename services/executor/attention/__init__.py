@@ -8,6 +8,7 @@ only when asked for, so a CPU run never imports a GPU kernel module.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from abc import ABC, abstractmethod
 
 import torch
@@ -82,7 +83,23 @@ _BACKENDS: dict[str, tuple[str, str]] = {
     "torch": ("services.executor.attention.torch_ref", "TorchRefBackend"),
     "triton": ("services.executor.attention.triton_backend", "TritonBackend"),
     "flashinfer": ("services.executor.attention.flashinfer_backend", "FlashInferBackend"),
+    # what "auto" resolves to on CUDA with FlashInfer installed (split_backend.py)
+    "triton+flashinfer": (
+        "services.executor.attention.split_backend",
+        "TritonDecodeFlashInferPrefill",
+    ),
 }
+
+
+def auto_backend(device_type: str, cache_in_model_dtype: bool) -> str:
+    """`--attention-backend auto`: the torch reference on the CPU; on CUDA Triton, with
+    FlashInfer's prefill when radixserve[flashinfer] is installed and the cache is in the
+    model's dtype (FlashInfer's kernels here read no fp8 cache)."""
+    if device_type != "cuda":
+        return "torch"
+    if cache_in_model_dtype and importlib.util.find_spec("flashinfer") is not None:
+        return "triton+flashinfer"
+    return "triton"
 
 
 def get_backend(name: str) -> AttentionBackend:

@@ -1,0 +1,104 @@
+"""Which attention backend runs: `auto` (torch on the CPU; Triton on CUDA, with FlashInfer's
+prefill when radixserve[flashinfer] is installed and the cache is in the model's dtype), the
+split backend's dispatch by forward mode, and clear refusals for what FlashInfer cannot run."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from services.executor.attention import auto_backend, get_backend
+from services.executor.attention.split_backend import TritonDecodeFlashInferPrefill
+from services.executor.builder import pick_kv_dtype
+from services.executor.forward_batch import ForwardMode
+
+
+def with_flashinfer(monkeypatch: pytest.MonkeyPatch, installed: bool) -> None:
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, *args: Any) -> Any:
+        if name == "flashinfer":
+            return object() if installed else None
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+
+
+@pytest.mark.parametrize(
+    ("device", "model_dtype_cache", "installed", "want"),
+    [
+        ("cpu", True, True, "torch"),
+        ("cuda", True, False, "triton"),
+        ("cuda", True, True, "triton+flashinfer"),
+        ("cuda", False, True, "triton"),  # an fp8 cache
+    ],
+)
+def test_auto_picks_by_device_cache_and_what_is_installed(
+    monkeypatch: pytest.MonkeyPatch,
+    device: str,
+    model_dtype_cache: bool,
+    installed: bool,
+    want: str,
+) -> None:
+    with_flashinfer(monkeypatch, installed)
+    assert auto_backend(device, model_dtype_cache) == want
+
+
+def test_flashinfer_missing_is_an_error_that_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "flashinfer", None)  # import flashinfer raises
+    with pytest.raises(ImportError, match=r"pip install 'radixserve\[flashinfer\]'"):
+        get_backend("flashinfer")
+
+
+def test_flashinfer_refuses_the_cpu_and_an_fp8_cache() -> None:
+    with pytest.raises(ValueError, match="CUDA devices only"):
+        pick_kv_dtype("auto", torch.bfloat16, torch.device("cpu"), "flashinfer")
+    with pytest.raises(ValueError, match="fp8_e4m3 needs the triton backend"):
+        pick_kv_dtype("fp8_e4m3", torch.bfloat16, torch.device("cuda"), "flashinfer")
+    assert pick_kv_dtype("auto", torch.bfloat16, torch.device("cuda"), "flashinfer") == (
+        torch.bfloat16
+    )
+
+
+class Recorder:
+    """Stands in for a backend: records which calls reached it."""
+
+    def __init__(self, name: str, calls: list[tuple[str, str]]) -> None:
+        self.name, self.calls = name, calls
+
+    def __getattr__(self, method: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> str:
+            self.calls.append((self.name, method))
+            return self.name
+
+        return call
+
+
+def test_the_split_backend_sends_decode_to_triton_and_prefill_to_flashinfer() -> None:
+    calls: list[tuple[str, str]] = []
+    split = object.__new__(TritonDecodeFlashInferPrefill)
+    split.triton = Recorder("triton", calls)  # type: ignore[assignment]
+    split.flashinfer = Recorder("flashinfer", calls)  # type: ignore[assignment]
+    q = torch.zeros(1, 1, 1)
+    decode = SimpleNamespace(mode=ForwardMode.DECODE)
+    extend = SimpleNamespace(mode=ForwardMode.EXTEND)
+
+    split.init_forward_metadata(decode)  # type: ignore[arg-type]
+    assert calls == [("triton", "init_forward_metadata")]
+    assert split.forward(q, q, q, 0, decode) == "triton"  # type: ignore[arg-type]
+    calls.clear()
+    split.init_forward_metadata(extend)  # type: ignore[arg-type]
+    # Triton's too: latent-attention layers run on it in both modes
+    assert calls == [("triton", "init_forward_metadata"), ("flashinfer", "init_forward_metadata")]
+    assert split.forward(q, q, q, 0, extend, window=4) == "flashinfer"  # type: ignore[arg-type]
+    assert split.forward_mla(q, None, 0, extend, 1.0, 1) == "triton"  # type: ignore[arg-type]
+    calls.clear()
+    split.reserve_decode(max_batch_size=8, num_heads=1, head_dim=1, device="cpu")
+    assert calls == [("triton", "reserve_decode")]
