@@ -170,12 +170,18 @@ def test_tiny_model_greedy_tokens_match_triton(tmp_path: Path, arch: str) -> Non
     torch.testing.assert_close(results["flashinfer"][1], results["triton"][1], atol=2e-2, rtol=2e-2)
 
 
-def test_the_engine_with_cuda_graphs_answers_what_triton_answers(tmp_path: Path) -> None:
+@pytest.mark.parametrize("choice", ["flashinfer", "auto"])
+def test_the_engine_with_cuda_graphs_answers_what_triton_answers(
+    tmp_path: Path, choice: str
+) -> None:
     """The executor's engine on the GPU, decode replayed from CUDA graphs (batch sizes 1-8),
-    requests of different lengths finishing at different steps."""
+    requests of different lengths finishing at different steps; `auto` with FlashInfer
+    installed is Triton's decode and FlashInfer's prefill."""
+    from services.executor.attention.split_backend import TritonDecodeFlashInferPrefill
+
     path = write_tiny_model(tmp_path, "llama", **TINY)
     answers = {}
-    for name in ("triton", "flashinfer"):
+    for name in ("triton", choice):
         settings = EngineSettings(
             model=resolve_model(str(path)),
             name="e0",
@@ -188,6 +194,8 @@ def test_the_engine_with_cuda_graphs_answers_what_triton_answers(tmp_path: Path)
         )
         engine = build_engine(settings)
         assert engine.runner.graphs is not None
+        if name == "auto":
+            assert isinstance(engine.runner.model.backend, TritonDecodeFlashInferPrefill)
         for i, p in enumerate(PROMPTS * 2):
             engine.submit(make_request(f"r{i}", p, 6 + 3 * i, ignore_eos=True))
         tokens: dict[str, list[int]] = {}
@@ -197,4 +205,4 @@ def test_the_engine_with_cuda_graphs_answers_what_triton_answers(tmp_path: Path)
                     tokens.setdefault(d.rid, []).extend(d.token_ids)
         engine.policy.check_integrity()
         answers[name] = tokens
-    assert answers["flashinfer"] == answers["triton"]
+    assert answers[choice] == answers["triton"]
