@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from loadtest.gpu.models import llama8b_dir
-from loadtest.gpu.sections import _serve
+from loadtest.gpu.sections import _serve, stop_serve
 
 BURST_N = 2000
 
@@ -80,11 +79,7 @@ def burst_section(log_dir: str) -> dict[str, Any]:
             "shared_prefix_256": _shared_prefix(port, model),
         }
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except Exception:
-            proc.kill()
+        stop_serve(proc)
 
 
 def shared_prefix_section(log_dir: str) -> dict[str, Any]:
@@ -100,11 +95,7 @@ def shared_prefix_section(log_dir: str) -> dict[str, Any]:
         try:
             out[name] = _shared_prefix(port, model, groups=64, concurrency=None)
         finally:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=60)
-            except Exception:
-                proc.kill()
+            stop_serve(proc)
     on, off = out["cache_on"]["output_throughput"], out["cache_off"]["output_throughput"]
     out["speedup"] = on / off if off else None
     print(f"shared prefix: {on:.0f} vs {off:.0f} output tok/s, {out['speedup']:.2f}x", flush=True)

@@ -304,6 +304,17 @@ DECODE_HEAVY = (
 )
 
 
+def stop_serve(proc: Any) -> None:
+    """Ctrl-C to a `_serve` process, killed if it has not stopped within a minute."""
+    import signal
+
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=60)
+    except Exception:
+        proc.kill()
+
+
 def _serve(
     model: Path, log: Path, port: int, *extra: str, env: dict[str, str] | None = None
 ) -> Any:
@@ -367,7 +378,6 @@ def online(log_dir: str) -> dict[str, Any]:
     where each first token's time went (--hop-latency); the 1 req/s run's per-stage medians
     are printed beside the alone run's, the comparison that locates TTFT under load."""
     import asyncio
-    import signal
 
     from loadtest import serving
     from loadtest.flags import build_parser
@@ -433,11 +443,7 @@ def online(log_dir: str) -> dict[str, Any]:
             "2",
         )
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except Exception:
-            proc.kill()
+        stop_serve(proc)
     print(hop_table({"alone 2048": alone, "1 req/s": latency}), flush=True)
     return {
         "ttft_alone_2048": alone.to_json(),

@@ -26,6 +26,7 @@ from tests.kernels.test_triton_backend import (
     clone_pool,
     greedy_with_prefix_reuse,
     make_batch,
+    next_decode_step,
 )
 
 pytestmark = [pytest.mark.gpu]
@@ -134,17 +135,7 @@ def test_decode_replays_in_a_cuda_graph_planned_for_new_lengths() -> None:
     fi.prepare_capture(None)
 
     new_lens = [33, 129, 1]
-    table = batch.req_to_token.req_to_token
-    rows = batch.req_rows.tolist()
-    batch.seq_lens.copy_(torch.tensor(new_lens))
-    locs = [int(table[row, n - 1]) for row, n in zip(rows, new_lens, strict=True)]
-    batch.out_cache_loc.copy_(torch.tensor(locs))
-    for t in (q, k, v):
-        t.copy_(randn(*t.shape, dtype=dtype, gen=gen))
-    twin = clone_pool(batch)
-    twin.prefix_lens_cpu = [n - 1 for n in new_lens]
-    twin.seq_lens = batch.seq_lens.clone()
-    twin.out_cache_loc = batch.out_cache_loc.clone()
+    twin = next_decode_step(batch, new_lens, (q, k, v), gen)
     fi.prepare_replay(3, new_lens)
     graph.replay()
     want = TorchRefBackend().forward(q, k, v, 0, twin)

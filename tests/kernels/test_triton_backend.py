@@ -266,6 +266,29 @@ def test_tiny_gemma2_greedy_tokens_match(tmp_path: Path) -> None:
     torch.testing.assert_close(results["triton"][1], results["torch"][1], atol=1e-4, rtol=1e-4)
 
 
+def next_decode_step(
+    batch: ForwardBatch,
+    new_lens: list[int],
+    inputs: tuple[torch.Tensor, ...],
+    gen: torch.Generator,
+) -> ForwardBatch:
+    """Write the next decode step of a captured batch into its own tensors, as a CUDA graph
+    replay sees it: new sequence lengths, each request's slot at its new last position, new
+    `inputs` (q, k, v); returns a twin batch, on a copy of the pool, for the reference."""
+    table = batch.req_to_token.req_to_token
+    rows = batch.req_rows.tolist()
+    batch.seq_lens.copy_(torch.tensor(new_lens))
+    locs = [int(table[row, n - 1]) for row, n in zip(rows, new_lens, strict=True)]
+    batch.out_cache_loc.copy_(torch.tensor(locs))
+    for t in inputs:
+        t.copy_(randn(*t.shape, dtype=t.dtype, gen=gen))
+    twin = clone_pool(batch)
+    twin.prefix_lens_cpu = [n - 1 for n in new_lens]
+    twin.seq_lens = batch.seq_lens.clone()
+    twin.out_cache_loc = batch.out_cache_loc.clone()
+    return twin
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv_dtype", [None, *FP8_KV_DTYPES])
 def test_decode_replays_in_a_cuda_graph(kv_dtype: torch.dtype | None) -> None:
@@ -294,18 +317,7 @@ def test_decode_replays_in_a_cuda_graph(kv_dtype: torch.dtype | None) -> None:
         out = step()
 
     # The next "step": shorter contexts (other split counts), new q/k/v, new slots.
-    new_lens = [33, 129, 1]
-    table = batch.req_to_token.req_to_token
-    rows = batch.req_rows.tolist()
-    batch.seq_lens.copy_(torch.tensor(new_lens))
-    locs = [int(table[row, n - 1]) for row, n in zip(rows, new_lens, strict=True)]
-    batch.out_cache_loc.copy_(torch.tensor(locs))
-    for t in (q, k, v):
-        t.copy_(randn(*t.shape, dtype=dtype, gen=gen))
-    twin = clone_pool(batch)
-    twin.prefix_lens_cpu = [n - 1 for n in new_lens]
-    twin.seq_lens = batch.seq_lens.clone()
-    twin.out_cache_loc = batch.out_cache_loc.clone()
+    twin = next_decode_step(batch, [33, 129, 1], (q, k, v), gen)
     graph.replay()
     want = TorchRefBackend().forward(q, k, v, 0, twin)
     torch.testing.assert_close(out, want, **TOLERANCES[dtype])
