@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -18,7 +18,8 @@ from services.executor.builder import pick_kv_dtype
 from services.executor.forward_batch import ForwardMode
 
 
-def with_flashinfer(monkeypatch: pytest.MonkeyPatch, installed: bool) -> None:
+def with_flashinfer(monkeypatch: pytest.MonkeyPatch, installed: bool, imports: bool = True) -> None:
+    """Pretend FlashInfer is installed (or not), and that importing it works (or fails)."""
     real = importlib.util.find_spec
 
     def find_spec(name: str, *args: Any) -> Any:
@@ -27,6 +28,7 @@ def with_flashinfer(monkeypatch: pytest.MonkeyPatch, installed: bool) -> None:
         return real(name, *args)
 
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    monkeypatch.setitem(sys.modules, "flashinfer", ModuleType("flashinfer") if imports else None)
 
 
 @pytest.mark.parametrize(
@@ -47,6 +49,14 @@ def test_auto_picks_by_device_cache_and_what_is_installed(
 ) -> None:
     with_flashinfer(monkeypatch, installed)
     assert auto_backend(device, model_dtype_cache) == want
+
+
+def test_auto_serves_on_triton_when_flashinfer_is_installed_but_broken(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    with_flashinfer(monkeypatch, installed=True, imports=False)
+    assert auto_backend("cuda", True) == "triton"
+    assert "does not import" in caplog.text
 
 
 def test_flashinfer_missing_is_an_error_that_says_how_to_install_it(

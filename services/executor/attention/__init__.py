@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 from abc import ABC, abstractmethod
 
 import torch
 
 from services.executor.forward_batch import ForwardBatch
+
+log = logging.getLogger(__name__)
 
 
 class AttentionBackend(ABC):
@@ -98,6 +101,11 @@ def auto_backend(device_type: str, cache_in_model_dtype: bool) -> str:
     if device_type != "cuda":
         return "torch"
     if cache_in_model_dtype and importlib.util.find_spec("flashinfer") is not None:
+        try:
+            importlib.import_module("flashinfer")
+        except Exception as e:  # installed but broken: serve on Triton rather than not at all
+            log.warning("FlashInfer is installed but does not import (%r): attention on Triton", e)
+            return "triton"
         return "triton+flashinfer"
     return "triton"
 
