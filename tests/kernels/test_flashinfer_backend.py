@@ -20,10 +20,10 @@ from services.executor.weights import load_model
 from shared.model_files import resolve_model
 from tests.executor.helpers import write_tiny_model
 from tests.executor.test_engine import make_request
-from tests.kernels.helpers import DEVICE, TOLERANCES, assert_same_bits, randn
+from tests.kernels.helpers import DEVICE, TOLERANCES, Tol, assert_same_bits, randn
 from tests.kernels.test_triton_backend import (
     CASES,
-    clone_pool,
+    check_against_torch,
     greedy_with_prefix_reuse,
     make_batch,
     next_decode_step,
@@ -48,39 +48,20 @@ def backend() -> Any:
     return FlashInferBackend()
 
 
-def check_against_torch(
+def check(
     mode: ForwardMode,
     prefix_lens: list[int],
     extend_lens: list[int],
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    dtype: torch.dtype,
     attn: dict[str, Any] | None = None,
 ) -> None:
-    attn = attn or {}
-    gen = torch.Generator().manual_seed(sum(prefix_lens) * 10 + num_heads + head_dim)
-    batch = make_batch(mode, prefix_lens, extend_lens, 2, num_kv_heads, head_dim, dtype, gen)
-    twin = clone_pool(batch)
-    ours, ref = backend(), TorchRefBackend()
-    ours.init_forward_metadata(batch)
-    ref.init_forward_metadata(twin)
-    n = sum(extend_lens)
-    for layer in range(2):  # planned at the first layer, reused by the second
-        q = randn(n, num_heads, head_dim, dtype=dtype, gen=gen)
-        k = randn(n, num_kv_heads, head_dim, dtype=dtype, gen=gen)
-        v = randn(n, num_kv_heads, head_dim, dtype=dtype, gen=gen)
-        got = ours.forward(q, k, v, layer, batch, **attn)
-        want = ref.forward(q, k, v, layer, twin, **attn)
-        assert got.shape == q.shape and got.dtype == dtype
-        tol = TOLERANCES[dtype]
-        if attn.get("softcap"):
-            # FlashInfer's soft cap is tanh.approx.f32 (relative error ~2^-11, measured: one
-            # fp16 output in 46,080 off by 3.1e-3 where 2e-3 is allowed).
-            tol = {"atol": 4e-3, "rtol": 4e-3}
-        torch.testing.assert_close(got, want, **tol)
-        assert_same_bits(batch.kv_pool.k_buffers[layer], twin.kv_pool.k_buffers[layer])
-        assert_same_bits(batch.kv_pool.v_buffers[layer], twin.kv_pool.v_buffers[layer])
+    """The backend against the torch reference at SHAPE; planned at the first layer, reused
+    by the second."""
+    tol = None
+    if attn and attn.get("softcap"):
+        # FlashInfer's soft cap is tanh.approx.f32 (relative error ~2^-11, measured: one
+        # fp16 output in 46,080 off by 3.1e-3 where 2e-3 is allowed).
+        tol = Tol(atol=4e-3, rtol=4e-3)
+    check_against_torch(backend(), mode, prefix_lens, extend_lens, *SHAPE, attn=attn, tol=tol)
 
 
 @pytest.mark.parametrize(
@@ -91,7 +72,7 @@ def check_against_torch(
 def test_matches_torch_backend(
     mode: ForwardMode, prefix_lens: list[int], extend_lens: list[int]
 ) -> None:
-    check_against_torch(mode, prefix_lens, extend_lens, *SHAPE)
+    check(mode, prefix_lens, extend_lens)
 
 
 @pytest.mark.parametrize(
@@ -106,8 +87,7 @@ def test_matches_torch_backend(
 def test_window_and_softcap_match_torch_backend(
     case: tuple[ForwardMode, list[int], list[int]], attn: dict[str, Any]
 ) -> None:
-    mode, prefix_lens, extend_lens = case
-    check_against_torch(mode, prefix_lens, extend_lens, *SHAPE, attn=attn)
+    check(*case, attn=attn)
 
 
 def test_decode_replays_in_a_cuda_graph_planned_for_new_lengths() -> None:

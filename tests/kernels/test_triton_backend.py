@@ -4,12 +4,13 @@ DECODE batches, the same pool contents, and the same greedy tokens from a tiny L
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from kernels.fp8_kv import quantize_kv, store_into
-from services.executor.attention import get_backend
+from services.executor.attention import AttentionBackend, get_backend
 from services.executor.attention.torch_ref import TorchRefBackend
 from services.executor.attention.triton_backend import TritonBackend
 from services.executor.forward_batch import ForwardBatch, ForwardMode
@@ -17,7 +18,14 @@ from services.executor.kv_pool import KVPool, ReqToTokenPool
 from services.executor.model_config import ModelConfig
 from services.executor.weights import load_model
 from tests.executor.helpers import BatchDriver, write_tiny_model
-from tests.kernels.helpers import DEVICE, FP8_KV_DTYPES, TOLERANCES, assert_same_bits, randn
+from tests.kernels.helpers import (
+    DEVICE,
+    FP8_KV_DTYPES,
+    TOLERANCES,
+    Tol,
+    assert_same_bits,
+    randn,
+)
 
 
 def make_batch(
@@ -113,26 +121,49 @@ def test_matches_torch_backend(
     attn: dict[str, float | int | None] | None = None,
 ) -> None:
     """attn: the layer's scale, window and softcap (AttentionBackend.forward's keywords)."""
+    # Chunks of 64 keys, up to 4: the 299-token decode takes several.
+    backend = TritonBackend(max_kv_splits=4, min_split_len=64)
+    check_against_torch(
+        backend, mode, prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim, dtype,
+        kv_dtype=kv_dtype, attn=attn,
+    )  # fmt: skip
+
+
+def check_against_torch(
+    backend: AttentionBackend,
+    mode: ForwardMode,
+    prefix_lens: list[int],
+    extend_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    *,
+    kv_dtype: torch.dtype | None = None,
+    attn: dict[str, Any] | None = None,
+    tol: Tol | None = None,
+) -> None:
+    """Two layers of `backend` against TorchRefBackend on a copy of the same pool: the same
+    outputs (within `tol`, default TOLERANCES[dtype]) and the same bytes stored. The forward's
+    metadata is built once, before layer 0, and shared by both layers."""
     attn = attn or {}
     gen = torch.Generator().manual_seed(sum(prefix_lens) * 10 + num_heads + head_dim)
     batch = make_batch(
         mode, prefix_lens, extend_lens, 2, num_kv_heads, head_dim, dtype, gen, kv_dtype
     )
     twin = clone_pool(batch)
-    # Chunks of 64 keys, up to 4: the 299-token decode takes several.
-    triton_backend = TritonBackend(max_kv_splits=4, min_split_len=64)
     torch_backend = TorchRefBackend()
-    triton_backend.init_forward_metadata(batch)
+    backend.init_forward_metadata(batch)
     torch_backend.init_forward_metadata(twin)
     n = sum(extend_lens)
-    for layer in range(2):  # metadata built once, shared by both layers
+    for layer in range(2):
         q = randn(n, num_heads, head_dim, dtype=dtype, gen=gen)
         k = randn(n, num_kv_heads, head_dim, dtype=dtype, gen=gen)
         v = randn(n, num_kv_heads, head_dim, dtype=dtype, gen=gen)
-        got = triton_backend.forward(q, k, v, layer, batch, **attn)  # type: ignore[arg-type]
-        want = torch_backend.forward(q, k, v, layer, twin, **attn)  # type: ignore[arg-type]
+        got = backend.forward(q, k, v, layer, batch, **attn)
+        want = torch_backend.forward(q, k, v, layer, twin, **attn)
         assert got.shape == q.shape and got.dtype == dtype
-        torch.testing.assert_close(got, want, **TOLERANCES[dtype])
+        torch.testing.assert_close(got, want, **(tol or TOLERANCES[dtype]))
         pool, twin_pool = batch.kv_pool, twin.kv_pool
         assert_same_bits(pool.k_buffers[layer], twin_pool.k_buffers[layer])
         assert_same_bits(pool.v_buffers[layer], twin_pool.v_buffers[layer])

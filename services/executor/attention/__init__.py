@@ -81,6 +81,17 @@ class AttentionBackend(ABC):
         raise NotImplementedError(f"{type(self).__name__} has no latent (MLA) attention")
 
 
+def pool_buffers(
+    layer_id: int, batch: ForwardBatch, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`fused_kv_store` for a backend that stores with kernels/store_kv: the layer's pool
+    buffers when they hold `dtype` (an fp8 pool takes store_kv's cast), else None."""
+    k_buffer = batch.kv_pool.k_buffers[layer_id]
+    if k_buffer.dtype != dtype or not batch.kv_pool.v_buffers:
+        return None
+    return k_buffer, batch.kv_pool.v_buffers[layer_id]
+
+
 # name -> (module, class)
 _BACKENDS: dict[str, tuple[str, str]] = {
     "torch": ("services.executor.attention.torch_ref", "TorchRefBackend"),

@@ -28,7 +28,7 @@ import torch
 
 from kernels.flat_slots import flat_slots, kv_indptr
 from kernels.store_kv import store_kv
-from services.executor.attention import AttentionBackend
+from services.executor.attention import AttentionBackend, pool_buffers
 from services.executor.forward_batch import ForwardBatch, ForwardMode
 
 WORKSPACE_BYTES = 256 * 2**20  # FlashInfer's split-KV scratch; its docs suggest 128 MiB
@@ -161,10 +161,7 @@ class FlashInferBackend(AttentionBackend):
         self, layer_id: int, batch: ForwardBatch, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The pool's buffers: the rotary kernel may write the new K/V itself."""
-        k_buffer = batch.kv_pool.k_buffers[layer_id]
-        if k_buffer.dtype != dtype or not batch.kv_pool.v_buffers:
-            return None
-        return k_buffer, batch.kv_pool.v_buffers[layer_id]
+        return pool_buffers(layer_id, batch, dtype)
 
     # -- wrappers and plans -----------------------------------------------------------------
 

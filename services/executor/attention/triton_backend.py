@@ -26,7 +26,7 @@ from kernels.extend_attention import extend_attention
 from kernels.mla_decode import mla_decode
 from kernels.mla_extend import mla_extend
 from kernels.store_kv import store_kv
-from services.executor.attention import AttentionBackend
+from services.executor.attention import AttentionBackend, pool_buffers
 from services.executor.forward_batch import ForwardBatch, ForwardMode
 from services.executor.packing import pack_aligned
 
@@ -209,10 +209,7 @@ class TritonBackend(AttentionBackend):
         self, layer_id: int, batch: ForwardBatch, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The pool's buffers when they hold `dtype` (an fp8 pool takes store_kv's cast)."""
-        k_buffer = batch.kv_pool.k_buffers[layer_id]
-        if k_buffer.dtype != dtype or not batch.kv_pool.v_buffers:
-            return None
-        return k_buffer, batch.kv_pool.v_buffers[layer_id]
+        return pool_buffers(layer_id, batch, dtype)
 
     def forward_mla(
         self,
