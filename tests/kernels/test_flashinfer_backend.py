@@ -42,10 +42,10 @@ def flashinfer() -> Any:
     return pytest.importorskip("flashinfer", reason="the optional extra radixserve[flashinfer]")
 
 
-def backend() -> Any:
+def backend(**kwargs: Any) -> Any:
     from services.executor.attention.flashinfer_backend import FlashInferBackend
 
-    return FlashInferBackend()
+    return FlashInferBackend(**kwargs)
 
 
 def check(
@@ -53,15 +53,19 @@ def check(
     prefix_lens: list[int],
     extend_lens: list[int],
     attn: dict[str, Any] | None = None,
-) -> None:
+    dense: bool = False,
+) -> Any:
     """The backend against the torch reference at SHAPE; planned at the first layer, reused
-    by the second."""
+    by the second. `dense`: every extend over gathered K/V (FlashInfer's ragged kernel), else
+    the default rule, under which these small extends read the pool's pages."""
     tol = None
     if attn and attn.get("softcap"):
         # FlashInfer's soft cap is tanh.approx.f32 (relative error ~2^-11, measured: one
         # fp16 output in 46,080 off by 3.1e-3 where 2e-3 is allowed).
         tol = Tol(atol=4e-3, rtol=4e-3)
-    check_against_torch(backend(), mode, prefix_lens, extend_lens, *SHAPE, attn=attn, tol=tol)
+    fi = backend(dense_min_new_tokens=1) if dense else backend()
+    check_against_torch(fi, mode, prefix_lens, extend_lens, *SHAPE, attn=attn, tol=tol)
+    return fi
 
 
 @pytest.mark.parametrize(
@@ -72,27 +76,60 @@ def check(
 def test_matches_torch_backend(
     mode: ForwardMode, prefix_lens: list[int], extend_lens: list[int]
 ) -> None:
-    check(mode, prefix_lens, extend_lens)
+    fi = check(mode, prefix_lens, extend_lens)
+    assert not fi._dense
 
 
 @pytest.mark.parametrize(
-    ("case", "attn"),
+    ("prefix_lens", "extend_lens"),
+    [c[1:] for c in CASES if c[0] is ForwardMode.EXTEND],
+    ids=[f"bs{len(c[1])}-max{max(c[1])}" for c in CASES if c[0] is ForwardMode.EXTEND],
+)
+def test_extend_over_gathered_kv_matches_torch_backend(
+    prefix_lens: list[int], extend_lens: list[int]
+) -> None:
+    fi = check(ForwardMode.EXTEND, prefix_lens, extend_lens, dense=True)
+    assert fi._dense
+
+
+W5_CAP = {"window": 5, "softcap": 3.0, "scale": 0.2}
+
+
+@pytest.mark.parametrize(
+    ("case", "attn", "dense"),
     [
-        pytest.param(CASES[1], {"window": 5, "softcap": 3.0, "scale": 0.2}, id="extend-w5-cap"),
-        pytest.param(CASES[2], {"window": 9, "softcap": 2.0}, id="extend-w9-cap"),
-        pytest.param(CASES[3], {"window": 5, "softcap": 3.0, "scale": 0.2}, id="decode-w5-cap"),
-        pytest.param(CASES[5], {"window": 34, "softcap": 5.0}, id="decode-w34-cap"),
+        pytest.param(CASES[1], W5_CAP, False, id="extend-w5-cap"),
+        pytest.param(CASES[2], {"window": 9, "softcap": 2.0}, False, id="extend-w9-cap"),
+        pytest.param(CASES[1], W5_CAP, True, id="gathered-w5-cap"),
+        pytest.param(CASES[3], W5_CAP, False, id="decode-w5-cap"),
+        pytest.param(CASES[5], {"window": 34, "softcap": 5.0}, False, id="decode-w34-cap"),
     ],
 )
 def test_window_and_softcap_match_torch_backend(
-    case: tuple[ForwardMode, list[int], list[int]], attn: dict[str, Any]
+    case: tuple[ForwardMode, list[int], list[int]], attn: dict[str, Any], dense: bool
 ) -> None:
-    check(*case, attn=attn)
+    check(*case, attn=attn, dense=dense)
+
+
+def test_a_context_over_the_scratch_budget_reads_the_pages() -> None:
+    """The gathered extend's scratch is bounded: a batch whose contexts would need more reads
+    the pool's pages instead (the paged kernel, tested above)."""
+    gen = torch.Generator().manual_seed(5)
+    _, kv_heads, dim, dtype = SHAPE
+    batch = make_batch(ForwardMode.EXTEND, [300, 3], [40, 40], 1, kv_heads, dim, dtype, gen)
+    row_bytes = kv_heads * dim * 2
+    fi = backend(dense_min_new_tokens=1, dense_max_bytes=2 * row_bytes * 382)
+    fi.init_forward_metadata(batch)
+    assert not fi._dense  # 383 context tokens
+    fi = backend(dense_min_new_tokens=1, dense_max_bytes=2 * row_bytes * 383)
+    fi.init_forward_metadata(batch)
+    assert fi._dense and fi._scratch[0].shape[0] == 383
 
 
 def test_decode_replays_in_a_cuda_graph_planned_for_new_lengths() -> None:
     """As services/executor/cuda_graph.py runs it: warm-up and capture of a batch size, then
-    a replay after prepare_replay with other sequence lengths and slots."""
+    replays after prepare_replay with other sequence lengths and slots, one after another
+    (each plan waits for the device to take the last one's, not for the step)."""
     gen = torch.Generator().manual_seed(2)
     heads, kv_heads, dim, dtype = SHAPE
     batch = make_batch(ForwardMode.DECODE, [40, 300, 7], [1, 1, 1], 1, kv_heads, dim, dtype, gen)
@@ -114,13 +151,13 @@ def test_decode_replays_in_a_cuda_graph_planned_for_new_lengths() -> None:
         out = step()
     fi.prepare_capture(None)
 
-    new_lens = [33, 129, 1]
-    twin = next_decode_step(batch, new_lens, (q, k, v), gen)
-    fi.prepare_replay(3, new_lens)
-    graph.replay()
-    want = TorchRefBackend().forward(q, k, v, 0, twin)
-    torch.testing.assert_close(out, want, **TOLERANCES[dtype])
-    assert_same_bits(batch.kv_pool.k_buffers[0], twin.kv_pool.k_buffers[0])
+    for new_lens in ([33, 129, 1], [34, 150, 2], [35, 200, 3]):
+        twin = next_decode_step(batch, new_lens, (q, k, v), gen)
+        fi.prepare_replay(3, new_lens)
+        graph.replay()
+        want = TorchRefBackend().forward(q, k, v, 0, twin)
+        torch.testing.assert_close(out, want, **TOLERANCES[dtype])
+        assert_same_bits(batch.kv_pool.k_buffers[0], twin.kv_pool.k_buffers[0])
 
 
 # SHAPE's heads (the tiny families' own head dims are too small for FlashInfer's kernels).
@@ -143,12 +180,16 @@ def test_tiny_model_greedy_tokens_match_triton(tmp_path: Path, arch: str) -> Non
 
 @pytest.mark.parametrize("choice", ["flashinfer", "auto"])
 def test_the_engine_with_cuda_graphs_answers_what_triton_answers(
-    tmp_path: Path, choice: str
+    tmp_path: Path, choice: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The executor's engine on the GPU, decode replayed from CUDA graphs (batch sizes 1-8),
     requests of different lengths finishing at different steps; `auto` with FlashInfer
-    installed is Triton's decode and FlashInfer's prefill."""
-    from services.executor.attention.split_backend import TritonDecodeFlashInferPrefill
+    installed is FlashInfer's prefill and, here from 4 requests on (64 when serving), its
+    decode, and Triton's decode below that: the batch shrinks across the line."""
+    from services.executor.attention import split_backend
+    from services.executor.attention.split_backend import FlashInferWithTriton
+
+    monkeypatch.setattr(split_backend, "FLASHINFER_DECODE_MIN_BS", 4)
 
     path = write_tiny_model(tmp_path, "llama", **TINY)
     answers = {}
@@ -166,7 +207,9 @@ def test_the_engine_with_cuda_graphs_answers_what_triton_answers(
         engine = build_engine(settings)
         assert engine.runner.graphs is not None
         if name == "auto":
-            assert isinstance(engine.runner.model.backend, TritonDecodeFlashInferPrefill)
+            backend = engine.runner.model.backend
+            assert isinstance(backend, FlashInferWithTriton)
+            assert backend.flashinfer_decode_min_bs == 4
         for i, p in enumerate(PROMPTS * 2):
             engine.submit(make_request(f"r{i}", p, 6 + 3 * i, ignore_eos=True))
         tokens: dict[str, list[int]] = {}

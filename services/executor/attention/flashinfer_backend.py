@@ -13,10 +13,25 @@ window, softcap, scale: Gemma has two kinds), at the first layer of that kind, a
 plan for the others. Decode uses FlashInfer's tensor-core kernels, which measured faster at
 every shape of issue 24's table (GQA groups of 4, `loadtest/gpu/flashinfer_attn.py`).
 
+A prefill whose requests bring many new tokens each (compute-bound attention) runs on
+FlashInfer's ragged kernel instead, over each request's context K/V gathered from the pool
+into contiguous scratch once per layer: the ragged kernel loads contiguous keys with the
+tensor memory accelerator, the paged one gathers every key's row itself. Measured on an H100
+(Llama-3.1-8B's attention, `loadtest/results/gpu_ttft100k_h100_run1.json`): 16,384 new tokens
+over a cached prefix of 16K-84K, the paged kernel ran at 540-546 TFLOP/s, the ragged kernel
+over the chunk's own keys at 698; the gathering is a copy of the context, small beside
+attention that reads each key for thousands of queries.
+
 CUDA graphs: a decode graph of batch size bs is captured over wrappers of that size whose
 tables live in fixed buffers (FlashInfer's `use_cuda_graph`); the slot gathering is captured
 with the kernels, and before each replay `prepare_replay` plans those wrappers for the real
 sequence lengths (host work the graph cannot hold).
+
+Plans never read the device: every table a plan takes from the host is a host tensor (a
+device one is read back with a sync, which would stall the overlapped loop until the device
+finished the step before). A plan's schedule reaches the device by a copy from the wrapper's
+pinned buffer queued on the stream, so a wrapper planned again waits until the device has
+taken its last plan's copy (an event), never for the step itself.
 """
 
 from __future__ import annotations
@@ -32,6 +47,11 @@ from services.executor.attention import AttentionBackend, pool_buffers
 from services.executor.forward_batch import ForwardBatch, ForwardMode
 
 WORKSPACE_BYTES = 256 * 2**20  # FlashInfer's split-KV scratch; its docs suggest 128 MiB
+# The gathered extend: taken when requests bring at least this many new tokens each on average
+# (the copy of a context is then under a few percent of its attention), into scratch of at
+# most this many bytes for K and V together (a 100,000-token context of Llama-3.1-8B: 400 MiB).
+DENSE_MIN_NEW_TOKENS = 1024
+DENSE_MAX_BYTES = 512 * 2**20
 # (window, softcap, scale) of a kind of layer
 LayerKind = tuple[int, float, float]
 
@@ -49,15 +69,25 @@ def load_flashinfer() -> Any:
 
 
 class FlashInferBackend(AttentionBackend):
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        dense_min_new_tokens: int = DENSE_MIN_NEW_TOKENS,
+        dense_max_bytes: int = DENSE_MAX_BYTES,
+    ) -> None:
         self.fi = load_flashinfer()
+        self.dense_min_new_tokens = dense_min_new_tokens
+        self.dense_max_bytes = dense_max_bytes
         self._workspace: torch.Tensor | None = None
         self._batch: ForwardBatch | None = None
         self._indptr_host: torch.Tensor | None = None  # [bs + 1] int32, this forward's
         self._indices: torch.Tensor | None = None  # int32 slots of this forward
-        self._ones: torch.Tensor | None = None  # last_page_len: every page holds one slot
+        self._ones: torch.Tensor | None = None  # the graphs' last_page_len: pages of one slot
+        self._ones_host: torch.Tensor | None = None  # the same on the host, for plans
+        self._dense = False  # this forward is an extend over gathered K/V
+        self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None  # gathered K, V
         self._planned: dict[LayerKind, Any] = {}  # this forward's planned wrappers
-        self._eager: dict[tuple[ForwardMode, LayerKind], Any] = {}
+        self._eager: dict[tuple[str, LayerKind], Any] = {}
+        self._plan_done: dict[int, torch.cuda.Event] = {}  # id(wrapper): its last plan's copy
         # CUDA graphs: the batch size being captured, fixed tables, a wrapper per size and kind
         self._capture_bs: int | None = None
         self._g_indptr: torch.Tensor | None = None
@@ -113,6 +143,29 @@ class FlashInferBackend(AttentionBackend):
             req_to_token=table, req_rows=batch.req_rows, indptr=indptr, max_len=width, out=out
         )
         self._ensure_ones(batch.batch_size, device)
+        self._dense = batch.mode is ForwardMode.EXTEND and self._dense_extend(batch)
+
+    def _dense_extend(self, batch: ForwardBatch) -> bool:
+        """Whether this prefill gathers its contexts' K/V (see the module's docstring): many
+        new tokens a request, and scratch within `dense_max_bytes`."""
+        new = sum(batch.extend_lens_cpu)
+        if new < self.dense_min_new_tokens * max(1, batch.batch_size):
+            return False
+        k0 = batch.kv_pool.k_buffers[0]
+        tokens = int(sum(batch.seq_lens_cpu))
+        row_bytes = k0[0].numel() * k0.element_size()
+        if 2 * tokens * row_bytes > self.dense_max_bytes:
+            return False
+        sc = self._scratch
+        if sc is None or sc[0].shape[0] < tokens or sc[0].shape[1:] != k0.shape[1:]:
+            grown = max(tokens, 2 * sc[0].shape[0] if sc is not None else 0)
+            rows = min(self.dense_max_bytes // (2 * row_bytes), grown)
+            self._scratch = None  # the old scratch's memory is free for the new
+            self._scratch = (
+                torch.empty((rows, *k0.shape[1:]), dtype=k0.dtype, device=k0.device),
+                torch.empty((rows, *k0.shape[1:]), dtype=k0.dtype, device=k0.device),
+            )
+        return True
 
     def forward(
         self,
@@ -150,6 +203,14 @@ class FlashInferBackend(AttentionBackend):
         if wrapper is None:
             wrapper = self._wrapper_for(batch, kind)
             self._planned[kind] = wrapper
+        if self._dense:
+            assert self._scratch is not None and self._indices is not None
+            n = self._indices.shape[0]
+            k_all, v_all = self._scratch[0][:n], self._scratch[1][:n]
+            torch.index_select(k_buffer, 0, self._indices, out=k_all)
+            torch.index_select(v_buffer, 0, self._indices, out=v_all)
+            dense: torch.Tensor = wrapper.run(q.contiguous(), k_all, v_all)
+            return dense
         pages = (
             k_buffer.view(k_buffer.shape[0], 1, k_buffer.shape[1], head_dim),
             v_buffer.view(v_buffer.shape[0], 1, v_buffer.shape[1], head_dim),
@@ -170,20 +231,24 @@ class FlashInferBackend(AttentionBackend):
         where the warm-up of the same batch planned it and the replay plans again)."""
         ws = self._workspace_on(batch.seq_lens.device)
         if batch.mode is ForwardMode.EXTEND:
-            wrapper = self._eager.get((ForwardMode.EXTEND, kind))
+            name = "ragged" if self._dense else "paged"
+            wrapper = self._eager.get((name, kind))
             if wrapper is None:
-                wrapper = self.fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
-                self._eager[(ForwardMode.EXTEND, kind)] = wrapper
+                if self._dense:
+                    wrapper = self.fi.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD")
+                else:
+                    wrapper = self.fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+                self._eager[(name, kind)] = wrapper
             self._plan_extend(wrapper, kind, batch)
             return wrapper
         bs = self._capture_bs
         if bs is None:
-            wrapper = self._eager.get((ForwardMode.DECODE, kind))
+            wrapper = self._eager.get(("decode", kind))
             if wrapper is None:
                 wrapper = self.fi.BatchDecodeWithPagedKVCacheWrapper(
                     ws, "NHD", use_tensor_cores=True
                 )
-                self._eager[(ForwardMode.DECODE, kind)] = wrapper
+                self._eager[("decode", kind)] = wrapper
             self._plan_decode(wrapper, kind)
             return wrapper
         wrapper = self._graph.get((bs, kind))
@@ -204,18 +269,30 @@ class FlashInferBackend(AttentionBackend):
             self._plan_decode(wrapper, kind)
         return wrapper
 
+    def _plan(self, wrapper: Any, *args: Any, **kwargs: Any) -> None:
+        """wrapper.plan(*args, **kwargs), once the device has taken the wrapper's last plan
+        (its pinned buffer is rewritten here); then an event marks this plan's copy."""
+        done = self._plan_done.get(id(wrapper))
+        if done is not None:
+            done.synchronize()
+        wrapper.plan(*args, **kwargs)
+        event = torch.cuda.Event()
+        event.record()
+        self._plan_done[id(wrapper)] = event
+
     def _plan_decode(self, wrapper: Any, kind: LayerKind) -> None:
         assert self._shape is not None and self._indptr_host is not None
-        assert self._indices is not None and self._ones is not None
+        assert self._indices is not None and self._ones_host is not None
         heads, kv_heads, dim, q_dtype, kv_dtype = self._shape
         window, softcap, scale = kind
         bs = self._indptr_host.shape[0] - 1
         in_graph = getattr(wrapper, "is_cuda_graph_enabled", False)
-        wrapper.plan(
+        self._plan(
+            wrapper,
             self._indptr_host,
             # A graph's wrapper reads the slots its captured gathering writes: copy none.
             self._indices[:0] if in_graph else self._indices,
-            self._ones[:bs],
+            self._ones_host[:bs],
             heads,
             kv_heads,
             dim,
@@ -229,18 +306,20 @@ class FlashInferBackend(AttentionBackend):
 
     def _plan_extend(self, wrapper: Any, kind: LayerKind, batch: ForwardBatch) -> None:
         assert self._shape is not None and self._indptr_host is not None
-        assert self._indices is not None and self._ones is not None
+        assert self._indices is not None and self._ones_host is not None
         heads, kv_heads, dim, q_dtype, kv_dtype = self._shape
         window, softcap, scale = kind
-        wrapper.plan(
+        # Ragged: the gathered K/V are the contexts back to back, as kv_indptr counts them.
+        pages = () if self._dense else (self._indices, self._ones_host[: batch.batch_size])
+        self._plan(
+            wrapper,
             _indptr(batch.extend_lens_cpu),
             self._indptr_host,
-            self._indices,
-            self._ones[: batch.batch_size],
+            *pages,
             heads,
             kv_heads,
             dim,
-            1,
+            *(() if self._dense else (1,)),
             causal=True,
             window_left=window - 1 if window else -1,
             logits_soft_cap=softcap or None,
@@ -257,6 +336,7 @@ class FlashInferBackend(AttentionBackend):
     def _ensure_ones(self, n: int, device: torch.device) -> None:
         if self._ones is None or self._ones.shape[0] < n:
             self._ones = torch.ones(max(n, 256), dtype=torch.int32, device=device)
+            self._ones_host = torch.ones(max(n, 256), dtype=torch.int32).pin_memory()
 
 
 def _indptr(lens: list[int]) -> torch.Tensor:
