@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from services.executor.attention import auto_backend, get_backend
-from services.executor.attention.split_backend import TritonDecodeFlashInferPrefill
+from services.executor.attention.split_backend import FlashInferWithTriton
 from services.executor.builder import pick_kv_dtype
 from services.executor.forward_batch import ForwardMode
 
@@ -91,24 +91,37 @@ class Recorder:
         return call
 
 
-def test_the_split_backend_sends_decode_to_triton_and_prefill_to_flashinfer() -> None:
+def test_the_split_backend_sends_prefill_and_large_decode_batches_to_flashinfer() -> None:
     calls: list[tuple[str, str]] = []
-    split = object.__new__(TritonDecodeFlashInferPrefill)
+    split = object.__new__(FlashInferWithTriton)
     split.triton = Recorder("triton", calls)  # type: ignore[assignment]
     split.flashinfer = Recorder("flashinfer", calls)  # type: ignore[assignment]
+    split.flashinfer_decode_min_bs = 4
     q = torch.zeros(1, 1, 1)
-    decode = SimpleNamespace(mode=ForwardMode.DECODE)
-    extend = SimpleNamespace(mode=ForwardMode.EXTEND)
+    decode = SimpleNamespace(mode=ForwardMode.DECODE, batch_size=3)
+    big_decode = SimpleNamespace(mode=ForwardMode.DECODE, batch_size=4)
+    extend = SimpleNamespace(mode=ForwardMode.EXTEND, batch_size=1)
 
     split.init_forward_metadata(decode)  # type: ignore[arg-type]
     assert calls == [("triton", "init_forward_metadata")]
     assert split.forward(q, q, q, 0, decode) == "triton"  # type: ignore[arg-type]
     calls.clear()
+    split.init_forward_metadata(big_decode)  # type: ignore[arg-type]
+    # Triton's too: latent-attention layers run on it in every case
+    assert calls == [("triton", "init_forward_metadata"), ("flashinfer", "init_forward_metadata")]
+    assert split.forward(q, q, q, 0, big_decode) == "flashinfer"  # type: ignore[arg-type]
+    assert split.forward_mla(q, None, 0, big_decode, 1.0, 1) == "triton"  # type: ignore[arg-type]
+    calls.clear()
     split.init_forward_metadata(extend)  # type: ignore[arg-type]
-    # Triton's too: latent-attention layers run on it in both modes
     assert calls == [("triton", "init_forward_metadata"), ("flashinfer", "init_forward_metadata")]
     assert split.forward(q, q, q, 0, extend, window=4) == "flashinfer"  # type: ignore[arg-type]
     assert split.forward_mla(q, None, 0, extend, 1.0, 1) == "triton"  # type: ignore[arg-type]
     calls.clear()
+    # CUDA graphs: both reserve; only FlashInfer's graphs are planned, and only theirs
     split.reserve_decode(max_batch_size=8, num_heads=1, head_dim=1, device="cpu")
-    assert calls == [("triton", "reserve_decode")]
+    assert calls == [("triton", "reserve_decode"), ("flashinfer", "reserve_decode")]
+    calls.clear()
+    split.prepare_capture(8)
+    split.prepare_replay(3, [5, 6, 7])
+    split.prepare_replay(8, [5] * 8)
+    assert calls == [("flashinfer", "prepare_capture"), ("flashinfer", "prepare_replay")]

@@ -100,15 +100,15 @@ _BACKENDS: dict[str, tuple[str, str]] = {
     # what "auto" resolves to on CUDA with FlashInfer installed (split_backend.py)
     "triton+flashinfer": (
         "services.executor.attention.split_backend",
-        "TritonDecodeFlashInferPrefill",
+        "FlashInferWithTriton",
     ),
 }
 
 
 def auto_backend(device_type: str, cache_in_model_dtype: bool) -> str:
     """`--attention-backend auto`: the torch reference on the CPU; on CUDA Triton, with
-    FlashInfer's prefill when radixserve[flashinfer] is installed and the cache is in the
-    model's dtype (FlashInfer's kernels here read no fp8 cache)."""
+    FlashInfer's prefill and large decode batches when radixserve[flashinfer] is installed and
+    the cache is in the model's dtype (FlashInfer's kernels here read no fp8 cache)."""
     if device_type != "cuda":
         return "torch"
     if cache_in_model_dtype and importlib.util.find_spec("flashinfer") is not None:

@@ -1,13 +1,20 @@
-"""Triton for decode, FlashInfer for prefill: what `--attention-backend auto` runs on CUDA
-when FlashInfer is installed (radixserve[flashinfer]).
+"""Each case on the faster backend: what `--attention-backend auto` runs on CUDA when
+FlashInfer is installed (radixserve[flashinfer]).
 
-Each case goes to the faster backend, measured on an H100 (Llama-3.1-8B shapes, bf16;
-`gpu_bench --sections flashinfer_kernel` and the README): FlashInfer's prefill ran causal
-attention at 520-590 TFLOP/s against Triton's 300-320 and took a 100,000-token prompt's time
-to its first token from 10.7 s to 7.3 s; decode steps were faster on Triton end to end (issue
-26's 256 x 512 row at 74.5% of its roofline against 72.3%, 64 x 2,000 at 84.5% against
-82.8%), with no plan to make before each CUDA graph replay. Latent attention (MLA) has no
-FlashInfer kernel here: it stays on Triton in both cases.
+Measured on an H100 (Llama-3.1-8B shapes, bf16; `gpu_bench --sections flashinfer_kernel`, the
+`scale` rows on each backend, and the README's "FlashInfer"):
+- prefill on FlashInfer: causal attention at 520-700 TFLOP/s against Triton's 300-320; a
+  100,000-token prompt's time to its first token 10.7 s on Triton, 6.5 s here;
+- decode batches of `FLASHINFER_DECODE_MIN_BS` or more on FlashInfer: issue 26's 256 x 512
+  row 17.71 ms a step against Triton's 18.07 (76.2% of its roofline against 74.8%), 64 x 2,000
+  13.21 against 13.27 ms (`loadtest/results/gpu_decode_ab_h100_run1.json`);
+- smaller decode batches on Triton: one request at 1,000 keys 5.66 ms a step against 5.77
+  (FlashInfer plans on the host before each replay, which a short step feels).
+FlashInfer's plan is host work that grows with the batch: at 256 requests the host spent 4.2
+ms on a decode step against Triton's 2.6 (`gpu_scale_h100_run5.json`), hidden behind the
+17.7 ms the device took. Its fixed split size, which would let a replay reuse the last plan,
+fails inside CUDA graphs once the chunks outnumber the graph's padded batch (FlashInfer 0.5.3).
+Latent attention (MLA) has no FlashInfer kernel here: it stays on Triton in every case.
 """
 
 from __future__ import annotations
@@ -19,24 +26,44 @@ from services.executor.attention.flashinfer_backend import FlashInferBackend
 from services.executor.attention.triton_backend import TritonBackend
 from services.executor.forward_batch import ForwardBatch, ForwardMode
 
+FLASHINFER_DECODE_MIN_BS = 64
 
-class TritonDecodeFlashInferPrefill(AttentionBackend):
-    def __init__(self) -> None:
+
+class FlashInferWithTriton(AttentionBackend):
+    def __init__(self, flashinfer_decode_min_bs: int | None = None) -> None:
         self.triton = TritonBackend()
         self.flashinfer = FlashInferBackend()
+        if flashinfer_decode_min_bs is None:  # read now: the GPU tests lower it
+            flashinfer_decode_min_bs = FLASHINFER_DECODE_MIN_BS
+        self.flashinfer_decode_min_bs = flashinfer_decode_min_bs
+
+    def _on_flashinfer(self, batch: ForwardBatch) -> bool:
+        return batch.mode is ForwardMode.EXTEND or batch.batch_size >= self.flashinfer_decode_min_bs
+
+    # -- CUDA graphs (services/executor/cuda_graph.py): both backends hold decode buffers ----
 
     def reserve_decode(
         self, *, max_batch_size: int, num_heads: int, head_dim: int, device: torch.device | str
     ) -> None:
-        self.triton.reserve_decode(
-            max_batch_size=max_batch_size, num_heads=num_heads, head_dim=head_dim, device=device
-        )
+        for backend in (self.triton, self.flashinfer):
+            backend.reserve_decode(
+                max_batch_size=max_batch_size, num_heads=num_heads, head_dim=head_dim,
+                device=device,
+            )  # fmt: skip
+
+    def prepare_capture(self, bs: int | None) -> None:
+        self.flashinfer.prepare_capture(bs)
+
+    def prepare_replay(self, bs: int, seq_lens: list[int]) -> None:
+        if bs >= self.flashinfer_decode_min_bs:
+            self.flashinfer.prepare_replay(bs, seq_lens)
+
+    # -- a forward ---------------------------------------------------------------------------
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
-        # Triton's for every batch: MLA layers run it in both cases (its extend tables are
-        # three small host-to-device copies).
+        # Triton's for every batch: MLA layers run it in every case (a few small copies).
         self.triton.init_forward_metadata(batch)
-        if batch.mode is ForwardMode.EXTEND:
+        if self._on_flashinfer(batch):
             self.flashinfer.init_forward_metadata(batch)
 
     def forward(
@@ -53,7 +80,7 @@ class TritonDecodeFlashInferPrefill(AttentionBackend):
         kv_stored: bool = False,
     ) -> torch.Tensor:
         backend: AttentionBackend = self.triton
-        if batch.mode is ForwardMode.EXTEND:
+        if self._on_flashinfer(batch):
             backend = self.flashinfer
         return backend.forward(
             q, k, v, layer_id, batch, scale=scale, window=window, softcap=softcap,
