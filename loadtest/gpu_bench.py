@@ -91,6 +91,8 @@ TIME_LIMITS = {
     "offline_fp8w": 260,
     "flashinfer_kernel": 540,  # FlashInfer compiles its kernels on first use
     "shared_prefix": 540,  # two servers, the workload on each
+    "long_prefill": 420,  # one engine, four 100K-token prompts, FlashInfer's chunk kernels
+    "shared_decode": 150,
 }
 OFFLINE_RUN_S = 130  # the 500-prompt run stops here and reports what it finished
 
@@ -203,6 +205,14 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         from loadtest.gpu.flashinfer_attn import flashinfer_kernel_section
 
         return flashinfer_kernel_section()
+    if name == "long_prefill":
+        from loadtest.gpu.long_prefill import long_prefill_section
+
+        return long_prefill_section()
+    if name == "shared_decode":
+        from loadtest.gpu.shared_decode import shared_decode_section
+
+        return shared_decode_section()
     if name == "offline_fp8w":
         return sections.offline_throughput(
             time_limit=OFFLINE_RUN_S, kv_cache_dtype="fp8_e4m3", quantization="fp8"
@@ -211,7 +221,7 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
     extra += ["tp", "tp70b", "tp_kill", "mla_kernel", "moe_kernel", "qwen3moe", "dsv2lite"]
     extra += ["qwen3moe_decode", "dsv2lite_decode", "scale", "gguf_kernel", "w4a16_kernel"]
     extra += ["quant_decode", "quant_decode_int4", "offline_fp8w", "flashinfer_kernel"]
-    extra += ["shared_prefix"]
+    extra += ["shared_prefix", "long_prefill", "shared_decode"]
     raise SystemExit(f"unknown section {name!r}; known: {', '.join([*SECTIONS, *extra])}")
 
 
