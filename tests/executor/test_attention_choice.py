@@ -1,6 +1,7 @@
 """Which attention backend runs: `auto` (torch on the CPU; Triton on CUDA, with FlashInfer's
-prefill when radixserve[flashinfer] is installed and the cache is in the model's dtype), the
-split backend's dispatch by forward mode, and clear refusals for what FlashInfer cannot run."""
+prefill and large decode batches when radixserve[flashinfer] is installed and the cache is in
+the model's dtype), the split backend's dispatch by forward mode and batch size, FlashInfer's
+choice of the gathered prefill, and clear refusals for what FlashInfer cannot run."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from services.executor.attention import auto_backend, get_backend
+from services.executor.attention import auto_backend, flashinfer_backend, get_backend
+from services.executor.attention.flashinfer_backend import FlashInferBackend
 from services.executor.attention.split_backend import FlashInferWithTriton
 from services.executor.builder import pick_kv_dtype
 from services.executor.forward_batch import ForwardMode
@@ -125,3 +127,36 @@ def test_the_split_backend_sends_prefill_and_large_decode_batches_to_flashinfer(
     split.prepare_replay(3, [5, 6, 7])
     split.prepare_replay(8, [5] * 8)
     assert calls == [("flashinfer", "prepare_capture"), ("flashinfer", "prepare_replay")]
+
+
+def extend_batch(new: list[int], prefix: list[int]) -> Any:
+    """What FlashInferBackend's choice reads of a prefill: lengths and the pool's K row shape
+    (8 KV heads of 16 fp32: 512 bytes a token)."""
+    return SimpleNamespace(
+        extend_lens_cpu=new,
+        seq_lens_cpu=[n + p for n, p in zip(new, prefix, strict=True)],
+        batch_size=len(new),
+        kv_pool=SimpleNamespace(k_buffers=[torch.zeros(4, 8, 16)]),
+    )
+
+
+def test_the_gathered_prefill_is_taken_for_long_new_runs_within_its_scratch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fi = object.__new__(FlashInferBackend)  # its kernels need CUDA; the choice does not
+    fi.dense_min_new_tokens, fi.dense_max_bytes, fi._scratch = 1024, 2 * 512 * 10_000, None
+    assert not fi._dense_extend(extend_batch([900, 1100], [0, 0]))  # 1,000 a request: short
+    assert fi._dense_extend(extend_batch([2048], [1000]))
+    assert fi._scratch is not None and fi._scratch[0].shape == (3048, 8, 16)
+    assert fi._dense_extend(extend_batch([2048, 2048], [0, 500]))  # 4,596: grown by doubling
+    assert fi._scratch[0].shape[0] == 6096 and fi._scratch[1].shape[0] == 6096
+    assert not fi._dense_extend(extend_batch([4096, 4096], [1000, 1000]))  # 10,192 > 10,000
+    assert fi._scratch[0].shape[0] == 6096  # kept for the next batch that fits
+
+    def no_memory(*args: Any, **kwargs: Any) -> torch.Tensor:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(flashinfer_backend.torch, "empty", no_memory)
+    assert not fi._dense_extend(extend_batch([8000], [0]))  # reads pages, does not crash
+    assert fi._scratch is None and fi.dense_max_bytes == 0
+    assert not fi._dense_extend(extend_batch([2048], [0]))  # and from now on

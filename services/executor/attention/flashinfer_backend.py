@@ -36,6 +36,7 @@ taken its last plan's copy (an event), never for the step itself.
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -45,6 +46,8 @@ from kernels.flat_slots import flat_slots, kv_indptr
 from kernels.store_kv import store_kv
 from services.executor.attention import AttentionBackend, pool_buffers
 from services.executor.forward_batch import ForwardBatch, ForwardMode
+
+log = logging.getLogger(__name__)
 
 WORKSPACE_BYTES = 256 * 2**20  # FlashInfer's split-KV scratch; its docs suggest 128 MiB
 # The gathered extend: taken when requests bring at least this many new tokens each on average
@@ -160,11 +163,18 @@ class FlashInferBackend(AttentionBackend):
         if sc is None or sc[0].shape[0] < tokens or sc[0].shape[1:] != k0.shape[1:]:
             grown = max(tokens, 2 * sc[0].shape[0] if sc is not None else 0)
             rows = min(self.dense_max_bytes // (2 * row_bytes), grown)
-            self._scratch = None  # the old scratch's memory is free for the new
-            self._scratch = (
-                torch.empty((rows, *k0.shape[1:]), dtype=k0.dtype, device=k0.device),
-                torch.empty((rows, *k0.shape[1:]), dtype=k0.dtype, device=k0.device),
-            )
+            self._scratch = sc = None  # the old scratch's memory is free for the new
+            try:
+                self._scratch = (
+                    torch.empty((rows, *k0.shape[1:]), dtype=k0.dtype, device=k0.device),
+                    torch.empty((rows, *k0.shape[1:]), dtype=k0.dtype, device=k0.device),
+                )
+            except torch.cuda.OutOfMemoryError:
+                # The KV pool and activations took the memory: the paged kernel needs none.
+                mib = 2 * rows * row_bytes / 2**20
+                log.warning("no memory for %.0f MiB of prefill scratch: prefill reads pages", mib)
+                self.dense_max_bytes = 0
+                return False
         return True
 
     def forward(
