@@ -27,22 +27,19 @@ from loadtest import offline
 from loadtest.gpu.models import LLAMA_3_1_8B, llama8b_dir
 from loadtest.gpu.prefill import _events_ms
 from loadtest.gpu.profile import family
+from loadtest.gpu.scale import row_args
 
 PROMPT = 100_000
-CHUNK = 16_384
-# (new tokens, cached prefix) of one chunk: the 100K prompt's second, fourth and last chunks
+# (new tokens, cached prefix) of one chunk: the 100K prompt's first, second, fourth and last
+# chunks, and an 8K chunk over 4K cached
 CHUNK_SHAPES = ((16_384, 0), (16_384, 16_384), (16_384, 49_152), (16_384, 83_616), (8_192, 4_096))
 
 
 def _args(model: Path, seed: int) -> Any:
-    a = offline.parse_args(
-        [
-            *("throughput", "--model", str(model), "--load-format", "dummy"),
-            *("--num-prompts", "1", "--input-len", str(PROMPT), "--output-len", "1"),
-            *("--seed", str(seed), "--range-ratio", "1.0"),
-            *("--max-prefill-tokens", str(CHUNK), "--max-running-requests", "256"),
-        ]
-    )
+    """The scale section's 1 x 100,000 row (its chunk size and batch bounds), to the first
+    token only, with a seed of its own."""
+    a = row_args(model, 1, PROMPT)
+    a.output_len, a.seed = 1, seed
     return a
 
 
