@@ -160,3 +160,69 @@ def test_the_gathered_prefill_is_taken_for_long_new_runs_within_its_scratch(
     assert not fi._dense_extend(extend_batch([8000], [0]))  # reads pages, does not crash
     assert fi._scratch is None and fi.dense_max_bytes == 0
     assert not fi._dense_extend(extend_batch([2048], [0]))  # and from now on
+
+
+class FakeDecodeWrapper:
+    """FlashInfer 0.5's graph decode wrapper as `_replan` sees it: `plan` (the full one)
+    records its arguments and sets what the short path reuses; the compiled planner records
+    the lengths it is given."""
+
+    is_cuda_graph_enabled = True
+
+    def __init__(self, calls: list[tuple[str, Any]]) -> None:
+        self.calls = calls
+        self._paged_kv_indptr_buf = torch.zeros(4, dtype=torch.int32)
+        self._float_workspace_buffer = self._int_workspace_buffer = torch.zeros(1)
+        self._pin_memory_int_workspace_buffer = torch.zeros(1)
+        self._plan_info: Any = None
+        self._max_kv_len: int | None = None
+
+        def compiled_plan(*args: Any) -> list[int]:
+            qo, kv_indptr, kv_lens = args[3:6]
+            calls.append(("planner", (qo.tolist(), kv_indptr.tolist(), kv_lens.tolist())))
+            calls.append(("planner window", args[15]))
+            return [len(calls)]
+
+        self._cached_module = SimpleNamespace(plan=compiled_plan)
+
+    def plan(self, indptr: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        self.calls.append(("plan", indptr.tolist()))
+        self._paged_kv_indptr_buf.copy_(indptr)
+
+
+class NoEvent:
+    def record(self) -> None: ...
+
+    def synchronize(self) -> None: ...
+
+
+@pytest.mark.parametrize(("version", "short"), [("0.5.3", True), ("0.6.0", False)])
+def test_graph_replays_replan_only_the_schedule_on_known_flashinfer_versions(
+    monkeypatch: pytest.MonkeyPatch, version: str, short: bool
+) -> None:
+    """A graph wrapper is planned in full once; later replays of FlashInfer 0.5 run its compiled
+    planner on the new lengths (FlashInfer's Python plan costs ~0.8 ms at 256 requests);
+    an unknown version plans in full every time."""
+    monkeypatch.setattr(flashinfer_backend.torch.cuda, "Event", NoEvent)
+    fi = object.__new__(FlashInferBackend)
+    fi.fi = SimpleNamespace(__version__=version)
+    fi._plan_done, fi._replannable, fi._graph = {}, set(), {}
+    fi._can_replan = version.startswith(flashinfer_backend.REPLAN_VERSIONS)
+    fi._shape = (8, 2, 128, torch.float16, torch.float16)
+    fi._indices = torch.zeros(0, dtype=torch.int32)
+    fi._ones_host = torch.ones(8, dtype=torch.int32)
+    calls: list[tuple[str, Any]] = []
+    wrapper = FakeDecodeWrapper(calls)
+    fi._graph[(3, (4, 0.0, 0.1))] = wrapper  # a window of 4: window_left 3
+
+    fi.prepare_replay(3, [5, 6, 7])
+    assert calls == [("plan", [0, 5, 11, 18])]
+    calls.clear()
+    fi.prepare_replay(3, [6, 9, 1])
+    if short:
+        planned = ([0, 1, 2, 3], [0, 6, 15, 16], [6, 9, 1])  # queries, keys, lengths
+        assert calls == [("planner", planned), ("planner window", 3)]
+        assert wrapper._plan_info == [2] and wrapper._max_kv_len == 9
+    else:
+        assert calls == [("plan", [0, 6, 15, 16])]
+    assert wrapper._paged_kv_indptr_buf.tolist() == [0, 6, 15, 16]  # the graph reads this

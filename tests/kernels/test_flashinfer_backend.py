@@ -158,6 +158,8 @@ def test_decode_replays_in_a_cuda_graph_planned_for_new_lengths() -> None:
         want = TorchRefBackend().forward(q, k, v, 0, twin)
         torch.testing.assert_close(out, want, **TOLERANCES[dtype])
         assert_same_bits(batch.kv_pool.k_buffers[0], twin.kv_pool.k_buffers[0])
+    # FlashInfer 0.5 (the extra's pin): the replays above re-planned only the schedule
+    assert fi._replannable == {id(w) for w in fi._graph.values()}
 
 
 # SHAPE's heads (the tiny families' own head dims are too small for FlashInfer's kernels).

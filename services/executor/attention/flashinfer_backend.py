@@ -32,6 +32,14 @@ device one is read back with a sync, which would stall the overlapped loop until
 finished the step before). A plan's schedule reaches the device by a copy from the wrapper's
 pinned buffer queued on the stream, so a wrapper planned again waits until the device has
 taken its last plan's copy (an event), never for the step itself.
+
+A graph's wrapper is planned in full once; before later replays only its schedule is
+recomputed, by FlashInfer's own compiled planner over the host's lengths (`_replan`).
+FlashInfer's Python `plan` spends most of its time outside that planner: it takes the
+longest context with Python's `max` over a tensor, one element at a time (0.8 ms for 256
+requests on a 2026 x86 core), and re-resolves the compiled module. The wrapper's attributes
+this reaches into are FlashInfer 0.5's, so the short path is taken only on 0.5.x
+(`REPLAN_VERSIONS`); any other version plans in full every time.
 """
 
 from __future__ import annotations
@@ -55,6 +63,8 @@ WORKSPACE_BYTES = 256 * 2**20  # FlashInfer's split-KV scratch; its docs suggest
 # most this many bytes for K and V together (a 100,000-token context of Llama-3.1-8B: 400 MiB).
 DENSE_MIN_NEW_TOKENS = 1024
 DENSE_MAX_BYTES = 512 * 2**20
+# FlashInfer versions whose decode wrapper `_replan` knows (its attributes and planner's arguments)
+REPLAN_VERSIONS = ("0.5.",)
 # (window, softcap, scale) of a kind of layer
 LayerKind = tuple[int, float, float]
 
@@ -91,6 +101,11 @@ class FlashInferBackend(AttentionBackend):
         self._planned: dict[LayerKind, Any] = {}  # this forward's planned wrappers
         self._eager: dict[tuple[str, LayerKind], Any] = {}
         self._plan_done: dict[int, torch.cuda.Event] = {}  # id(wrapper): its last plan's copy
+        self._seq_lens_host: torch.Tensor | None = None  # [bs] int32, this forward's
+        self._max_seq_len = 0
+        self._replannable: set[int] = set()  # id(wrapper): graph wrappers planned in full once
+        version = str(getattr(self.fi, "__version__", ""))
+        self._can_replan = version.startswith(REPLAN_VERSIONS)
         # CUDA graphs: the batch size being captured, fixed tables, a wrapper per size and kind
         self._capture_bs: int | None = None
         self._g_indptr: torch.Tensor | None = None
@@ -116,7 +131,7 @@ class FlashInferBackend(AttentionBackend):
 
     def prepare_replay(self, bs: int, seq_lens: list[int]) -> None:
         """Plan the graph of size `bs` for these sequence lengths (padding rows included)."""
-        self._indptr_host = _indptr(seq_lens)
+        self._set_lens(seq_lens)
         for (size, kind), wrapper in self._graph.items():
             if size == bs:
                 self._plan_decode(wrapper, kind)
@@ -128,7 +143,7 @@ class FlashInferBackend(AttentionBackend):
         table = batch.req_to_token.req_to_token
         self._batch, self._planned = batch, {}
         seq_lens_cpu = batch.seq_lens_cpu
-        self._indptr_host = _indptr(seq_lens_cpu)
+        self._set_lens(seq_lens_cpu)
         graph_bs = self._capture_bs if batch.mode is ForwardMode.DECODE else None
         if graph_bs is not None:
             # Captured: the gathering reads the static seq_lens, writes the fixed buffers.
@@ -297,6 +312,9 @@ class FlashInferBackend(AttentionBackend):
         window, softcap, scale = kind
         bs = self._indptr_host.shape[0] - 1
         in_graph = getattr(wrapper, "is_cuda_graph_enabled", False)
+        if id(wrapper) in self._replannable:
+            self._replan(wrapper, heads, kv_heads, dim, window)
+            return
         self._plan(
             wrapper,
             self._indptr_host,
@@ -313,6 +331,53 @@ class FlashInferBackend(AttentionBackend):
             kv_data_type=kv_dtype,
             sm_scale=scale,
         )
+        if in_graph and self._can_replan:
+            self._replannable.add(id(wrapper))
+
+    def _replan(self, wrapper: Any, heads: int, kv_heads: int, dim: int, window: int) -> None:
+        """A graph wrapper's schedule for new lengths, everything else as its full plan left
+        it (the same batch size, kind and dtypes: a graph's wrapper is made for one of each).
+        What FlashInfer 0.5's `plan` does for tensor-core decode with pages of one slot,
+        less the work that does not change between replays; its other arguments are those
+        of that `plan`: total rows = requests (one query each), page size 1, CUDA graph on,
+        not causal, no fixed split size, split-KV allowed, no colocated CTAs."""
+        assert self._indptr_host is not None and self._seq_lens_host is not None
+        done = self._plan_done.get(id(wrapper))
+        if done is not None:
+            done.synchronize()
+        bs = self._seq_lens_host.shape[0]
+        wrapper._paged_kv_indptr_buf.copy_(self._indptr_host, non_blocking=True)
+        wrapper._plan_info = wrapper._cached_module.plan(
+            wrapper._float_workspace_buffer,
+            wrapper._int_workspace_buffer,
+            wrapper._pin_memory_int_workspace_buffer,
+            _arange_host(bs + 1),  # one query a request
+            self._indptr_host,
+            self._seq_lens_host,
+            bs,
+            bs,
+            heads,
+            kv_heads,
+            1,
+            True,
+            dim,
+            dim,
+            False,
+            window - 1 if window else -1,
+            -1,
+            False,
+            0,
+        )
+        wrapper._max_kv_len = self._max_seq_len
+        event = torch.cuda.Event()
+        event.record()
+        self._plan_done[id(wrapper)] = event
+
+    def _set_lens(self, seq_lens: list[int]) -> None:
+        """This forward's lengths as the plans take them: indptr, lengths, the longest."""
+        self._seq_lens_host = torch.tensor(seq_lens, dtype=torch.int32)
+        self._indptr_host = _indptr_of(self._seq_lens_host)
+        self._max_seq_len = max(seq_lens, default=0)
 
     def _plan_extend(self, wrapper: Any, kind: LayerKind, batch: ForwardBatch) -> None:
         assert self._shape is not None and self._indptr_host is not None
@@ -351,7 +416,22 @@ class FlashInferBackend(AttentionBackend):
 
 def _indptr(lens: list[int]) -> torch.Tensor:
     """0, then the running sum of `lens`: [len(lens) + 1] int32 on the host."""
-    out = torch.zeros(len(lens) + 1, dtype=torch.int32)
-    if lens:
-        torch.cumsum(torch.tensor(lens, dtype=torch.int32), 0, out=out[1:])
+    return _indptr_of(torch.tensor(lens, dtype=torch.int32))
+
+
+def _indptr_of(lens: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros(lens.shape[0] + 1, dtype=torch.int32)
+    if lens.shape[0]:
+        torch.cumsum(lens, 0, out=out[1:])
+    return out
+
+
+_ARANGE: dict[int, torch.Tensor] = {}
+
+
+def _arange_host(n: int) -> torch.Tensor:
+    """0..n-1 int32 on the host, made once per n (a planner only reads it)."""
+    out = _ARANGE.get(n)
+    if out is None:
+        out = _ARANGE[n] = torch.arange(n, dtype=torch.int32)
     return out

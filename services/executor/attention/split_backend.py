@@ -10,10 +10,12 @@ Measured on an H100 (Llama-3.1-8B shapes, bf16; `gpu_bench --sections flashinfer
   13.21 against 13.27 ms (`loadtest/results/gpu_decode_ab_h100_run1.json`);
 - smaller decode batches on Triton: one request at 1,000 keys 5.66 ms a step against 5.77
   (FlashInfer plans on the host before each replay, which a short step feels).
-FlashInfer's plan is host work that grows with the batch: at 256 requests the host spent 4.2
-ms on a decode step against Triton's 2.6 (`gpu_scale_h100_run5.json`), hidden behind the
-17.7 ms the device took. Its fixed split size, which would let a replay reuse the last plan,
-fails inside CUDA graphs once the chunks outnumber the graph's padded batch (FlashInfer 0.5.3).
+FlashInfer plans on the host before each replay; with only the schedule re-planned
+(flashinfer_backend's `_replan`) the host spent 1.97 ms on a decode step at 256 requests
+against Triton's 2.08, and 4.2 ms before (`gpu_host256_h100_auto_run1.json`,
+`gpu_scale_h100_run5.json`). Its fixed split size, which would let a replay reuse the last
+plan, fails inside CUDA graphs once the chunks outnumber the graph's padded batch
+(FlashInfer 0.5.3).
 Latent attention (MLA) has no FlashInfer kernel here: it stays on Triton in every case.
 """
 
