@@ -36,7 +36,7 @@ from kernels._checks import (
     dot_precision,
 )
 from kernels._math import tanh
-from kernels.fp8_kv import gather_kv
+from kernels.fp8_kv import gather_kv, is_fp8
 from kernels.pdl import pdl_launch, pdl_prologue
 
 # Query heads per stage-1 program: tl.dot needs at least 16 rows, so a group smaller than
@@ -72,6 +72,7 @@ def _decode_stage1_kernel(
     stride_lh,
     GROUP: tl.constexpr,
     HEAD_BLOCKS: tl.constexpr,
+    KV_PACK: tl.constexpr,
     MAX_SPLITS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -80,17 +81,29 @@ def _decode_stage1_kernel(
     DOT_PRECISION: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
+    F16_DOTS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_prologue(PDL)
     b = tl.program_id(0)
-    kv_head = tl.program_id(1) // HEAD_BLOCKS
+    # KV_PACK adjacent KV heads a program; row r of its query block is query head
+    # kv_head0 * GROUP + r, of local KV head r // GROUP.
+    kv_head0 = (tl.program_id(1) // HEAD_BLOCKS) * KV_PACK
     split = tl.program_id(2)
     offs_g = (tl.program_id(1) % HEAD_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
-    heads = kv_head * GROUP + offs_g
-    h_mask = offs_g < GROUP
-    offs_d = tl.arange(0, BLOCK_D)
+    heads = kv_head0 * GROUP + offs_g
+    h_mask = offs_g < GROUP * KV_PACK
+    row_kv = offs_g // GROUP
+    # Columns: the packed heads' dims side by side; column c is dim c % BLOCK_D of local KV
+    # head c // BLOCK_D. A row's query sits in its own head's columns, zeros elsewhere, so one
+    # dot over all columns gives each row its own head's scores.
+    offs_c = tl.arange(0, KV_PACK * BLOCK_D)
+    col_kv = offs_c // BLOCK_D
+    offs_d = offs_c % BLOCK_D
     d_mask = offs_d < HEAD_DIM
+    kv_cols = (kv_head0 + col_kv) * stride_kh + offs_d
+    v_cols = (kv_head0 + col_kv) * stride_vh + offs_d
+    own = h_mask[:, None] & (row_kv[:, None] == col_kv[None, :]) & d_mask[None, :]
 
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
     num_splits = tl.minimum(tl.maximum(tl.load(num_splits_ptr + b).to(tl.int32), 1), MAX_SPLITS)
@@ -102,18 +115,22 @@ def _decode_stage1_kernel(
     if start < end:
         row = tl.load(req_rows_ptr + b).to(tl.int64)
         q_offs = b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
-        q = tl.load(q_ptr + q_offs, mask=h_mask[:, None] & d_mask[None, :], other=0.0)
+        q = tl.load(q_ptr + q_offs, mask=own, other=0.0)
+        if F16_DOTS:
+            # fp8 K/V widen to fp16 exactly and cheaply (e5m2 is fp16's top byte); bf16 would
+            # go through fp32. q within fp16's range: the clamp only guards against overflow.
+            q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
 
         m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_H, KV_PACK * BLOCK_D], dtype=tl.float32)
         for n0 in range(start, end, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             n_mask = offs_n < end
             slots = tl.load(req_to_token_ptr + row * stride_rt + offs_n, mask=n_mask, other=0)
             slots = slots.to(tl.int64)
-            # K loaded transposed, [BLOCK_D, BLOCK_N], ready for q @ k.
-            k_offs = slots[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None]
+            # K loaded transposed, [columns, BLOCK_N], ready for q @ k.
+            k_offs = slots[None, :] * stride_kt + kv_cols[:, None]
             k = tl.load(k_buf_ptr + k_offs, mask=d_mask[:, None] & n_mask[None, :], other=0.0)
             qk = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * sm_scale
             if USE_SOFTCAP:
@@ -123,19 +140,16 @@ def _decode_stage1_kernel(
             m_new = tl.maximum(m_i, tl.max(qk, 1))
             alpha = tl.exp(m_i - m_new)
             p = tl.exp(qk - m_new[:, None])
-            v_offs = slots[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :]
+            v_offs = slots[:, None] * stride_vt + v_cols[None, :]
             v = tl.load(v_buf_ptr + v_offs, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
             pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
             acc = acc * alpha[:, None] + pv
             l_i = l_i * alpha + tl.sum(p, 1)
             m_i = m_new
 
+        # Each row keeps its own head's columns of acc.
         o_offs = b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + split * stride_os
-        tl.store(
-            part_out_ptr + o_offs + offs_d[None, :],
-            acc / l_i[:, None],
-            mask=h_mask[:, None] & d_mask[None, :],
-        )
+        tl.store(part_out_ptr + o_offs + offs_d[None, :], acc / l_i[:, None], mask=own)
         l_offs = b.to(tl.int64) * stride_lb + heads * stride_lh + split
         tl.store(part_lse_ptr + l_offs, m_i + tl.log(l_i), mask=h_mask)
 
@@ -255,6 +269,8 @@ def decode_attention(
     num_warps: int = 4,
     window: int | None = None,
     softcap: float | None = None,
+    f16_dots: bool | None = None,
+    kv_pack: int | None = None,
 ) -> torch.Tensor:
     """Attention of each request's one query over its context; returns `out`.
 
@@ -267,6 +283,12 @@ def decode_attention(
     num_stages, num_warps: stage 1's software pipelining depth and warps per program.
     window (optional, >= 1): each query sees only the last `window` keys of its context.
     softcap (optional, > 0): scores s become softcap * tanh(s / softcap).
+    f16_dots: products in fp16 (q, the widened K/V, the probabilities; fp32 sums). None: for
+    an fp8 cache under bf16 queries, where widening fp8 to bf16 goes through fp32 and cost
+    the kernel its bandwidth.
+    kv_pack: adjacent KV heads one program reads together (1, 2 or 4; it must divide the KV
+    heads, and their query heads fit one 16-row block), so each key's rows of those heads are
+    one contiguous load. None: `choose_kv_pack`.
     """
     op = "decode_attention"
     check_window_softcap(op, window, softcap)
@@ -293,9 +315,14 @@ def decode_attention(
     check_tile(op, "block_n", block_n)
     check_launch(op, num_warps, num_stages)
     group = num_heads // num_kv_heads
-    head_blocks = triton.cdiv(group, _BLOCK_H)
+    if kv_pack is None:
+        kv_pack = choose_kv_pack(bs, group, num_kv_heads, head_dim * k_buffer.element_size())
+    check_kv_pack(op, kv_pack, group, num_kv_heads)
+    head_blocks = triton.cdiv(group * kv_pack, _BLOCK_H)
     max_splits = workspace.max_kv_splits
-    _decode_stage1_kernel[(bs, num_kv_heads * head_blocks, max_splits)](
+    if f16_dots is None:
+        f16_dots = is_fp8(k_buffer.dtype) and q.dtype == torch.bfloat16
+    _decode_stage1_kernel[(bs, num_kv_heads // kv_pack * head_blocks, max_splits)](
         q,
         k_buffer,
         v_buffer,
@@ -322,6 +349,7 @@ def decode_attention(
         ws_lse.stride(1),
         GROUP=group,
         HEAD_BLOCKS=head_blocks,
+        KV_PACK=kv_pack,
         MAX_SPLITS=max_splits,
         HEAD_DIM=head_dim,
         BLOCK_H=_BLOCK_H,
@@ -330,12 +358,49 @@ def decode_attention(
         DOT_PRECISION=dot_precision(q.dtype),
         USE_WINDOW=window is not None,
         USE_SOFTCAP=softcap is not None,
+        F16_DOTS=f16_dots,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(q.device),
     )
     merge_splits(workspace, out, seq_lens, num_kv_splits, head_dim, block_n, block_d, window)
     return out
+
+
+def choose_kv_pack(bs: int, group: int, num_kv_heads: int, row_bytes: int) -> int:
+    """KV heads a stage-1 program reads together (`kv_pack`), for a key row of `row_bytes` a
+    head. A program's loads are one row of each of its heads per key, and a load of a single
+    fp8 row (128 bytes at head dim 128) leaves the kernel bound by its loads' count rather
+    than their bytes. Measured on an H100 (Llama-3.1-8B's heads, 2026-11-27,
+    `loadtest/results/gpu_decode_pack_h100_run1.json`), microseconds a layer, packs 1 / 2 / 4:
+    - fp8: 154 x 2,800 keys 515 / 455 / 411; 256 x 640 355 / 274 / 231; 16 x 8,000
+      137 / 135 / 127; 1 x 32,000 39.3 / 36.7 / 48.7
+    - bf16: 154 x 2,800 694 / 653 / 637; 256 x 640 416 / 344 / 309; 16 x 8,000
+      192 / 194 / 196; 1 x 32,000 50.8 / 55.7 / 59.0
+    So: every head the rows allow for large batches (from 64 requests; from 16 for rows of
+    128 bytes or less); otherwise rows of 256 bytes, since a small batch also needs programs
+    enough to fill the GPU."""
+    best = 1
+    for pack in (2, 4):
+        if num_kv_heads % pack == 0 and group * pack <= _BLOCK_H:
+            best = pack
+    if bs >= 64 or (row_bytes <= 128 and bs >= 16):
+        return best
+    return min(best, max(1, 256 // row_bytes))
+
+
+def check_kv_pack(op: str, kv_pack: int, group: int, num_kv_heads: int) -> None:
+    if kv_pack not in (1, 2, 4):
+        raise ValueError(f"{op}: kv_pack must be 1, 2 or 4, got {kv_pack}")
+    if kv_pack == 1:
+        return
+    if num_kv_heads % kv_pack:
+        raise ValueError(f"{op}: kv_pack {kv_pack} does not divide the {num_kv_heads} KV heads")
+    if group * kv_pack > _BLOCK_H:
+        raise ValueError(
+            f"{op}: kv_pack {kv_pack} x {group} query heads per KV head exceeds one program's "
+            f"{_BLOCK_H} rows"
+        )
 
 
 def check_decode_state(

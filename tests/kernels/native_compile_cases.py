@@ -191,6 +191,7 @@ def _decode(
     splits: int = 16,
     window: int | None = None,
     softcap: float | None = None,
+    kv_pack: int | None = None,
 ) -> None:
     bs = 4
     ws = DecodeWorkspace.allocate(
@@ -209,6 +210,7 @@ def _decode(
         num_stages=num_stages,
         window=window,
         softcap=softcap,
+        kv_pack=kv_pack,
     )
 
 
@@ -358,6 +360,10 @@ def _cases() -> list[Case]:
         ("decode_attention/bf16-64-splits", partial(_decode, BF16, num_stages=3, splits=64)),
         ("decode_attention/fp16-3-stages-nopdl", partial(_decode, FP16, num_stages=3), False),
         ("decode_attention/bf16-e4m3-pool", partial(_decode, BF16, E4M3)),
+        ("decode_attention/bf16-e5m2-pool", partial(_decode, BF16, E5M2)),
+        ("decode_attention/bf16-pack2", partial(_decode, BF16, kv_pack=2)),
+        ("decode_attention/bf16-e5m2-pool-pack4", partial(_decode, BF16, E5M2, kv_pack=4)),
+        ("decode_attention/bf16-e4m3-pool-pack2", partial(_decode, BF16, E4M3, kv_pack=2)),
         ("decode_attention/fp16-e5m2-pool", partial(_decode, FP16, E5M2)),
         ("decode_attention/bf16-window", partial(_decode, BF16, window=4096)),
         (

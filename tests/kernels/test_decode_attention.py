@@ -9,6 +9,7 @@ import torch
 
 from kernels.decode_attention import (
     DecodeWorkspace,
+    choose_kv_pack,
     decode_attention,
     decode_attention_ref,
     num_kv_splits_for,
@@ -34,6 +35,7 @@ def run(
     max_kv_splits: int,
     block_n: int | None = None,
     out: torch.Tensor | None = None,
+    kv_pack: int | None = None,
 ) -> torch.Tensor:
     bs, num_heads, head_dim = q.shape
     # A workspace larger than the batch, as the backend keeps one for its largest batch.
@@ -60,6 +62,7 @@ def run(
         sm_scale=1 / math.sqrt(head_dim),
         out=out,
         block_n=block_n,
+        kv_pack=kv_pack,
     )
 
 
@@ -142,6 +145,68 @@ def test_fp8_pool_matches_reference(
     num_splits = num_kv_splits_for(ctx.seq_lens, max_kv_splits=max_kv_splits, min_split_len=64)
     out = run(ctx, q, num_splits, max_kv_splits=max_kv_splits, block_n=16)
     torch.testing.assert_close(out, reference(ctx, q), **TOLERANCES[dtype])
+
+
+# (seq_lens, num_heads, num_kv_heads, head_dim, kv_pack)
+PACKS = [
+    ([300, 1, 37], 8, 4, 64, 2),  # groups of 2: 4 rows of a 16-row block
+    ([5, 90, 17], 16, 4, 32, 4),  # groups of 4, all four KV heads: the block's 16 rows
+    ([40, 3], 4, 4, 13, 4),  # one query head a KV head; an odd head dim (masked columns)
+]
+
+
+@pytest.mark.parametrize("pool", [None, torch.float8_e5m2])
+@pytest.mark.parametrize(
+    ("seq_lens", "num_heads", "num_kv_heads", "head_dim", "kv_pack"),
+    PACKS,
+    ids=[f"h{c[1]}-kv{c[2]}-d{c[3]}-pack{c[4]}" for c in PACKS],
+)
+def test_packed_kv_heads_match_reference(
+    seq_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    kv_pack: int,
+    pool: torch.dtype | None,
+) -> None:
+    """Several KV heads a program (each key's rows of those heads one load): every query
+    head still attends over its own KV head only."""
+    dtype = torch.float32 if pool is None else torch.bfloat16
+    gen = torch.Generator().manual_seed(sum(seq_lens) + kv_pack)
+    ctx = make_context(seq_lens, num_kv_heads, head_dim, dtype, gen, kv_dtype=pool)
+    q = randn(len(seq_lens), num_heads, head_dim, dtype=dtype, gen=gen)
+    splits = num_kv_splits_for(ctx.seq_lens, max_kv_splits=4, min_split_len=32)
+    out = run(ctx, q, splits, max_kv_splits=4, block_n=16, kv_pack=kv_pack)
+    torch.testing.assert_close(out, reference(ctx, q), **TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "kv_pack", "message"),
+    [
+        (8, 4, 3, "kv_pack must be 1, 2 or 4, got 3"),
+        (12, 6, 4, "kv_pack 4 does not divide the 6 KV heads"),
+        (32, 4, 4, "kv_pack 4 x 8 query heads per KV head exceeds one program's 16 rows"),
+    ],
+)
+def test_kv_pack_that_cannot_run_is_refused(
+    num_heads: int, num_kv_heads: int, kv_pack: int, message: str
+) -> None:
+    gen = torch.Generator().manual_seed(3)
+    ctx = make_context([4], num_kv_heads, 16, torch.float32, gen)
+    q = randn(1, num_heads, 16, dtype=torch.float32, gen=gen)
+    splits = torch.ones(1, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match=message):
+        run(ctx, q, splits, max_kv_splits=1, kv_pack=kv_pack)
+
+
+def test_choose_kv_pack_packs_large_batches_and_short_rows() -> None:
+    # Llama-3.1-8B's heads (groups of 4, 8 KV heads): bf16 rows of 256 bytes, fp8 of 128
+    assert [choose_kv_pack(bs, 4, 8, 256) for bs in (1, 16, 63, 64, 256)] == [1, 1, 1, 4, 4]
+    assert [choose_kv_pack(bs, 4, 8, 128) for bs in (1, 15, 16, 256)] == [2, 2, 4, 4]
+    assert choose_kv_pack(256, 8, 8, 256) == 2  # groups of 8: two heads fill 16 rows
+    assert choose_kv_pack(256, 16, 8, 256) == 1
+    assert choose_kv_pack(256, 4, 6, 256) == 2  # 4 does not divide 6 KV heads
+    assert choose_kv_pack(256, 7, 4, 256) == 2  # Qwen2-7B: 28 / 4 heads
 
 
 def test_splits_agree_with_each_other() -> None:
