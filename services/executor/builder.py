@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from services.executor.attention import auto_backend
+from services.executor.attention.flashinfer_backend import FLASHINFER_HEAD_DIMS
 from services.executor.batch_policy import BatchPolicy
 from services.executor.cache import NullCache, PrefixCache, RadixCache
 from services.executor.cuda_device import make_current
@@ -120,6 +121,22 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
+def check_flashinfer_model(config: ModelConfig) -> None:
+    """--attention-backend flashinfer: refuse what its kernels cannot run (`auto` runs those
+    models on Triton instead)."""
+    if config.mla is not None:
+        raise ValueError(
+            f"--attention-backend flashinfer has no latent (MLA) attention for "
+            f"{config.architecture}: use triton"
+        )
+    if config.head_dim not in FLASHINFER_HEAD_DIMS:
+        raise ValueError(
+            f"--attention-backend flashinfer runs head dims "
+            f"{', '.join(map(str, FLASHINFER_HEAD_DIMS))}; {config.architecture}'s is "
+            f"{config.head_dim}: use triton (auto does)"
+        )
+
+
 def pick_kv_dtype(
     name: str, model_dtype: torch.dtype, device: torch.device, backend: str
 ) -> torch.dtype:
@@ -218,11 +235,8 @@ def build_runner(
         gguf_blocks=GGUF_WEIGHTS[s.gguf_weights],
     )
     model.eval()
-    if backend == "flashinfer" and config.mla is not None:
-        raise ValueError(
-            f"--attention-backend flashinfer has no latent (MLA) attention for "
-            f"{config.architecture}: use triton"
-        )
+    if backend == "flashinfer":
+        check_flashinfer_model(config)
     progress("kv pool", 0.0)
     slots = tp.min_int(
         kv_pool_tokens(s, config, dtype, kv_dtype, device, model.num_kv_heads), device

@@ -16,7 +16,7 @@ import torch
 from services.executor.attention import auto_backend, flashinfer_backend, get_backend
 from services.executor.attention.flashinfer_backend import FlashInferBackend
 from services.executor.attention.split_backend import FlashInferWithTriton
-from services.executor.builder import pick_kv_dtype
+from services.executor.builder import check_flashinfer_model, pick_kv_dtype
 from services.executor.forward_batch import ForwardMode
 
 
@@ -100,9 +100,10 @@ def test_the_split_backend_sends_prefill_and_large_decode_batches_to_flashinfer(
     split.flashinfer = Recorder("flashinfer", calls)  # type: ignore[assignment]
     split.flashinfer_decode_min_bs = 4
     q = torch.zeros(1, 1, 1)
-    decode = SimpleNamespace(mode=ForwardMode.DECODE, batch_size=3)
-    big_decode = SimpleNamespace(mode=ForwardMode.DECODE, batch_size=4)
-    extend = SimpleNamespace(mode=ForwardMode.EXTEND, batch_size=1)
+    pool = SimpleNamespace(k_buffers=[torch.zeros(1, 1, 128)])  # head dim 128
+    decode = SimpleNamespace(mode=ForwardMode.DECODE, batch_size=3, kv_pool=pool)
+    big_decode = SimpleNamespace(mode=ForwardMode.DECODE, batch_size=4, kv_pool=pool)
+    extend = SimpleNamespace(mode=ForwardMode.EXTEND, batch_size=1, kv_pool=pool)
 
     split.init_forward_metadata(decode)  # type: ignore[arg-type]
     assert calls == [("triton", "init_forward_metadata")]
@@ -127,6 +128,27 @@ def test_the_split_backend_sends_prefill_and_large_decode_batches_to_flashinfer(
     split.prepare_replay(3, [5, 6, 7])
     split.prepare_replay(8, [5] * 8)
     assert calls == [("flashinfer", "prepare_capture"), ("flashinfer", "prepare_replay")]
+    calls.clear()
+    # a head dim FlashInfer's kernels do not take: Triton for everything
+    small = SimpleNamespace(k_buffers=[torch.zeros(1, 1, 16)])
+    for mode, bs in ((ForwardMode.EXTEND, 1), (ForwardMode.DECODE, 8)):
+        batch = SimpleNamespace(mode=mode, batch_size=bs, kv_pool=small)
+        split.init_forward_metadata(batch)  # type: ignore[arg-type]
+        assert split.forward(q, q, q, 0, batch) == "triton"  # type: ignore[arg-type]
+    assert ("flashinfer", "init_forward_metadata") not in calls
+
+
+def test_flashinfer_refuses_latent_attention_and_head_dims_it_cannot_run() -> None:
+    cfg = SimpleNamespace(mla=None, head_dim=128, architecture="LlamaForCausalLM")
+    check_flashinfer_model(cfg)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="runs head dims 64, 128, 256; Phi3ForCausalLM's is 96"):
+        check_flashinfer_model(
+            SimpleNamespace(mla=None, head_dim=96, architecture="Phi3ForCausalLM")  # type: ignore[arg-type]
+        )
+    with pytest.raises(ValueError, match="no latent"):
+        check_flashinfer_model(
+            SimpleNamespace(mla=object(), head_dim=192, architecture="DeepseekV3ForCausalLM")  # type: ignore[arg-type]
+        )
 
 
 def extend_batch(new: list[int], prefix: list[int]) -> Any:

@@ -63,6 +63,9 @@ WORKSPACE_BYTES = 256 * 2**20  # FlashInfer's split-KV scratch; its docs suggest
 # most this many bytes for K and V together (a 100,000-token context of Llama-3.1-8B: 400 MiB).
 DENSE_MIN_NEW_TOKENS = 1024
 DENSE_MAX_BYTES = 512 * 2**20
+# Head dims FlashInfer's prefill and decode kernels dispatch (64 / 128 / 256): others fail in the
+# kernel ("Invalid configuration" for 16) or were never tried here.
+FLASHINFER_HEAD_DIMS = (64, 128, 256)
 # FlashInfer versions whose decode wrapper `_replan` knows (its attributes and planner's arguments)
 REPLAN_VERSIONS = ("0.5.",)
 # (window, softcap, scale) of a kind of layer

@@ -11,12 +11,15 @@ Measured on an H100 (Llama-3.1-8B shapes, bf16; `gpu_bench --sections flashinfer
 - smaller decode batches on Triton: one request at 1,000 keys 5.66 ms a step against 5.77
   (FlashInfer plans on the host before each replay, which a short step feels).
 FlashInfer plans on the host before each replay; with only the schedule re-planned
-(flashinfer_backend's `_replan`) the host spent 1.97 ms on a decode step at 256 requests
-against Triton's 2.08, and 4.2 ms before (`gpu_host256_h100_auto_run1.json`,
+(flashinfer_backend's `_replan`) the host spent 2.3 ms on a decode step at 256 requests
+against Triton's 2.7, and 4.2 ms before (`gpu_host256_h100_auto_run1.json`,
 `gpu_scale_h100_run5.json`). Its fixed split size, which would let a replay reuse the last
 plan, fails inside CUDA graphs once the chunks outnumber the graph's padded batch
 (FlashInfer 0.5.3).
-Latent attention (MLA) has no FlashInfer kernel here: it stays on Triton in every case.
+Latent attention (MLA) has no FlashInfer kernel here: it stays on Triton in every case, and so
+does a model whose head dim FlashInfer's kernels do not take (`FLASHINFER_HEAD_DIMS`: a head
+dim of 16 failed at the first decode graph's capture with "Invalid configuration", FlashInfer
+0.5.3; Phi-3's is 96).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from services.executor.attention import AttentionBackend
-from services.executor.attention.flashinfer_backend import FlashInferBackend
+from services.executor.attention.flashinfer_backend import FLASHINFER_HEAD_DIMS, FlashInferBackend
 from services.executor.attention.triton_backend import TritonBackend
 from services.executor.forward_batch import ForwardBatch, ForwardMode
 
@@ -40,6 +43,8 @@ class FlashInferWithTriton(AttentionBackend):
         self.flashinfer_decode_min_bs = flashinfer_decode_min_bs
 
     def _on_flashinfer(self, batch: ForwardBatch) -> bool:
+        if batch.kv_pool.k_buffers[0].shape[-1] not in FLASHINFER_HEAD_DIMS:
+            return False
         return batch.mode is ForwardMode.EXTEND or batch.batch_size >= self.flashinfer_decode_min_bs
 
     # -- CUDA graphs (services/executor/cuda_graph.py): both backends hold decode buffers ----
