@@ -36,9 +36,9 @@ SERVICE_ORDER = ["scheduler", "detokenizer", "tokenizer", "grammar", "executor",
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from services.executor.main import add_flags as executor_flags
+    from services.executor.flags import add_flags as executor_flags
     from services.gateway.main import add_flags as gateway_flags
-    from services.grammar.main import add_flags as grammar_flags
+    from services.grammar.flags import add_flags as grammar_flags
     from services.scheduler.main import add_flags as scheduler_flags
     from services.tokenizer.main import add_flags as tokenizer_flags
 
@@ -144,11 +144,12 @@ def check_model(a: argparse.Namespace) -> str:
     """Fail before starting anything when the model cannot be served; returns its name."""
     from services.executor.errors import ModelLoadError, UnsupportedModelError
     from services.executor.model_config import ModelConfig
-    from services.executor.weights.gguf import open_gguf
 
     try:
         source = resolve_model(a.model, a.served_model_name)
         if source.kind == "gguf":
+            from services.executor.weights.gguf import open_gguf  # torch, for GGUF files only
+
             ModelConfig.from_gguf(open_gguf(source.path))
         else:
             ModelConfig.from_hf_dir(source.path)

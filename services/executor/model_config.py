@@ -9,14 +9,16 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.executor.architectures import check_architecture
 from services.executor.errors import ModelLoadError, UnsupportedModelError
 from services.executor.mla_config import YARN_TYPES, MLAConfig
 from services.executor.moe_config import MoEConfig
-from services.executor.quant.base import QuantConfig
 from services.executor.quant.registry import from_hf_config as quant_from_hf
+
+if TYPE_CHECKING:  # torch: `radixserve serve` reads a checkpoint's config before it starts
+    from services.executor.quant.base import QuantConfig
 
 # GGUF `general.architecture` -> HF architecture name.
 GGUF_ARCHITECTURES: dict[str, str] = {

@@ -21,10 +21,11 @@ import redis.asyncio as aioredis
 
 from services.grammar.book import CompileBook, Recent, Share
 from services.grammar.core import GrammarCompiler, GrammarStats, expired, route
+from services.grammar.flags import DEFAULT_COMPILE_TIMEOUT_S, add_flags
 from services.grammar.metrics import GrammarMetrics
 from shared import constants
 from shared.bus import Entry, GroupConsumer
-from shared.config import EnvArgumentParser, add_common_flags, positive
+from shared.config import EnvArgumentParser, add_common_flags
 from shared.grammar import GrammarTokenizer, constraint_kind
 from shared.grammar_store import GrammarStore
 from shared.logs import setup_logging
@@ -43,21 +44,6 @@ log = logging.getLogger(__name__)
 
 MAX_INFLIGHT = 64  # requests one instance handles at once (most wait on Redis, not a compile)
 SUMMARY_INTERVAL_S = 30.0
-DEFAULT_COMPILE_TIMEOUT_S = 10.0
-
-
-def add_flags(p: EnvArgumentParser) -> None:
-    """The grammar service's own flags (`radixserve serve` takes them too)."""
-    p.add_flag(
-        "--grammar-threads", type=int, default=2, check=positive, help="grammar compile threads"
-    )
-    p.add_flag(
-        "--grammar-compile-timeout",
-        type=float,
-        default=DEFAULT_COMPILE_TIMEOUT_S,
-        check=positive,
-        help="seconds a grammar may take to compile; a slower one is refused with a 400",
-    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -4,7 +4,7 @@ executor group after its node's first, started by that one (ranks.py)."""
 from __future__ import annotations
 
 from services.executor.distributed.node import exit_rank, layout_of, run_rank
-from services.executor.main import add_flags
+from services.executor.flags import add_flags
 from shared.config import EnvArgumentParser, add_common_flags
 from shared.logs import setup_logging
 

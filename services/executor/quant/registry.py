@@ -6,10 +6,12 @@ imported only when a checkpoint names it. Adding a format is one module and one 
 from __future__ import annotations
 
 import importlib
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from services.executor.errors import UnsupportedQuantizationError
-from services.executor.quant.base import QuantConfig
+
+if TYPE_CHECKING:  # torch: `radixserve serve` reads QUANTIZATION_CHOICES for its flags
+    from services.executor.quant.base import QuantConfig
 
 
 class Format(NamedTuple):
