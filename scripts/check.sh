@@ -5,5 +5,8 @@ cd "$(dirname "$0")/.."
 ruff check .
 ruff format --check .
 mypy
-# pytest exits 5 when no test ran; that fails this script like any other failure.
-python3 -m pytest -q -p no:cacheprovider "$@"
+# pytest exits 5 when no test ran (with workers too); that fails this script like any other
+# failure. Two workers, each test file on one of them (its module fixtures, such as a stack,
+# start once): a stack's start waits on its processes much of the time, which the other
+# worker's tests fill. Each worker has its own redis-server (tests/conftest.py).
+python3 -m pytest -q -p no:cacheprovider -n 2 --dist loadfile "$@"
