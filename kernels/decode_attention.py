@@ -379,10 +379,11 @@ def choose_kv_pack(bs: int, group: int, num_kv_heads: int, row_bytes: int) -> in
       192 / 194 / 196; 1 x 32,000 50.8 / 55.7 / 59.0
     So: every head the rows allow for large batches (from 64 requests; from 16 for rows of
     128 bytes or less); otherwise rows of 256 bytes, since a small batch also needs programs
-    enough to fill the GPU."""
+    enough to fill the GPU. Never past 1 KB a key (the largest measured: its K and V tiles'
+    pipeline stages must fit the shared memory; Gemma 2's 256-wide bf16 heads pack by 2)."""
     best = 1
     for pack in (2, 4):
-        if num_kv_heads % pack == 0 and group * pack <= _BLOCK_H:
+        if num_kv_heads % pack == 0 and group * pack <= _BLOCK_H and pack * row_bytes <= 1024:
             best = pack
     if bs >= 64 or (row_bytes <= 128 and bs >= 16):
         return best

@@ -23,6 +23,22 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (scripts/check.sh: `-n 2 --dist loadgroup`) a group runs on one
+    worker: each file is a group (its module fixtures, such as a stack, start once), and every
+    file that uses the session-wide tiny stack joins one group, so that stack starts once
+    rather than on each worker (about 25 s of CPU)."""
+    tiny_files = {
+        item.nodeid.split("::")[0]
+        for item in items
+        if "tiny_stack" in getattr(item, "fixturenames", ())
+    }
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        group = "tiny_stack" if path in tiny_files else path
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

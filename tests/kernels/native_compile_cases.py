@@ -361,9 +361,13 @@ def _cases() -> list[Case]:
         ("decode_attention/fp16-3-stages-nopdl", partial(_decode, FP16, num_stages=3), False),
         ("decode_attention/bf16-e4m3-pool", partial(_decode, BF16, E4M3)),
         ("decode_attention/bf16-e5m2-pool", partial(_decode, BF16, E5M2)),
-        ("decode_attention/bf16-pack2", partial(_decode, BF16, kv_pack=2)),
+        ("decode_attention/bf16-pack4-3-stages", partial(_decode, BF16, num_stages=3, kv_pack=4)),
         ("decode_attention/bf16-e5m2-pool-pack4", partial(_decode, BF16, E5M2, kv_pack=4)),
         ("decode_attention/bf16-e4m3-pool-pack2", partial(_decode, BF16, E4M3, kv_pack=2)),
+        (
+            "decode_attention/bf16-d256-pack2",  # the widest packed tiles choose_kv_pack makes
+            partial(_decode, BF16, heads=16, kv_heads=8, head_dim=256, num_stages=3, kv_pack=2),
+        ),
         ("decode_attention/fp16-e5m2-pool", partial(_decode, FP16, E5M2)),
         ("decode_attention/bf16-window", partial(_decode, BF16, window=4096)),
         (

@@ -207,6 +207,8 @@ def test_choose_kv_pack_packs_large_batches_and_short_rows() -> None:
     assert choose_kv_pack(256, 16, 8, 256) == 1
     assert choose_kv_pack(256, 4, 6, 256) == 2  # 4 does not divide 6 KV heads
     assert choose_kv_pack(256, 7, 4, 256) == 2  # Qwen2-7B: 28 / 4 heads
+    assert choose_kv_pack(256, 2, 8, 512) == 2  # Gemma 2's bf16 heads of 256: 1 KB a key
+    assert choose_kv_pack(256, 2, 8, 1024) == 1  # fp32 heads of 256
 
 
 def test_splits_agree_with_each_other() -> None:
