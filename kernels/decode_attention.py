@@ -383,17 +383,23 @@ def choose_kv_pack(bs: int, group: int, num_kv_heads: int, row_bytes: int) -> in
     pipeline stages must fit the shared memory; Gemma 2's 256-wide bf16 heads pack by 2)."""
     best = 1
     for pack in (2, 4):
-        if num_kv_heads % pack == 0 and group * pack <= _BLOCK_H and pack * row_bytes <= 1024:
+        if _pack_fits(pack, group, num_kv_heads) and pack * row_bytes <= 1024:
             best = pack
     if bs >= 64 or (row_bytes <= 128 and bs >= 16):
         return best
     return min(best, max(1, 256 // row_bytes))
 
 
+def _pack_fits(kv_pack: int, group: int, num_kv_heads: int) -> bool:
+    """Whether the kernel can pack `kv_pack` KV heads: they divide the KV heads, and their
+    query heads fit one block of rows (one head always fits: its group spans blocks)."""
+    return kv_pack == 1 or (num_kv_heads % kv_pack == 0 and group * kv_pack <= _BLOCK_H)
+
+
 def check_kv_pack(op: str, kv_pack: int, group: int, num_kv_heads: int) -> None:
     if kv_pack not in (1, 2, 4):
         raise ValueError(f"{op}: kv_pack must be 1, 2 or 4, got {kv_pack}")
-    if kv_pack == 1:
+    if _pack_fits(kv_pack, group, num_kv_heads):
         return
     if num_kv_heads % kv_pack:
         raise ValueError(f"{op}: kv_pack {kv_pack} does not divide the {num_kv_heads} KV heads")

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -159,7 +160,7 @@ class FlashInferBackend(AttentionBackend):
         else:
             indptr = kv_indptr(batch.seq_lens)
             out = torch.empty(int(sum(seq_lens_cpu)), dtype=torch.int32, device=device)
-            width = max(seq_lens_cpu, default=0)
+            width = self._max_seq_len
         self._indices = flat_slots(
             req_to_token=table, req_rows=batch.req_rows, indptr=indptr, max_len=width, out=out
         )
@@ -297,13 +298,14 @@ class FlashInferBackend(AttentionBackend):
             self._plan_decode(wrapper, kind)
         return wrapper
 
-    def _plan(self, wrapper: Any, *args: Any, **kwargs: Any) -> None:
-        """wrapper.plan(*args, **kwargs), once the device has taken the wrapper's last plan
-        (its pinned buffer is rewritten here); then an event marks this plan's copy."""
+    def _plan(self, wrapper: Any, plan: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+        """plan(*args, **kwargs) for `wrapper` (its full plan or `_replan`), once the device has
+        taken the wrapper's last plan (its pinned buffer is rewritten here); then an event
+        marks this plan's copy."""
         done = self._plan_done.get(id(wrapper))
         if done is not None:
             done.synchronize()
-        wrapper.plan(*args, **kwargs)
+        plan(*args, **kwargs)
         event = torch.cuda.Event()
         event.record()
         self._plan_done[id(wrapper)] = event
@@ -316,10 +318,11 @@ class FlashInferBackend(AttentionBackend):
         bs = self._indptr_host.shape[0] - 1
         in_graph = getattr(wrapper, "is_cuda_graph_enabled", False)
         if id(wrapper) in self._replannable:
-            self._replan(wrapper, heads, kv_heads, dim, window)
+            self._plan(wrapper, self._replan, wrapper, heads, kv_heads, dim, window)
             return
         self._plan(
             wrapper,
+            wrapper.plan,
             self._indptr_host,
             # A graph's wrapper reads the slots its captured gathering writes: copy none.
             self._indices[:0] if in_graph else self._indices,
@@ -345,9 +348,6 @@ class FlashInferBackend(AttentionBackend):
         of that `plan`: total rows = requests (one query each), page size 1, CUDA graph on,
         not causal, no fixed split size, split-KV allowed, no colocated CTAs."""
         assert self._indptr_host is not None and self._seq_lens_host is not None
-        done = self._plan_done.get(id(wrapper))
-        if done is not None:
-            done.synchronize()
         bs = self._seq_lens_host.shape[0]
         wrapper._paged_kv_indptr_buf.copy_(self._indptr_host, non_blocking=True)
         wrapper._plan_info = wrapper._cached_module.plan(
@@ -372,9 +372,6 @@ class FlashInferBackend(AttentionBackend):
             0,
         )
         wrapper._max_kv_len = self._max_seq_len
-        event = torch.cuda.Event()
-        event.record()
-        self._plan_done[id(wrapper)] = event
 
     def _set_lens(self, seq_lens: list[int]) -> None:
         """This forward's lengths as the plans take them: indptr, lengths, the longest."""
@@ -391,6 +388,7 @@ class FlashInferBackend(AttentionBackend):
         pages = () if self._dense else (self._indices, self._ones_host[: batch.batch_size])
         self._plan(
             wrapper,
+            wrapper.plan,
             _indptr(batch.extend_lens_cpu),
             self._indptr_host,
             *pages,
