@@ -23,11 +23,14 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (scripts/check.sh: `-n 2 --dist loadgroup`) a group runs on one
     worker: each file is a group (its module fixtures, such as a stack, start once), and every
     file that uses the session-wide tiny stack joins one group, so that stack starts once
-    rather than on each worker (about 25 s of CPU)."""
+    rather than on each worker (about 25 s of CPU). First among the hooks: xdist's worker
+    reads the marks in its own, and without them ran a file's tests on both workers, each
+    starting the file's stack."""
     tiny_files = {
         item.nodeid.split("::")[0]
         for item in items
