@@ -356,6 +356,25 @@ def test_decode_replays_in_a_cuda_graph(kv_dtype: torch.dtype | None) -> None:
     assert_same_bits(batch.kv_pool.v_buffers[0], twin.kv_pool.v_buffers[0])
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", [None, torch.float8_e5m2], ids=["bf16", "e5m2"])
+def test_a_packed_batch_splits_into_long_chunks(kv_dtype: torch.dtype | None) -> None:
+    """64 requests with Llama-3.1-8B's heads (32 / 8 of 128): a program reads 4 KV heads, so
+    each context splits into chunks of packed_split_len keys (1,024) rather than
+    min_split_len's 256, and the attention still matches the torch backend's."""
+    prefix_lens = [1500 + 37 * i for i in range(64)]  # 1,500 to 3,831 keys
+    backend = TritonBackend()
+    check_against_torch(
+        backend, ForwardMode.DECODE, prefix_lens, [1] * 64, 32, 8, 128, torch.bfloat16,
+        kv_dtype=kv_dtype,
+    )  # fmt: skip
+    meta = backend._meta
+    assert meta is not None and meta.kv_pack == 4 and meta.num_kv_splits is not None
+    want = [min(meta.split_cap, -(-(p + 1) // backend.packed_split_len)) for p in prefix_lens]
+    assert meta.num_kv_splits.tolist() == want
+    assert max(want) > 1  # the chunks do split these contexts
+
+
 def test_tiny_qwen3_with_the_pool_store_fused_into_rotation(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -21,7 +21,12 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from kernels.decode_attention import DecodeWorkspace, decode_attention, num_kv_splits_for
+from kernels.decode_attention import (
+    DecodeWorkspace,
+    choose_kv_pack,
+    decode_attention,
+    num_kv_splits_for,
+)
 from kernels.extend_attention import extend_attention
 from kernels.mla_decode import mla_decode
 from kernels.mla_extend import mla_extend
@@ -75,6 +80,9 @@ class _Metadata:
     extend: _ExtendMetadata | None  # EXTEND only
     num_kv_splits: torch.Tensor | None  # DECODE only: [bs] int32, a view of the persistent buffer
     split_cap: int  # DECODE only: the grid's chunks per request, a function of bs alone
+    # DECODE only: the KV heads a program reads together, once layer 0 has filled the splits
+    # (their length depends on it, and the query heads are known only there)
+    kv_pack: int | None = None
 
 
 class TritonBackend(AttentionBackend):
@@ -90,16 +98,28 @@ class TritonBackend(AttentionBackend):
     request of 100,000 keys took 223 us a layer split 32 ways with two stages, 155 with 64
     chunks and 145 with 64 chunks and three stages (94% of the copy bandwidth); 8 requests of
     16,000 keys 194 us with two stages, 181 with three: hence 64 chunks at most and three
-    stages at every batch size."""
+    stages at every batch size.
+
+    A batch whose programs read several KV heads together (`choose_kv_pack`: large batches)
+    splits into chunks of `packed_split_len` keys. Measured on an H100 (2026-11-27, packs of
+    4, `loadtest/results/gpu_decode_pack_h100_run2.json`), microseconds a layer with chunks of
+    256 / 512 / 1,024 keys: fp8 cache, 154 x 2,800 keys 435 / 406 / 411, 256 x 640
+    238 / 231 / 222, 64 x 2,000 138 / 129 / 123; bf16 cache 658 / 638 / 628, 316 / 311 / 302,
+    204 / 196 / 193."""
 
     def __init__(
-        self, max_kv_splits: int = 64, min_split_len: int = 256, small_batch_split_len: int = 32
+        self,
+        max_kv_splits: int = 64,
+        min_split_len: int = 256,
+        small_batch_split_len: int = 32,
+        packed_split_len: int = 1024,
     ) -> None:
-        if max_kv_splits < 1 or min_split_len < 1 or small_batch_split_len < 1:
+        if min(max_kv_splits, min_split_len, small_batch_split_len, packed_split_len) < 1:
             raise ValueError("max_kv_splits and the split lengths must be positive")
         self.max_kv_splits = max_kv_splits
         self.min_split_len = min_split_len
         self.small_batch_split_len = small_batch_split_len
+        self.packed_split_len = packed_split_len
         self._sm_count: int | None = None
         self._meta: _Metadata | None = None
         self._scratch: _SplitScratch | None = None
@@ -118,13 +138,7 @@ class TritonBackend(AttentionBackend):
         if batch.mode is ForwardMode.DECODE:
             bs, num_kv_heads = batch.batch_size, batch.kv_pool.k_buffers[0].shape[1]
             cap = self._split_cap(bs, num_kv_heads, device)
-            small = self._small_batch(bs, num_kv_heads, device)
-            split_len = self.small_batch_split_len if small else self.min_split_len
-            splits = self._splits(bs, device)
-            splits.copy_(
-                num_kv_splits_for(batch.seq_lens, max_kv_splits=cap, min_split_len=split_len)
-            )
-            self._meta = _Metadata(batch, None, splits, cap)
+            self._meta = _Metadata(batch, None, self._splits(bs, device), cap)
             return
         extend_lens = batch.extend_lens_cpu
         starts = [0]
@@ -137,6 +151,29 @@ class TritonBackend(AttentionBackend):
         )
         extend = _ExtendMetadata(prefix_lens, lens, starts_t, max(extend_lens, default=0))
         self._meta = _Metadata(batch, extend, None, 0)
+
+    def _fill_splits(self, meta: _Metadata, num_heads: int, k_buffer: torch.Tensor) -> int:
+        """Layer 0 of a decode: each request's chunk count into the persistent buffer (on the
+        device: a captured graph recomputes it on replay); returns the kv_pack every layer
+        runs with."""
+        if meta.kv_pack is not None:
+            return meta.kv_pack
+        assert meta.num_kv_splits is not None
+        batch, device = meta.batch, k_buffer.device
+        bs, num_kv_heads = batch.batch_size, k_buffer.shape[1]
+        row_bytes = k_buffer.shape[2] * k_buffer.element_size()
+        kv_pack = choose_kv_pack(bs, num_heads // num_kv_heads, num_kv_heads, row_bytes)
+        if self._small_batch(bs, num_kv_heads, device):
+            split_len = self.small_batch_split_len
+        elif kv_pack > 1 and device.type == "cuda":  # the CPU tests choose their lengths
+            split_len = self.packed_split_len
+        else:
+            split_len = self.min_split_len
+        meta.num_kv_splits.copy_(
+            num_kv_splits_for(batch.seq_lens, max_kv_splits=meta.split_cap, min_split_len=split_len)
+        )
+        meta.kv_pack = kv_pack
+        return kv_pack
 
     def _metadata(self, batch: ForwardBatch) -> _Metadata:
         """This forward's metadata (built here when called without the model: tests, kernels)."""
@@ -174,6 +211,7 @@ class TritonBackend(AttentionBackend):
         sm_scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
         table = batch.req_to_token.req_to_token
         if meta.num_kv_splits is not None:
+            kv_pack = self._fill_splits(meta, num_heads, k_buffer)
             workspace = self._split_workspace(meta, q.shape[0], num_heads, head_dim, q.device)
             return decode_attention(
                 q=q,
@@ -188,6 +226,7 @@ class TritonBackend(AttentionBackend):
                 num_stages=DECODE_STAGES,
                 window=window,
                 softcap=softcap,
+                kv_pack=kv_pack,
             )
         assert meta.extend is not None
         return extend_attention(
@@ -229,6 +268,7 @@ class TritonBackend(AttentionBackend):
             batch.kv_pool.set_latent(layer_id, batch.out_cache_loc, latent)
         table = batch.req_to_token.req_to_token
         if meta.num_kv_splits is not None:
+            self._fill_splits(meta, q.shape[1], buffer)  # one latent "head": never packed
             workspace = self._split_workspace(meta, q.shape[0], q.shape[1], v_dim, q.device)
             return mla_decode(
                 q=q,
