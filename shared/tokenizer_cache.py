@@ -1,0 +1,143 @@
+"""A model's tokenizer, saved once as transformers resolved it, and loaded from there after.
+
+`AutoTokenizer.from_pretrained` reads the model's config to choose the tokenizer class, and
+in transformers 5 the config imports torch: 2.5 s of CPU in every tokenizer and detokenizer
+process of the development machine, for a tokenizer that loads in 0.2 s. A GGUF file's
+tokenizer is worse: transformers builds it from the file's vocabulary on every load (4.5 s of
+CPU for the default model), in each of the services that load it.
+
+So the first load goes through AutoTokenizer and, where the class it chose is the generic
+fast tokenizer (`TokenizersBackend`: the tokenizer.json backend with the special tokens and
+chat template of tokenizer_config.json, which `save_pretrained` writes out whole), saves it
+under the cache directory. Later loads of the same files read that copy with the same class,
+without the config and without torch. Any other class (a model's own subclass, remote code)
+is never cached: its behaviour is more than what it saves.
+
+The entry's key hashes the model's path, the size and modification time of every file the
+tokenizer may read (every file of the directory but the weights, or the GGUF file), and the
+versions of transformers and tokenizers, so an edited file or an upgrade makes a new entry.
+An entry appears whole (written aside, then renamed into place); processes that miss it at
+the same time take a file lock, so that one of them converts and the rest load its copy.
+Where the cache directory cannot be written, every load converts, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+CACHE_ENV = "RADIXSERVE_CACHE_DIR"
+# Weights and other large files no tokenizer reads: left out of the key (hashing their stat is
+# cheap, but a re-saved checkpoint should not invalidate its tokenizer).
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".ckpt")
+
+
+def cache_root() -> Path:
+    """$RADIXSERVE_CACHE_DIR/tokenizers, else $XDG_CACHE_HOME (~/.cache)/radixserve/tokenizers."""
+    base = os.environ.get(CACHE_ENV)
+    if not base:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        base = os.path.join(xdg, "radixserve")
+    return Path(base) / "tokenizers"
+
+
+def entry_key(path: str, kind: str) -> str:
+    """What the tokenizer is built from: the files' names, sizes and modification times, and
+    the library versions that build it."""
+    h = hashlib.sha256()
+    h.update(f"{kind}\0{os.path.abspath(path)}\0".encode())
+    for lib in ("transformers", "tokenizers"):
+        h.update(f"{lib}={metadata.version(lib)}\0".encode())
+    files = [path] if kind == "gguf" else sorted(_tokenizer_files(path))
+    for f in files:
+        st = os.stat(f)
+        h.update(f"{os.path.basename(f)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+    return h.hexdigest()[:32]
+
+
+def _tokenizer_files(directory: str) -> Iterator[str]:
+    for entry in os.scandir(directory):
+        if entry.is_file() and not entry.name.endswith(WEIGHT_SUFFIXES):
+            yield entry.path
+
+
+def load(path: str, kind: str, convert: Callable[[], Any]) -> Any:
+    """The tokenizer of the model at `path` (a directory, or a .gguf file for kind "gguf"):
+    the cached copy when there is one, else `convert()`'s, saved for next time."""
+    try:
+        key = entry_key(path, kind)
+        root = cache_root()
+        cached = _load_entry(root / key)
+        if cached is not None:
+            return cached
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # no cache here (a read-only home, say): load as transformers does
+        log.debug("tokenizer cache unavailable (%s): converting %s", e, path)
+        return convert()
+    with _locked(root / f"{key}.lock"):
+        cached = _load_entry(root / key)  # another process may have saved it meanwhile
+        if cached is not None:
+            return cached
+        tokenizer = convert()
+        _save_entry(root, key, tokenizer)
+        return tokenizer
+
+
+def _generic_class() -> Any:
+    # from its own module: transformers' top level imports torch
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    return TokenizersBackend
+
+
+def _load_entry(entry: Path) -> Any | None:
+    if not (entry / "tokenizer_config.json").is_file():
+        return None
+    try:
+        return _generic_class().from_pretrained(str(entry))
+    except Exception as e:  # a damaged entry: converted and saved again under the lock
+        log.warning("cached tokenizer %s does not load (%r): converting again", entry, e)
+        return None
+
+
+def _save_entry(root: Path, key: str, tokenizer: Any) -> None:
+    if type(tokenizer) is not _generic_class():
+        log.debug("tokenizer class %s is not cached", type(tokenizer).__name__)
+        return
+    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=root)
+    try:
+        tokenizer.save_pretrained(tmp)
+        shutil.rmtree(root / key, ignore_errors=True)  # a damaged entry (we hold the lock)
+        os.rename(tmp, root / key)  # whole or not at all
+        log.info("tokenizer saved to %s: later starts load it from there", root / key)
+    except OSError as e:
+        log.debug("tokenizer not cached (%s)", e)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    """An exclusive flock on lock_path for the block; without one (a filesystem that refuses
+    locks), the block runs unlocked: at worst two processes both convert."""
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
