@@ -74,7 +74,10 @@ def vocab_shard(vocab: int, tp: TPGroup) -> tuple[int, int]:
 class VocabParallelEmbedding(nn.Embedding):
     def __init__(self, vocab: int, hidden: int, tp: TPGroup = SINGLE) -> None:
         per, start = vocab_shard(vocab, tp)
-        super().__init__(per, hidden)
+        # a weight given: nn.Embedding skips its random init, which on the meta device
+        # (weights/loader.py) goes through torch's reference ops and imported them: 1.6 s of
+        # CPU at every executor start, for values the checkpoint replaces
+        super().__init__(per, hidden, _weight=torch.empty(per, hidden))
         self.vocab, self.start, self.tp = vocab, start, tp
         # rows of this rank's slice that are real tokens (the last rank's tail is padding)
         self.real = max(0, min(per, vocab - start))
