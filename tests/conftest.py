@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -46,6 +47,33 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+# Linux's ephemeral range starts at 32768 (ip_local_port_range): blocks below it are never
+# taken by a client connection's port, as free_port()'s can be between the check and the bind.
+BLOCK_PORTS = range(20000, 32768)
+
+
+def free_port_block(n: int = 16) -> int:
+    """The first of n consecutive ports free on every address now, for `--metrics-port`
+    (serve gives each child base + i). Drawn at random below the ephemeral range: a block
+    from free_port() once met a detokenizer's port taken by a connection of the other
+    worker's stack."""
+    rng = random.Random()
+    for _ in range(100):
+        base = rng.randrange(BLOCK_PORTS.start, BLOCK_PORTS.stop - n)
+        socks: list[socket.socket] = []
+        try:
+            for port in range(base, base + n):
+                socks.append(socket.socket())
+                socks[-1].bind(("0.0.0.0", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError(f"no {n} consecutive free ports in {BLOCK_PORTS}")
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import free_port
+from tests.conftest import free_port_block
 from tests.e2e.stack import Stack, start_stack
 from tests.executor.helpers import make_hf_model, make_tokenizer, write_tiny_model
 
@@ -47,7 +47,7 @@ def tiny_stack(
             "--detokenizer-partitions",
             "2",
             "--metrics-port",
-            str(free_port()),
+            str(free_port_block()),
         ],
         tmp_path_factory.mktemp("logs") / "tiny-stack.log",
         stack_redis,

@@ -21,7 +21,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import free_port
+from tests.conftest import free_port_block
 from tests.e2e.stack import Stack, start_stack
 
 pytestmark = [pytest.mark.slow]
@@ -33,7 +33,7 @@ MAX_TRIES = 200  # connections before giving up on a replica being handed one (o
 @pytest.fixture(scope="module")
 def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     args = ["--model", str(tiny_model_dir), "--max-total-tokens", "8192"]
-    args += ["--gateway-replicas", "2", "--metrics-port", str(free_port())]
+    args += ["--gateway-replicas", "2", "--metrics-port", str(free_port_block())]
     log = tmp_path_factory.mktemp("gw-replicas") / "serve.log"
     stack = start_stack(args, log, None, grpc=True)  # its own private Redis
     yield stack

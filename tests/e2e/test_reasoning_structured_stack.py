@@ -18,7 +18,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import free_port_block
 from tests.e2e.stack import Stack, start_stack
 from tests.executor.helpers import EOS_ID
 from tests.executor.thinking import THINK_END_ID, write_thinking_model
@@ -54,7 +54,7 @@ def thinking_stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> 
             "--max-total-tokens",
             "8192",
             "--metrics-port",
-            str(free_port()),
+            str(free_port_block()),
         ],
         tmp_path_factory.mktemp("logs") / "thinking-stack.log",
         redis_url.rsplit("/", 1)[0] + "/6",
