@@ -87,7 +87,7 @@ def model_source(which: str, tiny_dir: Path) -> ModelSource:
 
 @pytest.mark.parametrize("which", ["tiny-hf", "default-gguf"])
 def test_the_saved_tokenizer_is_the_converted_one(
-    which: str, tiny_dir: Path, cache_dir: Path
+    which: str, tiny_dir: Path, cache_dir: Path, tmp_path: Path
 ) -> None:
     source = model_source(which, tiny_dir)
     calls: list[int] = []
@@ -97,6 +97,13 @@ def test_the_saved_tokenizer_is_the_converted_one(
     assert calls == [1]  # the second load read the saved copy
     assert len(list(cache_dir.iterdir())) == 2  # the entry and its lock file
     assert behaviour(again) == behaviour(first)
+    # what the gateway's gRPC GetTokenizer zips: the same bytes, so the same digest
+    assert saved_files(again, tmp_path / "again") == saved_files(first, tmp_path / "first")
+
+
+def saved_files(tok: Any, where: Path) -> dict[str, bytes]:
+    tok.save_pretrained(where)
+    return {p.name: p.read_bytes() for p in sorted(where.iterdir())}
 
 
 def test_a_cached_load_imports_neither_torch_nor_the_config(
