@@ -23,6 +23,21 @@ from tests.redis_server import RedisServer
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# The tokenizers the services convert (shared/tokenizer_cache.py) go to a directory of this run,
+# not the user's ~/.cache: every run writes tiny models of its own. XDG_CACHE_HOME, since the
+# stacks pass no RADIXSERVE_* variable on; made once by pytest's first process, and inherited
+# by xdist's workers and every service they start.
+TEST_CACHE_ENV = "RADIXSERVE_TEST_CACHE_HOME"
+if TEST_CACHE_ENV not in os.environ:
+    os.environ[TEST_CACHE_ENV] = os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(
+        prefix="rs-test-cache-"
+    )
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the first process, which made the directory
+        shutil.rmtree(os.environ[TEST_CACHE_ENV], ignore_errors=True)
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
