@@ -156,8 +156,13 @@ def test_killed_detokenizers_lose_no_request_and_repeat_no_text(stack: Stack) ->
     faulted = asyncio.run(run_all(stack, model, on_started=kill_every_owner))
     assert len(killed) == PARTITIONS
     assert faulted == reference  # same text, chunk by chunk joined; same token counts
-    after = holders(stack)
-    assert all(pid is not None and pid not in killed for pid in after), after
+    # Only the partitions that had requests open had to be taken for the run to end; a
+    # restarted owner of one that had none may still be loading its tokenizer.
+    wait_for(
+        lambda: all(pid is not None and pid not in killed for pid in holders(stack)),
+        HANG_S,
+        f"new owners of all {PARTITIONS} partitions (killed: {killed})",
+    )
     # The standby and the supervisor's restarted children race for the free leases (which
     # wins is a matter of timing); whichever lost stands by, alive.
     assert stack.extra[0].poll() is None
