@@ -37,11 +37,15 @@ from kernels._checks import (
 )
 from kernels._math import tanh
 from kernels.fp8_kv import gather_kv, is_fp8
+from kernels.fp8_widen import early_widening, widen_early
 from kernels.pdl import pdl_launch, pdl_prologue
 
 # Query heads per stage-1 program: tl.dot needs at least 16 rows, so a group smaller than
 # that runs with masked rows (decode is memory-bound: the K/V loads are what count).
 _BLOCK_H = 16
+# With lazy_rescale, how far (in nats) a row's scores may rise past its running max before
+# the max moves: probabilities stay below e^8 (about 3,000), well inside fp16.
+RESCALE_AT: tl.constexpr = tl.constexpr(8.0)
 
 
 @triton.jit
@@ -82,6 +86,10 @@ def _decode_stage1_kernel(
     USE_WINDOW: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
     F16_DOTS: tl.constexpr,
+    EARLY_K: tl.constexpr,
+    EARLY_V: tl.constexpr,
+    E5M2: tl.constexpr,
+    LAZY_RESCALE: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_prologue(PDL)
@@ -132,20 +140,41 @@ def _decode_stage1_kernel(
             # K loaded transposed, [columns, BLOCK_N], ready for q @ k.
             k_offs = slots[None, :] * stride_kt + kv_cols[:, None]
             k = tl.load(k_buf_ptr + k_offs, mask=d_mask[:, None] & n_mask[None, :], other=0.0)
+            if EARLY_K:
+                k = widen_early(k, E5M2)
             qk = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * sm_scale
             if USE_SOFTCAP:
                 qk = tanh(qk / softcap) * softcap
             qk = tl.where(n_mask[None, :], qk, float("-inf"))
-            # Every row sees at least one key of the first tile, so m_new is finite.
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(qk - m_new[:, None])
+            # Every row sees at least one key of the first tile, so its max is finite.
+            m_tile = tl.max(qk, 1)
+            if LAZY_RESCALE:
+                # The running max moves (and acc is rescaled) only when some row's scores
+                # rose RESCALE_AT past it; otherwise p is taken against the stale max (at most
+                # e^RESCALE_AT) and the final acc / l_i is the same softmax.
+                if tl.max(m_tile - m_i, 0) > RESCALE_AT:
+                    m_new = tl.maximum(m_i, m_tile)
+                    alpha = tl.exp(m_i - m_new)
+                    acc = acc * alpha[:, None]
+                    l_i = l_i * alpha
+                    m_i = m_new
+                p = tl.exp(qk - m_i[:, None])
+            else:
+                m_new = tl.maximum(m_i, m_tile)
+                alpha = tl.exp(m_i - m_new)
+                p = tl.exp(qk - m_new[:, None])
             v_offs = slots[:, None] * stride_vt + v_cols[None, :]
             v = tl.load(v_buf_ptr + v_offs, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-            pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
-            acc = acc * alpha[:, None] + pv
-            l_i = l_i * alpha + tl.sum(p, 1)
-            m_i = m_new
+            if EARLY_V:  # fp16 in shared memory: ldmatrix can transpose it (fp8_widen.py)
+                v = widen_early(v, E5M2)
+            if LAZY_RESCALE:
+                acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc, input_precision=DOT_PRECISION)
+                l_i = l_i + tl.sum(p, 1)
+            else:
+                pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+                acc = acc * alpha[:, None] + pv
+                l_i = l_i * alpha + tl.sum(p, 1)
+                m_i = m_new
 
         # Each row keeps its own head's columns of acc.
         o_offs = b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + split * stride_os
@@ -271,6 +300,9 @@ def decode_attention(
     softcap: float | None = None,
     f16_dots: bool | None = None,
     kv_pack: int | None = None,
+    early_k: bool = False,
+    early_v: bool = False,
+    lazy_rescale: bool = False,
 ) -> torch.Tensor:
     """Attention of each request's one query over its context; returns `out`.
 
@@ -289,6 +321,11 @@ def decode_attention(
     kv_pack: adjacent KV heads one program reads together (1, 2 or 4; it must divide the KV
     heads, and their query heads fit one 16-row block), so each key's rows of those heads are
     one contiguous load. None: `choose_kv_pack`.
+    early_k, early_v (fp8 pools): widen the K (V) tiles to fp16 before they go through shared
+    memory (kernels/fp8_widen.py: inline PTX, so an NVIDIA GPU, compute capability 8.9 or
+    newer for e4m3) rather than after, as Triton does.
+    lazy_rescale: move each row's running max (and rescale its sums) only when its scores
+    rise more than RESCALE_AT past it, which skips the rescale of most tiles.
     """
     op = "decode_attention"
     check_window_softcap(op, window, softcap)
@@ -322,6 +359,13 @@ def decode_attention(
     max_splits = workspace.max_kv_splits
     if f16_dots is None:
         f16_dots = is_fp8(k_buffer.dtype) and q.dtype == torch.bfloat16
+    if (early_k or early_v) and not is_fp8(k_buffer.dtype):
+        raise ValueError(f"{op}: early_k and early_v apply to fp8 pools, not {k_buffer.dtype}")
+    if (early_k or early_v) and not early_widening(k_buffer.dtype, dev):
+        raise ValueError(
+            f"{op}: early_k and early_v need an NVIDIA GPU (compute capability 8.9 or newer "
+            f"for float8_e4m3fn), not the interpreter"
+        )
     _decode_stage1_kernel[(bs, num_kv_heads // kv_pack * head_blocks, max_splits)](
         q,
         k_buffer,
@@ -359,6 +403,10 @@ def decode_attention(
         USE_WINDOW=window is not None,
         USE_SOFTCAP=softcap is not None,
         F16_DOTS=f16_dots,
+        EARLY_K=early_k,
+        EARLY_V=early_v,
+        E5M2=k_buffer.dtype == torch.float8_e5m2,
+        LAZY_RESCALE=lazy_rescale,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(q.device),

@@ -192,6 +192,9 @@ def _decode(
     window: int | None = None,
     softcap: float | None = None,
     kv_pack: int | None = None,
+    early_k: bool = False,
+    early_v: bool = False,
+    lazy_rescale: bool = False,
 ) -> None:
     bs = 4
     ws = DecodeWorkspace.allocate(
@@ -211,6 +214,9 @@ def _decode(
         window=window,
         softcap=softcap,
         kv_pack=kv_pack,
+        early_k=early_k,
+        early_v=early_v,
+        lazy_rescale=lazy_rescale,
     )
 
 
@@ -364,6 +370,15 @@ def _cases() -> list[Case]:
         ("decode_attention/bf16-pack4-3-stages", partial(_decode, BF16, num_stages=3, kv_pack=4)),
         ("decode_attention/bf16-e5m2-pool-pack4", partial(_decode, BF16, E5M2, kv_pack=4)),
         ("decode_attention/bf16-e4m3-pool-pack2", partial(_decode, BF16, E4M3, kv_pack=2)),
+        (
+            "decode_attention/bf16-e4m3-pool-early-k",
+            partial(_decode, BF16, E4M3, early_k=True),
+        ),
+        (
+            "decode_attention/bf16-e5m2-pool-pack4-early-kv-lazy",
+            partial(_decode, BF16, E5M2, kv_pack=4, early_k=True, early_v=True, lazy_rescale=True),
+        ),
+        ("decode_attention/bf16-lazy", partial(_decode, BF16, lazy_rescale=True)),
         (
             "decode_attention/bf16-d256-pack2",  # the widest packed tiles choose_kv_pack makes
             partial(_decode, BF16, heads=16, kv_heads=8, head_dim=256, num_stages=3, kv_pack=2),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -14,6 +15,7 @@ from kernels.decode_attention import (
     decode_attention_ref,
     num_kv_splits_for,
 )
+from kernels.fp8_kv import quantize_kv
 from tests.kernels.helpers import (
     DEVICE,
     DOT_DTYPES,
@@ -36,6 +38,7 @@ def run(
     block_n: int | None = None,
     out: torch.Tensor | None = None,
     kv_pack: int | None = None,
+    **widening: bool,
 ) -> torch.Tensor:
     bs, num_heads, head_dim = q.shape
     # A workspace larger than the batch, as the backend keeps one for its largest batch.
@@ -63,6 +66,7 @@ def run(
         out=out,
         block_n=block_n,
         kv_pack=kv_pack,
+        **widening,
     )
 
 
@@ -197,6 +201,15 @@ def test_kv_pack_that_cannot_run_is_refused(
     splits = torch.ones(1, dtype=torch.int32, device=DEVICE)
     with pytest.raises(ValueError, match=message):
         run(ctx, q, splits, max_kv_splits=1, kv_pack=kv_pack)
+
+
+def test_early_widening_of_a_16_bit_pool_is_refused() -> None:
+    gen = torch.Generator().manual_seed(4)
+    ctx = make_context([4], 2, 16, torch.float32, gen)
+    q = randn(1, 4, 16, dtype=torch.float32, gen=gen)
+    splits = torch.ones(1, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="early_k and early_v apply to fp8 pools, not"):
+        run(ctx, q, splits, max_kv_splits=1, early_k=True)
 
 
 def test_choose_kv_pack_packs_large_batches_and_short_rows() -> None:
@@ -337,3 +350,84 @@ def test_large_on_gpu(
     splits = num_kv_splits_for(ctx.seq_lens, max_kv_splits=16, min_split_len=256)
     out = run(ctx, q, splits, max_kv_splits=16)
     torch.testing.assert_close(out, reference(ctx, q), **TOLERANCES[dtype])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", FP8_KV_DTYPES)
+@pytest.mark.parametrize("kv_pack", [1, 4])
+@pytest.mark.parametrize(
+    ("early_k", "early_v", "lazy_rescale"),
+    [
+        (False, False, False),
+        (True, False, False),
+        (False, True, False),
+        (True, True, False),
+        (True, True, True),
+        (False, False, True),
+    ],
+)
+def test_fp8_widenings_match_reference_on_gpu(
+    kv_dtype: torch.dtype, kv_pack: int, early_k: bool, early_v: bool, lazy_rescale: bool
+) -> None:
+    """K and V tiles widened by Triton after shared memory, or by kernels/fp8_widen.py's
+    inline PTX before it: each way exact, so each matches the reference (with and without
+    the lazy rescale)."""
+    gen = torch.Generator().manual_seed(6)
+    seq_lens = [4096, 1, 2000, 777, 3, 1500, 64, 8191]
+    ctx = make_context(seq_lens, 8, 128, torch.bfloat16, gen, kv_dtype=kv_dtype)
+    q = randn(len(seq_lens), 32, 128, dtype=torch.bfloat16, gen=gen)
+    splits = num_kv_splits_for(ctx.seq_lens, max_kv_splits=16, min_split_len=256)
+    out = run(
+        ctx,
+        q,
+        splits,
+        max_kv_splits=16,
+        kv_pack=kv_pack,
+        early_k=early_k,
+        early_v=early_v,
+        lazy_rescale=lazy_rescale,
+    )
+    torch.testing.assert_close(out, reference(ctx, q), **TOLERANCES[torch.bfloat16])
+
+
+@pytest.mark.parametrize("pool", [None, torch.float8_e5m2])
+@pytest.mark.parametrize("kv_pack", [1, 2])
+def test_lazy_rescale_matches_reference(pool: torch.dtype | None, kv_pack: int) -> None:
+    """lazy_rescale moves a row's running max only when its scores rise more than
+    RESCALE_AT past it. Keys whose scores climb along the context (by 120 nats
+    over it: past fp32's range unless the max moves)
+    take both branches, several times, in every chunk."""
+    dtype = torch.float32 if pool is None else torch.bfloat16
+    gen = torch.Generator().manual_seed(11)
+    seq_lens = [160, 7, 97]
+    num_kv_heads, head_dim = 4, 32
+    ctx = make_context(seq_lens, num_kv_heads, head_dim, torch.float32, gen)
+    q = randn(len(seq_lens), 8, head_dim, dtype=torch.float32, gen=gen)
+    for b, row in enumerate(ctx.req_rows.tolist()):
+        slots = ctx.req_to_token[row, : seq_lens[b]].long()
+        ramp = torch.linspace(0.0, 120.0, seq_lens[b], device=DEVICE)
+        # Each KV head's keys along its query heads' mean direction, growing with position.
+        direction = q[b].view(num_kv_heads, 2, head_dim).mean(1)
+        unit = direction / direction.norm(dim=-1, keepdim=True) ** 2 * math.sqrt(head_dim)
+        ctx.k_buffer[slots] = ctx.k_buffer[slots] * 0.1 + ramp[:, None, None] * unit
+    ctx = dataclasses.replace(
+        ctx,
+        k_buffer=quantize_kv(ctx.k_buffer, pool or dtype),
+        v_buffer=quantize_kv(ctx.v_buffer, pool or dtype),
+    )
+    q = q.to(dtype)
+    splits = num_kv_splits_for(ctx.seq_lens, max_kv_splits=2, min_split_len=64)
+    out = run(ctx, q, splits, max_kv_splits=2, block_n=16, kv_pack=kv_pack, lazy_rescale=True)
+    # Scores of up to 120 carry fp32 rounding of about 1e-5 into the weights.
+    tol = {"atol": 2e-4, "rtol": 2e-4} if dtype == torch.float32 else TOLERANCES[dtype]
+    torch.testing.assert_close(out, reference(ctx, q), **tol)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the kernel runs natively")
+def test_early_widening_is_refused_by_the_interpreter() -> None:
+    gen = torch.Generator().manual_seed(4)
+    ctx = make_context([4], 2, 16, torch.bfloat16, gen, kv_dtype=torch.float8_e5m2)
+    q = randn(1, 4, 16, dtype=torch.bfloat16, gen=gen)
+    splits = torch.ones(1, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="need an NVIDIA GPU"):
+        run(ctx, q, splits, max_kv_splits=1, early_v=True)
