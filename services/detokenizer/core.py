@@ -80,7 +80,10 @@ class RequestState:
             skip_special_tokens=reg.sampling.skip_special_tokens,
             spaces_between_special_tokens=reg.sampling.spaces_between_special_tokens,
         )
-        self.stops = StopStrings(reg.sampling.stop, reg.sampling.stop_regex)
+        self.stops = StopStrings(
+            reg.sampling.stop, reg.sampling.stop_regex, keep=reg.sampling.no_stop_trim
+        )
+        self.trim_stop_token = not reg.sampling.no_stop_trim
         self.min_tokens = reg.sampling.min_new_tokens
         self.completion_tokens = 0
         self.cached_tokens = 0
@@ -94,8 +97,10 @@ class RequestState:
         self.completion_tokens += len(d.token_ids)
         self.output_ids += d.token_ids
         self.cached_tokens = max(self.cached_tokens, d.cached_tokens)
-        # A matched stop token (EOS or a stop_token_id) ends the output but is not part of it.
-        visible = d.token_ids[:-1] if d.matched_stop_token is not None else d.token_ids
+        # A matched stop token (EOS or a stop_token_id) ends the output but is not part of it
+        # (unless no_stop_trim: then its text is, as SGLang's).
+        trimmed = d.matched_stop_token is not None and self.trim_stop_token
+        visible = d.token_ids[:-1] if trimmed else d.token_ids
         text = self.detok.push(list(visible))
         if d.finish is not None:
             text += self.detok.flush()
@@ -119,7 +124,7 @@ class RequestState:
             cached_tokens=self.cached_tokens,
         )
         logprobs = logprob_entries(d.logprobs, self.texts)
-        if d.matched_stop_token is not None and logprobs:  # aligned with the visible text
+        if trimmed and logprobs:  # aligned with the visible text
             logprobs.pop()
         delta = Delta(
             rid=d.rid,

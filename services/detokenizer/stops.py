@@ -1,8 +1,8 @@
 """Stop strings and stop regexes over a stream of text deltas.
 
 Stop strings (OpenAI's `stop`): text that could still turn into a stop string is held back
-until it either completes one (generation ends there and the stop string is dropped) or can no
-longer match (it is released).
+until it either completes one (generation ends there and the stop string is dropped, or kept
+under SGLang's no_stop_trim) or can no longer match (it is released).
 
 Stop regexes (SGLang's `stop_regex`): searched over the text as it is released, across delta
 boundaries (over the last REGEX_WINDOW characters); the first match ends the generation right
@@ -18,8 +18,11 @@ REGEX_WINDOW = 1024
 
 
 class StopStrings:
-    def __init__(self, stops: list[str], regexes: list[str] | None = None) -> None:
+    def __init__(
+        self, stops: list[str], regexes: list[str] | None = None, keep: bool = False
+    ) -> None:
         self.stops = [s for s in stops if s]
+        self.keep = keep  # a matched stop string stays in the output
         self.regexes = [(p, re.compile(p)) for p in regexes or []]
         self.held = ""
         self.tail = ""  # released text a regex may still match across
@@ -44,7 +47,8 @@ class StopStrings:
                 first = (i, s)
         if first is not None:
             self.held = ""
-            return buf[: first[0]], first[1]
+            end = first[0] + len(first[1]) if self.keep else first[0]
+            return buf[:end], first[1]
         keep = self._partial_suffix(buf)
         self.held = buf[len(buf) - keep :] if keep else ""
         return buf[: len(buf) - keep], None

@@ -75,7 +75,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         state.settings.model_name,
         job.include_usage,
         logprobs=body.logprobs,
-        reasoning=splitter_for(parser, body.chat_template_kwargs or {})
+        reasoning=splitter_for(parser, body.chat_template_kwargs or {}, body.stream_reasoning)
         if body.separate_reasoning
         else None,
         tools=job.tools,

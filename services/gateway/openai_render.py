@@ -7,6 +7,7 @@ prompts each has `n` choices); a request with a single choice uses the same meth
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from services.gateway.logprob_format import chat_logprobs, completion_logprobs
@@ -111,7 +112,7 @@ class ChatRenderer(_Base):
         model: str,
         include_usage: bool,
         logprobs: bool,
-        reasoning: type[ThinkSplitter] | None = None,
+        reasoning: Callable[[], ThinkSplitter] | None = None,
         tools: ToolPlan | None = None,
         tool_parser: type[ToolCallParser] | None = None,
     ) -> None:

@@ -31,7 +31,9 @@ SAMPLING: dict[str, dict[str, Any]] = {
     "n": {"minimum": 1, "maximum": v.MAX_N},
 }
 TOKENS = {"minimum": 1, "maximum": v.MAX_TOKENS_LIMIT}
-OPENAI = {**SAMPLING, "max_tokens": TOKENS, "min_tokens": {"minimum": 0}}
+# 0 on completions and chat, as SGLang takes it: the prompt only (scored, with echo)
+PROMPT_ONLY_TOKENS = {"minimum": 0, "maximum": v.MAX_TOKENS_LIMIT}
+OPENAI = {**SAMPLING, "max_tokens": PROMPT_ONLY_TOKENS, "min_tokens": {"minimum": 0}}
 RULES: dict[str, dict[str, dict[str, Any]]] = {
     "CompletionBody": {
         **OPENAI,
@@ -43,7 +45,7 @@ RULES: dict[str, dict[str, dict[str, Any]]] = {
     "ChatBody": {
         **OPENAI,
         "messages": {"minItems": 1},
-        "max_completion_tokens": TOKENS,
+        "max_completion_tokens": PROMPT_ONLY_TOKENS,
         "top_logprobs": LOGPROBS,
     },
     "ChatMessageBody": {"role": {"enum": list(v.CHAT_ROLES)}},
@@ -55,7 +57,7 @@ RULES: dict[str, dict[str, dict[str, Any]]] = {
     },
     "NativeSamplingBody": {
         **SAMPLING,
-        "max_new_tokens": {"minimum": 0, "maximum": v.MAX_TOKENS_LIMIT},  # 0: the prompt only
+        "max_new_tokens": PROMPT_ONLY_TOKENS,
         "min_new_tokens": {"minimum": 0},
         "stop_regex": {"maxItems": v.MAX_STOP_STRINGS, "maxLength": v.MAX_STOP_REGEX_CHARS},
     },

@@ -48,7 +48,27 @@ class JsonSchemaFormat(
 ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat
 
 
-class _OpenAIParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class SGLangFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Request fields of SGLang's APIs that radixserve does not act on. SGLang's own clients
+    send some of them at their "off" value on every request (bench_serving's
+    `"lora_path": null`), so each is accepted at that value (None, false, or a list of them)
+    and refused by name otherwise (validation/sglang_fields.py), never silently ignored."""
+
+    lora_path: Any = None
+    return_hidden_states: Any = False
+    session_params: Any = None
+    custom_logit_processor: Any = None
+    custom_params: Any = None
+    bootstrap_host: Any = None
+    bootstrap_port: Any = None
+    bootstrap_room: Any = None
+    extra_key: Any = None
+    cache_salt: Any = None  # vLLM's and SGLang's per-tenant prefix-cache salt
+    priority: Any = None
+    custom_labels: Any = None
+
+
+class _OpenAIParams(SGLangFields, kw_only=True):
     """Parameters common to /v1/completions and /v1/chat/completions."""
 
     model: str | None = None
@@ -73,8 +93,17 @@ class _OpenAIParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
-    # structured output (chat in OpenAI's API; completions too, as vLLM accepts it)
+    # structured output (chat in OpenAI's API; completions too, as vLLM accepts it), or
+    # SGLang's own fields for it: at most one of them
     response_format: ResponseFormat | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    # SGLang's: the output ends right after a match of one of these (kept in the output)
+    stop_regex: str | list[str] | None = None
+    # SGLang's: keep the matched stop string (or stop token's text) in the output
+    no_stop_trim: bool = False
+    # SGLang's: the request's id (its samples rid-1, rid-2, ...), for /abort_request
+    rid: str | list[str] | None = None
 
 
 class CompletionBody(_OpenAIParams, kw_only=True):
@@ -87,6 +116,7 @@ class CompletionBody(_OpenAIParams, kw_only=True):
     logprobs: int | None = None
     best_of: int | None = None
     suffix: str | None = None
+    json_schema: str | dict[str, Any] | None = None  # SGLang's: JSON text or the schema
 
 
 class ChatMessageBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -113,6 +143,12 @@ class ChatBody(_OpenAIParams, kw_only=True):
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_effort: str | None = None
     separate_reasoning: bool = True
+    # SGLang's: false holds the thinking part back and sends it whole once it ends
+    stream_reasoning: bool = True
+    # vLLM's and SGLang's: the output continues the last (assistant) message instead of
+    # starting a new one; the template then writes no generation prompt
+    continue_final_message: bool = False
+    add_generation_prompt: bool = True
 
 
 class NativeSamplingBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -141,9 +177,16 @@ class NativeSamplingBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     regex: str | None = None
     ebnf: str | None = None
     choices: list[str] | None = None
+    structural_tag: Any = None  # refused when given (validation/sglang_fields.py)
+    no_stop_trim: bool = False  # keep the matched stop string (or stop token's text)
+    sampling_seed: int | None = None  # SGLang's name for seed (seed wins when both are given)
+    custom_params: Any = None  # refused when given
+    # how often SGLang streams (every N tokens); radixserve streams each step's tokens as
+    # they come, which only changes how the same text is cut into chunks
+    stream_interval: int | None = None
 
 
-class GenerateBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class GenerateBody(SGLangFields, kw_only=True):
     """POST /generate: exactly one of `text` (a string, or a list of them for a batch) and
     `input_ids` (a list of ids, or a list of such lists); checked in validation.py."""
 
@@ -159,6 +202,24 @@ class GenerateBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # meta_info.hop_latency_ms on the last object: where the first token's time went, in ms
     # per stage (see services/gateway/hop_stats.py)
     return_hop_latency: bool = False
+    # SGLang's other /generate fields: refused by name when set (validation/sglang_fields.py)
+    lora_id: Any = None
+    image_data: Any = None
+    video_data: Any = None
+    audio_data: Any = None
+    input_embeds: Any = None
+    modalities: Any = None
+    token_ids_logprob: Any = None
+    bootstrap_pair_key: Any = None
+    data_parallel_rank: Any = None
+    background: Any = False
+    return_bytes: Any = False
+    return_entropy: Any = False
+    # ... and those that change nothing a client receives: accepted and not used
+    log_metrics: bool = True
+    no_logs: bool = False
+    validation_time: float | None = None
+    conversation_id: str | None = None
 
 
 class TokenizeBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -136,6 +136,7 @@ class Tokenization:
                 messages,
                 tokenize=False,
                 add_generation_prompt=prompt.add_generation_prompt,
+                continue_final_message=prompt.continue_final_message,
                 tools=prompt.tools or None,
                 **prompt.template_kwargs,
             )

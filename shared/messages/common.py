@@ -34,6 +34,9 @@ class SamplingParams(msgspec.Struct, kw_only=True, frozen=True):
     logprob_start_len: int = -1  # >= 0: also of the prompt tokens from this position on
     # SGLang's stop_regex: the output ends right after the first match (which it keeps)
     stop_regex: list[str] = []
+    # SGLang's no_stop_trim: the matched stop string, or the stop token's text, stays in the
+    # output (otherwise both are cut, as OpenAI's API does)
+    no_stop_trim: bool = False
 
 
 class HopTimes(

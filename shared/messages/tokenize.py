@@ -36,6 +36,8 @@ class ChatMessage(msgspec.Struct, kw_only=True, frozen=True):
 class ChatPrompt(msgspec.Struct, tag="chat", kw_only=True, frozen=True):
     messages: list[ChatMessage]
     add_generation_prompt: bool = True
+    # the output continues the last (assistant) message: no generation prompt, no end of turn
+    continue_final_message: bool = False
     # extra variables for the template (chat_template_kwargs, reasoning_effort): JSON values
     template_kwargs: dict[str, Any] = {}
     tools: list[dict[str, Any]] = []  # the request's tools, for the template to show

@@ -212,3 +212,24 @@ def test_a_request_that_keeps_losing_its_executor_fails_with_a_retryable_503(tok
     assert failure.error.status == 503 and failure.error.retry_after == 1
     assert "3 times" in failure.error.message
     assert done == ("s", RequestDone(rid="p")) and "p" not in d.states
+
+
+def test_no_stop_trim_keeps_the_stop_token_and_the_stop_string(tok: Any) -> None:
+    d = Detokenizer(tok)
+    d.handle(register("k", skip_special_tokens=False, no_stop_trim=True), "sched")
+    ids = tok.encode("ok", add_special_tokens=False)
+    out = d.handle(
+        step(
+            TokenDelta(rid="k", token_ids=[*ids, EOS_ID], finish="stop", matched_stop_token=EOS_ID)
+        ),
+        "sched",
+    )
+    reply = out[0][1]
+    assert isinstance(reply, Delta) and reply.text == "ok<|im_end|>"
+    d.handle(register("s", stop=["in"], no_stop_trim=True), "sched")
+    text = ""
+    for i in tok.encode("the thing", add_special_tokens=False):
+        for _, m in d.handle(step(TokenDelta(rid="s", token_ids=[i])), "sched"):
+            if isinstance(m, Delta):
+                text += m.text
+    assert text == "the thin"

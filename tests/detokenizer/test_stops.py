@@ -80,3 +80,9 @@ def test_text_passed_through_under_min_tokens_is_still_searched_later() -> None:
     s = StopStrings([], [r"abc"])
     assert s.pass_through("xab") == "xab"  # min_new_tokens not reached: no stop
     assert s.feed("cd") == ("c", "abc")
+
+
+def test_no_stop_trim_keeps_the_matched_stop_string() -> None:
+    s = StopStrings(["END"], keep=True)
+    assert s.feed("hi E") == ("hi ", None)  # "E" may still become the stop string
+    assert s.feed("ND and more") == ("END", "END")  # what follows it is dropped

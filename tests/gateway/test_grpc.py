@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf.struct_pb2 import Struct
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 
@@ -280,6 +281,15 @@ async def test_smg_generate_streams_chunks_then_one_complete_per_sample(
     assert sent[0].sampling.temperature == 0.0  # proto3's unset temperature: greedy
     assert sent[0].sampling.top_k == -1 and sent[0].sampling.top_p == 1.0
     assert sent[0].sampling.max_new_tokens is None  # no limit given: up to the context
+    assert not sent[0].sampling.no_stop_trim
+    kept = sgl.GenerateRequest(
+        request_id="smg-3",
+        tokenized=sgl.TokenizedInput(input_ids=[1]),
+        sampling_params=sgl.SamplingParams(stop=["x"], no_stop_trim=True),
+    )
+    assert [r.WhichOneof("response") async for r in stub.Generate(kept)] == ["complete"]
+    sent = [q for q in backend.requests if q.trace.rid.startswith("smg-3")]
+    assert sent[0].sampling.no_stop_trim and sent[0].sampling.stop == ["x"]
 
 
 @pytest.mark.parametrize(
@@ -300,6 +310,13 @@ async def test_smg_generate_streams_chunks_then_one_complete_per_sample(
                 sampling_params=sgl.SamplingParams(structural_tag="{}"),
             ),
             "sampling_params.structural_tag",
+        ),
+        (
+            sgl.GenerateRequest(
+                tokenized=sgl.TokenizedInput(input_ids=[1]),
+                sampling_params=sgl.SamplingParams(custom_params=Struct()),
+            ),
+            "sampling_params.custom_params",
         ),
         (
             sgl.GenerateRequest(

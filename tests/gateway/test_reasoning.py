@@ -76,6 +76,21 @@ def test_streaming_splits_the_same_at_every_boundary(name: str, text: str) -> No
         assert got == whole, (text[:a], text[a:b], text[b:])
 
 
+@pytest.mark.parametrize("name", sorted(PARSERS))
+@pytest.mark.parametrize("text", OUTPUTS)
+def test_unstreamed_thinking_comes_whole_in_the_delta_that_ends_it(name: str, text: str) -> None:
+    """SGLang's stream_reasoning false: the same split, the thinking in one piece, sent no
+    earlier than the delta that closes it (or at the end)."""
+    whole = PARSERS[name]().split(text)
+    for a in range(len(text) + 1):
+        splitter = PARSERS[name](stream_reasoning=False)
+        pieces = [splitter.feed(text[:a]), splitter.feed(text[a:]), splitter.finish()]
+        assert ("".join(r for r, _ in pieces), "".join(c for _, c in pieces)) == whole
+        assert sum(1 for r, _ in pieces if r) <= 1, pieces
+        if "</think>" not in text[:a]:
+            assert pieces[0][0] == "", (text[:a], pieces)
+
+
 StartGateway = Callable[..., Awaitable[Running]]
 
 

@@ -8,14 +8,16 @@ import msgspec
 import pytest
 
 from services.gateway.errors import ApiError, from_decode_error
-from services.gateway.protocol import ChatBody, CompletionBody, GenerateBody
+from services.gateway.protocol import ChatBody, CompletionBody, GenerateBody, NativeSamplingBody
 from services.gateway.validation import (
     Job,
     chat_job,
     completion_jobs,
     decode,
     native_jobs,
+    samples,
 )
+from services.gateway.validation.sglang_fields import REASONS
 from shared.messages.common import (
     ChoiceConstraint,
     EbnfConstraint,
@@ -163,7 +165,7 @@ def test_native_defaults_follow_sglang() -> None:
         (b'{"prompt": "a", "top_k": -2}', "top_k"),
         (b'{"prompt": "a", "min_p": 1.5}', "min_p"),
         (b'{"prompt": "a", "temperature": -0.5}', "temperature"),
-        (b'{"prompt": "a", "max_tokens": 0}', "max_tokens"),
+        (b'{"prompt": "a", "max_tokens": -1}', "max_tokens"),
         (b'{"prompt": "a", "n": 0}', "n"),
         (b'{"prompt": "a", "n": 17}', "n"),
         (b'{"prompt": "a", "logprobs": 21}', "logprobs"),
@@ -205,7 +207,7 @@ def test_completion_refusals(body: bytes, param: str) -> None:
             "top_logprobs",
         ),
         (
-            b'{"messages": [{"role": "user", "content": "a"}], "max_completion_tokens": 0}',
+            b'{"messages": [{"role": "user", "content": "a"}], "max_completion_tokens": -1}',
             "max_completion_tokens",
         ),
     ],
@@ -449,3 +451,158 @@ def test_bad_stop_regexes_are_refused(regexes: bytes, param: str, words: str) ->
     body = b'{"text": "a", "sampling_params": {"stop_regex": %s}}' % regexes
     error = refusal(body, GenerateBody)
     assert error.param == param and words in error.message, error.message
+
+
+# --- SGLang's fields -------------------------------------------------------------------------
+
+# What SGLang's bench_serving (sglang 0.5.5, --backend sglang) posts to /generate.
+BENCH_SERVING_GENERATE = (
+    b'{"text": "hi", "sampling_params": {"temperature": 0.0, "max_new_tokens": 8,'
+    b' "ignore_eos": true}, "stream": true, "lora_path": null, "return_logprob": false,'
+    b' "logprob_start_len": -1}'
+)
+
+
+def test_sglang_fields_at_their_off_values_pass() -> None:
+    job = native_job(decode(BENCH_SERVING_GENERATE, GenerateBody))
+    assert job.sampling.max_new_tokens == 8 and job.sampling.ignore_eos
+    off = (
+        b'{"text": "hi", "lora_path": [null], "return_hidden_states": [false, false],'
+        b' "image_data": null, "log_metrics": false, "no_logs": true, "validation_time": 1.5,'
+        b' "conversation_id": "c", "sampling_params": {"stream_interval": 4}}'
+    )
+    assert native_job(decode(off, GenerateBody)).sampling == SamplingParams(max_new_tokens=128)
+    chat = b'{"messages": [{"role": "user", "content": "a"}], "lora_path": null, "priority": null}'
+    assert chat_job(decode(chat, ChatBody), MODEL).sampling == SamplingParams()
+
+
+def _set(field: str) -> Any:
+    """A value that asks for what `field` does."""
+    if field in ("return_hidden_states", "background", "return_bytes", "return_entropy"):
+        return True
+    return {"data_parallel_rank": 1, "priority": 1, "bootstrap_port": 8998}.get(field, "x")
+
+
+OPENAI_REFUSED = sorted(set(REASONS) & set(ChatBody.__struct_fields__))
+NATIVE_REFUSED = sorted(set(REASONS) & set(GenerateBody.__struct_fields__))
+SAMPLING_REFUSED = sorted(set(REASONS) & set(NativeSamplingBody.__struct_fields__))
+
+
+def test_every_refused_field_is_declared_somewhere() -> None:
+    declared = set(OPENAI_REFUSED) | set(NATIVE_REFUSED) | set(SAMPLING_REFUSED)
+    assert declared == set(REASONS)
+
+
+@pytest.mark.parametrize("field", NATIVE_REFUSED)
+def test_sglang_fields_radixserve_cannot_honour_are_refused_by_name(field: str) -> None:
+    body = msgspec.json.encode({"text": "hi", field: _set(field)})
+    e = refusal(body, GenerateBody)
+    assert e.param == field and f"{field} is not supported: {REASONS[field]}" == e.message
+
+
+@pytest.mark.parametrize("field", SAMPLING_REFUSED)
+def test_sglang_sampling_fields_radixserve_cannot_honour_are_refused(field: str) -> None:
+    body = msgspec.json.encode({"text": "hi", "sampling_params": {field: _set(field)}})
+    assert refusal(body, GenerateBody).param == f"sampling_params.{field}"
+
+
+@pytest.mark.parametrize("field", OPENAI_REFUSED)
+@pytest.mark.parametrize("type_", [ChatBody, CompletionBody])
+def test_openai_bodies_refuse_them_too(field: str, type_: type) -> None:
+    fields: dict[str, Any] = {field: _set(field)}
+    if type_ is ChatBody:
+        fields["messages"] = [{"role": "user", "content": "a"}]
+    else:
+        fields["prompt"] = "a"
+    assert refusal(msgspec.json.encode(fields), type_).param == field
+
+
+@pytest.mark.parametrize(
+    ("extra", "constraint"),
+    [
+        ({"regex": "[0-9]+"}, RegexConstraint(pattern="[0-9]+", param="regex")),
+        ({"ebnf": 'root ::= "a"'}, EbnfConstraint(grammar='root ::= "a"', param="ebnf")),
+        (
+            {"json_schema": {"type": "object"}},
+            JsonSchemaConstraint(schema='{"type":"object"}', param="json_schema"),
+        ),
+    ],
+)
+def test_sglang_constraints_on_the_openai_endpoints(
+    extra: dict[str, Any], constraint: object
+) -> None:
+    body = msgspec.json.encode({"prompt": "a", **extra})
+    assert completion_job(decode(body, CompletionBody), MODEL).constraint == constraint
+    if "json_schema" not in extra:  # SGLang's chat takes regex and ebnf, not json_schema
+        chat = msgspec.json.encode({"messages": [{"role": "user", "content": "a"}], **extra})
+        assert chat_job(decode(chat, ChatBody), MODEL).constraint == constraint
+
+
+@pytest.mark.parametrize(
+    ("body", "type_", "param"),
+    [
+        (b'{"prompt": "a", "regex": "a", "ebnf": "root ::= \\"a\\""}', CompletionBody, "ebnf"),
+        (
+            b'{"prompt": "a", "response_format": {"type": "json_object"}, "json_schema": "{}"}',
+            CompletionBody,
+            "json_schema",
+        ),
+        (
+            b'{"messages": [{"role": "user", "content": "a"}], "regex": "a",'
+            b' "response_format": {"type": "json_object"}}',
+            ChatBody,
+            "regex",
+        ),
+        (b'{"prompt": "a", "regex": " "}', CompletionBody, "regex"),
+        (b'{"prompt": "a", "stop_regex": "("}', CompletionBody, "stop_regex"),
+        (b'{"prompt": ["a", "b"], "rid": "r"}', CompletionBody, "rid"),
+        (b'{"prompt": "a", "rid": ["r"]}', CompletionBody, "rid"),
+        (b'{"prompt": ["a", "b"], "rid": ["r", "r"]}', CompletionBody, "rid"),
+        (b'{"messages": [{"role": "user", "content": "a"}], "rid": "bad rid"}', ChatBody, "rid"),
+        (
+            b'{"messages": [{"role": "user", "content": "a"}], "continue_final_message": true}',
+            ChatBody,
+            "continue_final_message",
+        ),
+        (
+            b'{"text": "a", "sampling_params": {"sampling_seed": -1e30}}',
+            GenerateBody,
+            "sampling_params.sampling_seed",
+        ),
+    ],
+)
+def test_sglang_field_refusals(body: bytes, type_: type, param: str) -> None:
+    assert refusal(body, type_).param == param
+
+
+def test_stop_regex_no_stop_trim_and_zero_tokens_on_the_openai_endpoints() -> None:
+    body = b'{"prompt": "a", "stop_regex": ["[0-9]"], "no_stop_trim": true, "max_tokens": 0}'
+    sampling = completion_job(decode(body, CompletionBody), MODEL).sampling
+    assert sampling.stop_regex == ["[0-9]"] and sampling.no_stop_trim
+    assert sampling.max_new_tokens == 0  # the prompt only, as SGLang (and lm-eval's echo)
+    native = b'{"text": "a", "sampling_params": {"no_stop_trim": true, "sampling_seed": 7}}'
+    s = native_job(decode(native, GenerateBody)).sampling
+    assert s.no_stop_trim and s.seed == 7
+    both = b'{"text": "a", "sampling_params": {"seed": 1, "sampling_seed": 7}}'
+    assert native_job(decode(both, GenerateBody)).sampling.seed == 1
+
+
+def test_client_rids_name_the_samples_and_the_batch() -> None:
+    chat = b'{"messages": [{"role": "user", "content": "a"}], "rid": "r1"}'
+    job = chat_job(decode(chat, ChatBody), MODEL)
+    assert [j.rid for j in samples(job, 3)] == ["r1", "r1-1", "r1-2"]
+    batch = b'{"prompt": ["a", "b"], "rid": ["x", "y"]}'
+    assert [j.rid for j in completion_jobs(decode(batch, CompletionBody), MODEL)] == ["x", "y"]
+
+
+def test_continue_final_message_renders_into_the_last_message() -> None:
+    body = (
+        b'{"messages": [{"role": "user", "content": "a"}, {"role": "assistant",'
+        b' "content": "The answer is"}], "continue_final_message": true}'
+    )
+    prompt = chat_job(decode(body, ChatBody), MODEL).prompt
+    assert isinstance(prompt, ChatPrompt)
+    assert prompt.continue_final_message and not prompt.add_generation_prompt
+    off = b'{"messages": [{"role": "user", "content": "a"}], "add_generation_prompt": false}'
+    prompt = chat_job(decode(off, ChatBody), MODEL).prompt
+    assert isinstance(prompt, ChatPrompt) and not prompt.add_generation_prompt

@@ -70,6 +70,18 @@ def test_chat_template_applied(tok: Tokenization) -> None:
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 
+def test_continue_final_message_leaves_the_last_message_open(tok: Tokenization) -> None:
+    messages = [
+        ChatMessage(role="user", content="hi"),
+        ChatMessage(role="assistant", content="Hello, I am"),
+    ]
+    prompt = ChatPrompt(messages=messages, add_generation_prompt=False, continue_final_message=True)
+    sched = handle(tok, request(prompt), 1)[1][1]
+    assert isinstance(sched, TokenizedRequest)
+    text = tok.tokenizer.decode(sched.input_ids)
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nHello, I am"
+
+
 def test_default_max_tokens_fills_the_context(tok: Tokenization) -> None:
     sched = handle(tok, request(TokenPrompt(input_ids=[1, 2, 3]), max_new=None), 1)[1][1]
     assert isinstance(sched, TokenizedRequest) and sched.max_new_tokens == 64 - 3

@@ -51,6 +51,7 @@ def _refuse_unsupported(req: sgl.GenerateRequest) -> None:
         "lora_id": bool(req.lora_id),
         "disaggregated_params": bool(req.disaggregated_params.bootstrap_host),
         "sampling_params.structural_tag": req.sampling_params.HasField("structural_tag"),
+        "sampling_params.custom_params": req.sampling_params.HasField("custom_params"),
     }
     for param, given in unsupported.items():
         if given:
@@ -76,6 +77,7 @@ def sampling_fields(s: sgl.SamplingParams) -> dict[str, Any]:
         "spaces_between_special_tokens": s.spaces_between_special_tokens,
         "n": s.n or 1,
         "logit_bias": dict(s.logit_bias),
+        "no_stop_trim": s.no_stop_trim,
     }
     which = s.WhichOneof("constraint")
     if which == "ebnf_grammar":

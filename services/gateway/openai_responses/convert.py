@@ -29,6 +29,7 @@ from services.gateway.protocol import (
 )
 from services.gateway.validation.chat import chat_job
 from services.gateway.validation.common import Job, unsupported
+from services.gateway.validation.limits import MAX_TOKENS_LIMIT
 
 ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -86,6 +87,13 @@ def responses_job(body: ResponsesBody, served_model: str, tool_parser: str = "")
         )
     unsupported(bool(body.background), "background")
     unsupported(bool(body.top_logprobs), "top_logprobs")
+    if body.max_output_tokens is not None and body.max_output_tokens < 1:
+        # chat takes 0 (the prompt only, as SGLang does); a response has an output
+        raise invalid(
+            f"max_output_tokens must be between 1 and {MAX_TOKENS_LIMIT}, "
+            f"got {body.max_output_tokens}",
+            "max_output_tokens",
+        )
     tools = chat_tools(body.tools)
     choice = chat_tool_choice(body.tool_choice)
     conversation = input_messages(body)

@@ -19,6 +19,7 @@ The item still open at the end has the response's status; those closed before it
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,7 +112,7 @@ class ResponseRenderer:
         rid: str,
         model: str,
         body: ResponsesBody,
-        reasoning: type[ThinkSplitter] | None = None,
+        reasoning: Callable[[], ThinkSplitter] | None = None,
         tools: ToolPlan | None = None,
         tool_parser: type[ToolCallParser] | None = None,
     ) -> None:

@@ -11,6 +11,8 @@ requests: their grammar starts once the model has written it (see TokenizedReque
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from services.gateway.reasoning.think import DeepSeekR1, Qwen3, ThinkSplitter
@@ -23,9 +25,11 @@ PARSERS: dict[str, type[ThinkSplitter]] = {
 }
 
 
-def splitter_for(parser: str, template_kwargs: dict[str, Any]) -> type[ThinkSplitter] | None:
-    """The splitter of a chat request under --reasoning-parser `parser`; None where there is
-    none, or where the request turned thinking off through the template's own switch
+def splitter_for(
+    parser: str, template_kwargs: dict[str, Any], stream_reasoning: bool = True
+) -> Callable[[], ThinkSplitter] | None:
+    """What makes the splitter of a chat request under --reasoning-parser `parser`; None where
+    there is none, or where the request turned thinking off through the template's own switch
     (`enable_thinking: false`, Qwen3's; `thinking: false`, DeepSeek-V3.1's): the whole output
     is then the answer, as SGLang reads it, even under a parser whose output starts inside
     the thinking part."""
@@ -33,7 +37,7 @@ def splitter_for(parser: str, template_kwargs: dict[str, Any]) -> type[ThinkSpli
         return None
     if template_kwargs.get("enable_thinking") is False or template_kwargs.get("thinking") is False:
         return None
-    return PARSERS[parser]
+    return partial(PARSERS[parser], stream_reasoning=stream_reasoning)
 
 
 def think_end(parser: str) -> str:

@@ -9,6 +9,9 @@ exactly once, on the side it belongs to, whatever the delta boundaries.
   it is all thinking.
 
 The answer's leading newlines (the models put "\\n\\n" after `</think>`) are dropped.
+
+With `stream_reasoning=False` (SGLang's field of that name) the thinking part is held back
+and released whole, in the delta where it ends.
 """
 
 from __future__ import annotations
@@ -30,9 +33,11 @@ class ThinkSplitter:
     # What closes the thinking part: a constrained chat request's grammar starts after it.
     end_tag = END
 
-    def __init__(self) -> None:
+    def __init__(self, stream_reasoning: bool = True) -> None:
         self.state = "start"  # start -> reasoning -> answer_start -> answer
         self.held = ""
+        self.stream_reasoning = stream_reasoning
+        self.pending = ""  # thinking held back until it ends (stream_reasoning false)
 
     def feed(self, text: str) -> tuple[str, str]:
         """(reasoning, content) of `text`, after what was held back before it."""
@@ -66,14 +71,25 @@ class ThinkSplitter:
             else:
                 content.append(text)
                 text = ""
-        return "".join(reasoning), "".join(content)
+        return self._released("".join(reasoning)), "".join(content)
+
+    def _released(self, reasoning: str) -> str:
+        """The thinking to send now: all of it when streamed, else the whole once it ended."""
+        if self.stream_reasoning:
+            return reasoning
+        self.pending += reasoning
+        if self.state in ("start", "reasoning"):
+            return ""
+        out, self.pending = self.pending, ""
+        return out
 
     def finish(self) -> tuple[str, str]:
         """What was held back, once the output is complete."""
         held, self.held = self.held, ""
+        pending, self.pending = self.pending, ""
         if self.state == "reasoning" or (self.state == "start" and self.unopened_is_reasoning):
-            return held, ""
-        return "", held
+            return pending + held, ""
+        return pending, held
 
     def split(self, text: str) -> tuple[str, str]:
         """A whole output at once."""

@@ -15,6 +15,7 @@ from services.gateway.validation.common import (
     Job,
     check_model,
     check_rid,
+    client_rids,
     convert,
     decode,
     samples,
@@ -26,12 +27,15 @@ from services.gateway.validation.completions import (
     completion_jobs,
     completion_prompts,
 )
-from services.gateway.validation.constraints import native_constraint, response_format_constraint
+from services.gateway.validation.constraints import (
+    native_constraint,
+    openai_constraint,
+    response_format_constraint,
+)
 from services.gateway.validation.native import (
     native_chat_jobs,
     native_jobs,
     native_prompts,
-    native_rids,
 )
 from services.gateway.validation.sampling import logit_biases, sampling_params, stop_strings
 
@@ -42,6 +46,7 @@ __all__ = [
     "chat_prompt",
     "check_model",
     "check_rid",
+    "client_rids",
     "completion_jobs",
     "completion_prompts",
     "convert",
@@ -52,7 +57,7 @@ __all__ = [
     "native_constraint",
     "native_jobs",
     "native_prompts",
-    "native_rids",
+    "openai_constraint",
     "response_format_constraint",
     "samples",
     "sampling_params",

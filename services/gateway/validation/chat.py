@@ -8,10 +8,11 @@ import msgspec
 
 from services.gateway.errors import invalid
 from services.gateway.protocol import ChatBody, ChatMessageBody
-from services.gateway.validation.common import Job, check_model
-from services.gateway.validation.constraints import response_format_constraint
+from services.gateway.validation.common import Job, check_model, client_rids
+from services.gateway.validation.constraints import openai_constraint
 from services.gateway.validation.limits import CHAT_ROLES, MAX_LOGPROBS
 from services.gateway.validation.sampling import check_openai_common, check_range, openai_sampling
+from services.gateway.validation.sglang_fields import refuse_unsupported
 from services.gateway.validation.tools import message_tool_calls, tool_constraint, tool_plan
 from shared.messages.tokenize import ChatMessage, ChatPrompt
 
@@ -20,6 +21,7 @@ def chat_job(body: ChatBody, served_model: str, tool_parser: str = "") -> Job:
     """The chat request's job; `tool_parser`: the server's --tool-call-parser ("": none)."""
     check_model(body.model, served_model)
     check_openai_common(body)
+    refuse_unsupported(body)
     plan = tool_plan(body.tools, body.tool_choice, body.parallel_tool_calls, tool_parser)
     if body.top_logprobs is not None:
         check_range(
@@ -38,28 +40,47 @@ def chat_job(body: ChatBody, served_model: str, tool_parser: str = "") -> Job:
         sampling = msgspec.structs.replace(
             sampling, return_logprob=True, top_logprobs=body.top_logprobs or 0
         )
-    constraint = response_format_constraint(body.response_format)
+    constraint = openai_constraint(body)
     calls = tool_constraint(plan)
     if calls is not None:
         if constraint is not None:
+            param = constraint.param.split(".")[0]
             raise invalid(
-                f"response_format cannot be combined with tool_choice {body.tool_choice!r}: "
+                f"{param} cannot be combined with tool_choice {body.tool_choice!r}: "
                 "the calls' arguments are already constrained to the tools' schemas",
-                "response_format",
+                param,
             )
         constraint = calls
+    (rid,) = client_rids(body.rid, 1, False)
     return Job(
         prompt=msgspec.structs.replace(
             chat_prompt(body.messages),
             template_kwargs=template_kwargs(body),
             tools=plan.tools if plan is not None else [],
+            **generation_prompt(body),
         ),
         sampling=sampling,
         stream=body.stream,
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        rid=rid,
         constraint=constraint,
         tools=plan,
     )
+
+
+def generation_prompt(body: ChatBody) -> dict[str, bool]:
+    """How the template ends the prompt: a new assistant turn (its generation prompt, unless
+    add_generation_prompt is false), or, with continue_final_message, inside the last message,
+    which must then be the assistant's."""
+    if not body.continue_final_message:
+        return {"add_generation_prompt": body.add_generation_prompt}
+    last = body.messages[-1] if body.messages else None
+    if last is None or last.role != "assistant":
+        raise invalid(
+            "continue_final_message needs the last message to be the assistant's",
+            "continue_final_message",
+        )
+    return {"add_generation_prompt": False, "continue_final_message": True}
 
 
 # Names apply_chat_template itself takes, or the template's own inputs: not a client's to set.

@@ -26,7 +26,7 @@ class Job:
     sampling: SamplingParams
     stream: bool
     include_usage: bool = False  # stream_options.include_usage
-    rid: str | None = None  # chosen by the client (/generate only)
+    rid: str | None = None  # chosen by the client (SGLang's `rid`)
     constraint: Constraint | None = None  # structured output
     echo: bool = False  # OpenAI completions: the prompt's text comes back before the output
     api: str = "openai"  # whose field names the services' refusals use ("openai", "native")
@@ -61,6 +61,21 @@ def check_rid(rid: str, param: str) -> None:
         raise invalid(f"{param} must be 1 to 128 characters of letters, digits and ._:-", param)
 
 
+def client_rids(rid: str | list[str] | None, count: int, batched: bool) -> list[str | None]:
+    """SGLang's `rid`: None, a string for one prompt, or a list with one per prompt of a
+    batch, each checked and none repeated."""
+    if rid is None:
+        return [None] * count
+    rids = rid if isinstance(rid, list) else [rid]
+    if isinstance(rid, list) != batched or len(rids) != count:
+        raise invalid("rid must be a string for one prompt, or a list with one per prompt", "rid")
+    for i, r in enumerate(rids):
+        check_rid(r, f"rid[{i}]" if batched else "rid")
+    if len(set(rids)) != len(rids):
+        raise invalid("rid must not repeat within a batch", "rid")
+    return list(rids)
+
+
 def nonempty(value: Any, param: str) -> Any:
     if not value:
         raise invalid(f"{param} must not be empty", param)
@@ -87,9 +102,10 @@ def unsupported(given: bool, param: str) -> None:
 
 
 def samples(job: Job, n: int | None) -> list[Job]:
-    """The jobs of one OpenAI request: `n` samples of the same prompt, with seeds seed,
-    seed+1, ... so a seeded request stays reproducible. The executor computes the shared
-    prompt once: samples arriving together wait for the first and reuse its KV."""
+    """The jobs of one prompt's `n` samples, with seeds seed, seed+1, ... so a seeded request
+    stays reproducible, and a client-chosen rid named rid, rid-1, rid-2, ... as SGLang names
+    them. The executor computes the shared prompt once: samples arriving together wait for
+    the first and reuse its KV."""
     count = 1 if n is None else n
     seed = job.sampling.seed
     return [
@@ -98,6 +114,7 @@ def samples(job: Job, n: int | None) -> list[Job]:
             sampling=msgspec.structs.replace(
                 job.sampling, seed=None if seed is None else (seed + i) % 2**63
             ),
+            rid=job.rid if i == 0 or job.rid is None else f"{job.rid}-{i}",
         )
         for i in range(count)
     ]

@@ -6,10 +6,11 @@ import msgspec
 
 from services.gateway.errors import invalid
 from services.gateway.protocol import CompletionBody
-from services.gateway.validation.common import Job, check_model, nonempty, token_ids
-from services.gateway.validation.constraints import response_format_constraint
+from services.gateway.validation.common import Job, check_model, client_rids, nonempty, token_ids
+from services.gateway.validation.constraints import openai_constraint
 from services.gateway.validation.limits import MAX_BATCH, MAX_LOGPROBS, MAX_N
 from services.gateway.validation.sampling import check_openai_common, check_range, openai_sampling
+from services.gateway.validation.sglang_fields import refuse_unsupported
 from shared.messages.tokenize import Prompt, TextPrompt, TokenPrompt
 
 
@@ -17,6 +18,7 @@ def completion_jobs(body: CompletionBody, served_model: str) -> list[Job]:
     """One job per prompt (a list of prompts is a batch); `n` / `best_of` fan out later."""
     check_model(body.model, served_model)
     check_openai_common(body)
+    refuse_unsupported(body)
     if body.suffix:
         raise invalid(
             "suffix is not supported: this server has no fill-in-the-middle mode", "suffix"
@@ -37,16 +39,22 @@ def completion_jobs(body: CompletionBody, served_model: str) -> list[Job]:
             # echo with logprobs covers the prompt too, as OpenAI's API does
             logprob_start_len=0 if body.echo else -1,
         )
+    prompts = completion_prompts(body.prompt)
+    # a list of prompts is a batch, whose rid is a list with one per prompt
+    batched = isinstance(body.prompt, list) and not all(isinstance(x, int) for x in body.prompt)
+    rids = client_rids(body.rid, len(prompts), batched)
+    constraint = openai_constraint(body)
     return [
         Job(
             prompt=p,
             sampling=sampling,
             stream=body.stream,
             include_usage=bool(body.stream_options and body.stream_options.include_usage),
-            constraint=response_format_constraint(body.response_format),
+            rid=rid,
+            constraint=constraint,
             echo=body.echo,
         )
-        for p in completion_prompts(body.prompt)
+        for p, rid in zip(prompts, rids, strict=True)
     ]
 
 

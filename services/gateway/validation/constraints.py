@@ -9,6 +9,8 @@ import msgspec
 
 from services.gateway.errors import invalid
 from services.gateway.protocol import (
+    ChatBody,
+    CompletionBody,
     JsonObjectFormat,
     JsonSchemaFormat,
     NativeSamplingBody,
@@ -46,6 +48,21 @@ def response_format_constraint(fmt: ResponseFormat | None) -> Constraint | None:
     )
 
 
+def openai_constraint(body: CompletionBody | ChatBody) -> Constraint | None:
+    """`response_format`, or SGLang's `regex` / `ebnf` (and, on completions, `json_schema`)
+    beside it: at most one of them."""
+    fmt = response_format_constraint(body.response_format)
+    json_schema = body.json_schema if isinstance(body, CompletionBody) else None
+    given = {
+        "response_format": fmt,
+        "regex": body.regex,
+        "ebnf": body.ebnf,
+        "json_schema": json_schema,
+    }
+    _at_most_one([name for name, value in given.items() if value is not None], "")
+    return _sglang_constraint(json_schema, body.regex, body.ebnf, "") or fmt
+
+
 def native_constraint(s: NativeSamplingBody) -> Constraint | None:
     """`sampling_params.json_schema` / `regex` / `ebnf` / `choices`: at most one of them."""
     given = [
@@ -53,25 +70,41 @@ def native_constraint(s: NativeSamplingBody) -> Constraint | None:
     ]
     if not given:
         return None
-    if len(given) > 1:
-        names = " and ".join(f"sampling_params.{n}" for n in given)
-        raise invalid(
-            f"give at most one structured-output constraint; got {names}",
-            f"sampling_params.{given[1]}",
-        )
+    _at_most_one(given, "sampling_params.")
+    constraint = _sglang_constraint(s.json_schema, s.regex, s.ebnf, "sampling_params.")
+    if constraint is not None:
+        return constraint
     param = f"sampling_params.{given[0]}"
-    if s.json_schema is not None:
-        return JsonSchemaConstraint(schema=_schema_text(s.json_schema, param), param=param)
-    if s.regex is not None:
-        return RegexConstraint(pattern=_constraint_text(s.regex, param), param=param)
-    if s.ebnf is not None:
-        return EbnfConstraint(grammar=_constraint_text(s.ebnf, param), param=param)
     assert s.choices is not None
     if not s.choices or len(s.choices) > MAX_CHOICES:
         raise invalid(f"{param} must hold 1 to {MAX_CHOICES} strings", param)
     if sum(len(c) for c in s.choices) > MAX_CONSTRAINT_CHARS:
         raise invalid(f"{param} may hold at most {MAX_CONSTRAINT_CHARS} characters", param)
     return ChoiceConstraint(choices=list(s.choices), param=param)
+
+
+def _at_most_one(given: list[str], prefix: str) -> None:
+    if len(given) > 1:
+        names = " and ".join(prefix + n for n in given)
+        raise invalid(
+            f"give at most one structured-output constraint; got {names}", prefix + given[1]
+        )
+
+
+def _sglang_constraint(
+    json_schema: str | dict[str, Any] | None, regex: str | None, ebnf: str | None, prefix: str
+) -> Constraint | None:
+    """SGLang's three constraint fields (at most one given), named with `prefix`."""
+    if json_schema is not None:
+        param = prefix + "json_schema"
+        return JsonSchemaConstraint(schema=_schema_text(json_schema, param), param=param)
+    if regex is not None:
+        param = prefix + "regex"
+        return RegexConstraint(pattern=_constraint_text(regex, param), param=param)
+    if ebnf is not None:
+        param = prefix + "ebnf"
+        return EbnfConstraint(grammar=_constraint_text(ebnf, param), param=param)
+    return None
 
 
 def _schema_text(schema: str | dict[str, Any], param: str) -> str:

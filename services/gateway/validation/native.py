@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import msgspec
 
 from services.gateway.errors import invalid
 from services.gateway.protocol import ChatMessageBody, GenerateBody
 from services.gateway.validation.chat import chat_prompt
-from services.gateway.validation.common import Job, check_rid, nonempty, samples, token_ids
+from services.gateway.validation.common import Job, client_rids, nonempty, samples, token_ids
 from services.gateway.validation.constraints import native_constraint
 from services.gateway.validation.limits import MAX_BATCH, MAX_LOGPROBS, MAX_N
 from services.gateway.validation.sampling import check_range, native_sampling
+from services.gateway.validation.sglang_fields import refuse_unsupported
 from shared.messages.tokenize import Prompt, TextPrompt, TokenPrompt
 
 
@@ -33,10 +32,15 @@ def native_chat_jobs(messages: list[ChatMessageBody], body: GenerateBody) -> lis
 
 def check_native_options(body: GenerateBody) -> None:
     s = body.sampling_params
+    refuse_unsupported(body)
+    refuse_unsupported(s, "sampling_params.")
     if not 1 <= s.n <= MAX_N:
         raise invalid(
             f"sampling_params.n must be between 1 and {MAX_N}, got {s.n}", "sampling_params.n"
         )
+    if s.seed is None and s.sampling_seed is not None and not -(2**63) <= s.sampling_seed < 2**64:
+        param = "sampling_params.sampling_seed"
+        raise invalid(f"{param} must fit in 64 bits, got {s.sampling_seed}", param)
     check_range(
         "top_logprobs_num",
         body.top_logprobs_num,
@@ -54,7 +58,7 @@ def check_native_options(body: GenerateBody) -> None:
 def prompt_jobs(prompts: list[Prompt], batched: bool, body: GenerateBody) -> list[Job]:
     """One job per prompt and sample, with `body`'s sampling, logprob options and rids."""
     s = body.sampling_params
-    rids = native_rids(body.rid, len(prompts), batched)
+    rids = client_rids(body.rid, len(prompts), batched)
     sampling = native_sampling(s)
     if body.return_logprob:
         sampling = msgspec.structs.replace(
@@ -74,23 +78,8 @@ def prompt_jobs(prompts: list[Prompt], batched: bool, body: GenerateBody) -> lis
             constraint=constraint,
             api="native",
         )
-        for i, sample in enumerate(samples(job, s.n)):
-            # SGLang names the samples of a client-chosen rid rid, rid-1, rid-2, ...
-            jobs.append(sample if i == 0 or rid is None else replace(sample, rid=f"{rid}-{i}"))
+        jobs += samples(job, s.n)
     return jobs
-
-
-def native_rids(rid: str | list[str] | None, count: int, batched: bool) -> list[str | None]:
-    if rid is None:
-        return [None] * count
-    rids = rid if isinstance(rid, list) else [rid]
-    if isinstance(rid, list) != batched or len(rids) != count:
-        raise invalid("rid must be a string for one prompt, or a list with one per prompt", "rid")
-    for i, r in enumerate(rids):
-        check_rid(r, f"rid[{i}]" if batched else "rid")
-    if len(set(rids)) != len(rids):
-        raise invalid("rid must not repeat within a batch", "rid")
-    return list(rids)
 
 
 def native_prompts(body: GenerateBody) -> tuple[list[Prompt], bool]:

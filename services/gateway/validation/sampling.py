@@ -47,6 +47,11 @@ def openai_sampling(
         frequency_penalty=body.frequency_penalty or 0.0,
         presence_penalty=body.presence_penalty or 0.0,
         logit_bias=body.logit_bias,
+        stop_regex=body.stop_regex,
+        no_stop_trim=body.no_stop_trim,
+        # 0 as SGLang takes it: the prompt only (with echo and logprobs, its scores: what
+        # lm-evaluation-harness asks OpenAI-style servers for), an empty completion
+        fewest_new_tokens=0,
     )
 
 
@@ -64,12 +69,13 @@ def native_sampling(s: NativeSamplingBody) -> SamplingParams:
         ignore_eos=s.ignore_eos,
         skip_special_tokens=s.skip_special_tokens,
         spaces_between_special_tokens=s.spaces_between_special_tokens,
-        seed=s.seed,
+        seed=s.seed if s.seed is not None else s.sampling_seed,
         repetition_penalty=s.repetition_penalty,
         frequency_penalty=s.frequency_penalty,
         presence_penalty=s.presence_penalty,
         logit_bias=s.logit_bias,
         stop_regex=s.stop_regex,
+        no_stop_trim=s.no_stop_trim,
         # SGLang's: 0 computes (and caches) the prompt only, for its logprobs
         fewest_new_tokens=0,
     )
@@ -95,6 +101,7 @@ def sampling_params(
     presence_penalty: float = 0.0,
     logit_bias: dict[str, float] | None = None,
     stop_regex: str | list[str] | None = None,
+    no_stop_trim: bool = False,
     fewest_new_tokens: int = 1,
 ) -> SamplingParams:
     """Range-check sampling controls; `name(field)` is the field as the client spelled it."""
@@ -146,6 +153,7 @@ def sampling_params(
         presence_penalty=presence_penalty,
         logit_bias=logit_biases(logit_bias, name("logit_bias")),
         stop_regex=stop_regexes(stop_regex, name("stop_regex")),
+        no_stop_trim=no_stop_trim,
     )
 
 

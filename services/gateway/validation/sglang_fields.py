@@ -1,0 +1,60 @@
+"""SGLang's request fields that radixserve does not act on (protocol.SGLangFields and the rest
+of /generate's): each passes at its "off" value, which SGLang's own clients send by default,
+and is refused by name, with the reason, when it asks for something."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from services.gateway.errors import invalid
+
+_NO_LORA = "this server serves one model, without LoRA adapters"
+_NO_DISAGG = "this server does not split prefill and decode across servers"
+_TEXT_ONLY = "the served model reads text only"
+
+# field -> why it cannot be honoured
+REASONS: dict[str, str] = {
+    "lora_path": _NO_LORA,
+    "lora_id": _NO_LORA,
+    "return_hidden_states": "hidden states are not returned",
+    "session_params": "there are no stateful sessions; send the whole conversation",
+    "custom_logit_processor": "this server runs no client code",
+    "custom_params": "it feeds custom logit processors, which this server does not run",
+    "bootstrap_host": _NO_DISAGG,
+    "bootstrap_port": _NO_DISAGG,
+    "bootstrap_room": _NO_DISAGG,
+    "bootstrap_pair_key": _NO_DISAGG,
+    "extra_key": "every request shares the prefix cache",
+    "cache_salt": "every request shares the prefix cache",
+    "priority": "requests are scheduled in arrival order",
+    "custom_labels": "metrics carry no per-request labels",
+    "image_data": _TEXT_ONLY,
+    "video_data": _TEXT_ONLY,
+    "audio_data": _TEXT_ONLY,
+    "input_embeds": "prompts are text or token ids",
+    "modalities": _TEXT_ONLY,
+    "token_ids_logprob": "ask for top_logprobs_num instead",
+    "data_parallel_rank": "the scheduler chooses the executor (by prefix-cache affinity)",
+    "background": "requests are answered while the client waits",
+    "return_bytes": "texts are returned as strings",
+    "return_entropy": "the sampling distribution's entropy is not returned",
+    "structural_tag": "use json_schema, regex or ebnf",
+}
+
+
+def is_off(value: Any) -> bool:
+    """None, false, or a list (one per prompt of a batch) of them."""
+    if isinstance(value, list):
+        return all(is_off(v) for v in value)
+    return value is None or value is False
+
+
+def refuse_unsupported(body: msgspec.Struct, prefix: str = "") -> None:
+    """A 400 naming the first of `body`'s fields in REASONS that is not off."""
+    for name in body.__struct_fields__:
+        reason = REASONS.get(name)
+        if reason is not None and not is_off(getattr(body, name)):
+            param = prefix + name
+            raise invalid(f"{param} is not supported: {reason}", param)

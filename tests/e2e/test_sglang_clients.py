@@ -1,0 +1,147 @@
+"""What SGLang's own clients send, through every service of the tiny stack: its benchmark
+(`python -m sglang.bench_serving`, unmodified) on each of its request paths, and the fields of
+SGLang's OpenAI dialect through the `openai` client's extra_body (regex, ebnf, json_schema,
+stop_regex, no_stop_trim, rid, continue_final_message, max_tokens 0 with echo)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from tests.e2e.stack import Stack
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+MODEL = "tiny-llama-11"
+PROMPTS = 6
+
+# bench_serving imports Hugging Face `datasets` for its dataset loaders; the random-ids
+# dataset used here never calls it, and the package is not among radixserve's.
+DATASETS_STUB = (
+    "def load_dataset(*args, **kwargs):\n"
+    "    raise RuntimeError('the tests run bench_serving on random-ids only')\n"
+)
+
+
+def client(stack: Stack) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.mark.parametrize("backend", ["sglang", "sglang-oai", "sglang-oai-chat"])
+def test_sglang_bench_serving_completes_every_request(
+    tiny_stack: Stack, tiny_model_dir: Path, tmp_path: Path, backend: str
+) -> None:
+    """Its /generate bodies carry `"lora_path": null`, and its random output lengths include
+    0 (max_tokens 0 on the OpenAI paths): both were 400s, which failed its warm-up."""
+    (tmp_path / "datasets").mkdir()
+    (tmp_path / "datasets" / "__init__.py").write_text(DATASETS_STUB)
+    out = tmp_path / "bench.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", backend]
+    cmd += ["--base-url", tiny_stack.base_url, "--tokenizer", str(tiny_model_dir)]
+    cmd += ["--dataset-name", "random-ids", "--num-prompts", str(PROMPTS)]
+    cmd += ["--random-input-len", "24", "--random-output-len", "6", "--seed", "3"]
+    cmd += ["--output-file", str(out), "--disable-tqdm"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (result,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert result["completed"] == PROMPTS, result
+    assert result["total_output_tokens"] > 0
+
+
+def test_sglang_constraint_and_stop_fields_through_the_openai_client(tiny_stack: Stack) -> None:
+    c = client(tiny_stack)
+    messages: list[Any] = [{"role": "user", "content": "the thin"}]
+    digits = c.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=6, extra_body={"regex": "[0-9]{4}"}
+    )
+    assert digits.choices[0].message.content is not None
+    assert len(digits.choices[0].message.content) == 4
+    assert digits.choices[0].message.content.isdigit()
+    yes_no = c.completions.create(
+        model=MODEL, prompt="the", max_tokens=4, extra_body={"ebnf": 'root ::= "yes" | "no"'}
+    )
+    assert yes_no.choices[0].text in ("yes", "no")
+    flag = c.completions.create(
+        model=MODEL, prompt="the", max_tokens=8, extra_body={"json_schema": '{"type": "boolean"}'}
+    )
+    assert json.loads(flag.choices[0].text) in (True, False)
+
+    def greedy(**extra: Any) -> str:
+        out = c.completions.create(
+            model=MODEL,
+            prompt="the thin",
+            max_tokens=24,
+            temperature=0,
+            extra_body={"ignore_eos": True, **extra},
+        )
+        return out.choices[0].text
+
+    full = greedy()
+    stop = full[5:7]  # two characters from inside the output: the first match of them ends it
+    cut = full.index(stop)
+    assert greedy(stop=[stop]) == full[:cut]
+    assert greedy(stop=[stop], no_stop_trim=True) == full[: cut + len(stop)]
+    regex = "".join(f"[{ch}]" if ch.strip() else r"\s" for ch in stop)
+    assert greedy(stop_regex=regex) == full[: cut + len(stop)]  # a regex match is kept
+
+
+def test_rid_names_the_request_and_its_samples(tiny_stack: Stack) -> None:
+    c = client(tiny_stack)
+    out = c.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "a"}],
+        max_tokens=2,
+        n=2,
+        extra_body={"rid": "sglang-client-rid"},
+    )
+    assert out.id.endswith("sglang-client-rid") and len(out.choices) == 2
+    with pytest.raises(openai.BadRequestError, match="not supported: this server serves one"):
+        c.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "a"}],
+            max_tokens=2,
+            extra_body={"lora_path": "my-adapter"},
+        )
+
+
+def test_continue_final_message_continues_the_assistant_text(tiny_stack: Stack) -> None:
+    """The same greedy tokens as the rendered text sent as a plain prompt: the template left
+    the assistant's message open (no end of turn, no new generation prompt)."""
+    c = client(tiny_stack)
+    messages: list[Any] = [
+        {"role": "user", "content": "the thin"},
+        {"role": "assistant", "content": "the thing in"},
+    ]
+    chat = c.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=8,
+        temperature=0,
+        extra_body={"continue_final_message": True, "ignore_eos": True},
+    )
+    rendered = "<|im_start|>user\nthe thin<|im_end|>\n<|im_start|>assistant\nthe thing in"
+    plain = c.completions.create(
+        model=MODEL, prompt=rendered, max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert chat.choices[0].message.content == plain.choices[0].text
+
+
+def test_zero_max_tokens_with_echo_scores_the_prompt(tiny_stack: Stack) -> None:
+    """lm-evaluation-harness's loglikelihood request: the prompt's logprobs, nothing new."""
+    out = client(tiny_stack).completions.create(
+        model=MODEL, prompt="the thin dog", max_tokens=0, echo=True, logprobs=1
+    )
+    choice = out.choices[0]
+    assert choice.text == "the thin dog" and choice.finish_reason == "length"
+    assert out.usage is not None and out.usage.completion_tokens == 0
+    assert choice.logprobs is not None and choice.logprobs.token_logprobs is not None
+    assert len(choice.logprobs.token_logprobs) == out.usage.prompt_tokens
+    assert all(lp is not None and lp <= 0 for lp in choice.logprobs.token_logprobs[1:])
