@@ -68,6 +68,23 @@ class SGLangFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     custom_labels: Any = None
 
 
+class StructuredOutputs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """vLLM's `structured_outputs` (since its v0.12; the guided_* fields before): at most one
+    of json, regex, choice, grammar (EBNF) and json_object. The rest is refused when it asks
+    for something (validation/sglang_fields.py), but disable_fallback: there is one backend."""
+
+    json: str | dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    whitespace_pattern: str | None = None
+    structural_tag: Any = None
+    disable_fallback: bool = False
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+
+
 class _OpenAIParams(SGLangFields, kw_only=True):
     """Parameters common to /v1/completions and /v1/chat/completions."""
 
@@ -104,6 +121,16 @@ class _OpenAIParams(SGLangFields, kw_only=True):
     no_stop_trim: bool = False
     # SGLang's: the request's id (its samples rid-1, rid-2, ...), for /abort_request
     rid: str | list[str] | None = None
+    # vLLM's structured output, the current field and the older ones (removed in its v0.12,
+    # still in clients' code), and its name for no_stop_trim
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None  # refused when given
+    guided_decoding_backend: str | None = None  # accepted and not used: there is one backend
+    include_stop_str_in_output: bool = False
 
 
 class CompletionBody(_OpenAIParams, kw_only=True):

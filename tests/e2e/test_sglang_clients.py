@@ -1,7 +1,8 @@
 """What SGLang's own clients send, through every service of the tiny stack: its benchmark
 (`python -m sglang.bench_serving`, unmodified) on each of its request paths, and the fields of
 SGLang's OpenAI dialect through the `openai` client's extra_body (regex, ebnf, json_schema,
-stop_regex, no_stop_trim, rid, continue_final_message, max_tokens 0 with echo)."""
+stop_regex, no_stop_trim, rid, continue_final_message, max_tokens 0 with echo); and vLLM's
+names for structured output and kept stop strings."""
 
 from __future__ import annotations
 
@@ -74,23 +75,26 @@ def test_sglang_constraint_and_stop_fields_through_the_openai_client(tiny_stack:
     )
     assert json.loads(flag.choices[0].text) in (True, False)
 
-    def greedy(**extra: Any) -> str:
-        out = c.completions.create(
-            model=MODEL,
-            prompt="the thin",
-            max_tokens=24,
-            temperature=0,
-            extra_body={"ignore_eos": True, **extra},
-        )
-        return out.choices[0].text
-
-    full = greedy()
+    full = greedy(c)
     stop = full[5:7]  # two characters from inside the output: the first match of them ends it
     cut = full.index(stop)
-    assert greedy(stop=[stop]) == full[:cut]
-    assert greedy(stop=[stop], no_stop_trim=True) == full[: cut + len(stop)]
+    assert greedy(c, stop=[stop]) == full[:cut]
+    assert greedy(c, stop=[stop], no_stop_trim=True) == full[: cut + len(stop)]
     regex = "".join(f"[{ch}]" if ch.strip() else r"\s" for ch in stop)
-    assert greedy(stop_regex=regex) == full[: cut + len(stop)]  # a regex match is kept
+    assert greedy(c, stop_regex=regex) == full[: cut + len(stop)]  # a regex match is kept
+
+
+def greedy(c: openai.OpenAI, stop: list[str] | None = None, **extra: Any) -> str:
+    """24 greedy tokens after "the thin" (no EOS), with SGLang's or vLLM's `extra` fields."""
+    out = c.completions.create(
+        model=MODEL,
+        prompt="the thin",
+        max_tokens=24,
+        temperature=0,
+        stop=stop,
+        extra_body={"ignore_eos": True, **extra},
+    )
+    return out.choices[0].text
 
 
 def test_rid_names_the_request_and_its_samples(tiny_stack: Stack) -> None:
@@ -145,3 +149,27 @@ def test_zero_max_tokens_with_echo_scores_the_prompt(tiny_stack: Stack) -> None:
     assert choice.logprobs is not None and choice.logprobs.token_logprobs is not None
     assert len(choice.logprobs.token_logprobs) == out.usage.prompt_tokens
     assert all(lp is not None and lp <= 0 for lp in choice.logprobs.token_logprobs[1:])
+
+
+def test_vllm_structured_output_fields_through_the_openai_client(tiny_stack: Stack) -> None:
+    c = client(tiny_stack)
+    messages: list[Any] = [{"role": "user", "content": "pick one"}]
+    for extra in (
+        {"guided_choice": ["alpha", "beta"]},
+        {"structured_outputs": {"choice": ["alpha", "beta"]}},
+    ):
+        out = c.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=8, extra_body=extra
+        )
+        assert out.choices[0].message.content in ("alpha", "beta")
+    digits = c.completions.create(
+        model=MODEL,
+        prompt="the",
+        max_tokens=6,
+        extra_body={"structured_outputs": {"regex": "[0-9]{3}"}},
+    )
+    assert len(digits.choices[0].text) == 3 and digits.choices[0].text.isdigit()
+    full = greedy(c)
+    stop = full[5:7]
+    kept = greedy(c, stop=[stop], include_stop_str_in_output=True)
+    assert kept == full[: full.index(stop) + len(stop)]

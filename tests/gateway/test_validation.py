@@ -8,7 +8,13 @@ import msgspec
 import pytest
 
 from services.gateway.errors import ApiError, from_decode_error
-from services.gateway.protocol import ChatBody, CompletionBody, GenerateBody, NativeSamplingBody
+from services.gateway.protocol import (
+    ChatBody,
+    CompletionBody,
+    GenerateBody,
+    NativeSamplingBody,
+    StructuredOutputs,
+)
 from services.gateway.validation import (
     Job,
     chat_job,
@@ -486,11 +492,60 @@ def _set(field: str) -> Any:
 OPENAI_REFUSED = sorted(set(REASONS) & set(ChatBody.__struct_fields__))
 NATIVE_REFUSED = sorted(set(REASONS) & set(GenerateBody.__struct_fields__))
 SAMPLING_REFUSED = sorted(set(REASONS) & set(NativeSamplingBody.__struct_fields__))
+STRUCTURED_REFUSED = sorted(set(REASONS) & set(StructuredOutputs.__struct_fields__))
 
 
 def test_every_refused_field_is_declared_somewhere() -> None:
     declared = set(OPENAI_REFUSED) | set(NATIVE_REFUSED) | set(SAMPLING_REFUSED)
-    assert declared == set(REASONS)
+    assert declared | set(STRUCTURED_REFUSED) == set(REASONS)
+
+
+@pytest.mark.parametrize("field", STRUCTURED_REFUSED)
+def test_vllm_structured_outputs_options_it_cannot_honour_are_refused(field: str) -> None:
+    value = True if field.startswith("disable_") else "x"
+    body = msgspec.json.encode({"prompt": "a", "structured_outputs": {field: value}})
+    assert refusal(body, CompletionBody).param == f"structured_outputs.{field}"
+
+
+@pytest.mark.parametrize(
+    ("extra", "constraint"),
+    [
+        ({"guided_json": {"type": "object"}}, JsonSchemaConstraint(schema='{"type":"object"}')),
+        ({"guided_regex": "a+"}, RegexConstraint(pattern="a+")),
+        ({"guided_choice": ["x", "y"]}, ChoiceConstraint(choices=["x", "y"])),
+        ({"guided_grammar": 'root ::= "a"'}, EbnfConstraint(grammar='root ::= "a"')),
+        ({"structured_outputs": {"json": "{}"}}, JsonSchemaConstraint(schema="{}")),
+        ({"structured_outputs": {"regex": "a+"}}, RegexConstraint(pattern="a+")),
+        ({"structured_outputs": {"choice": ["x"]}}, ChoiceConstraint(choices=["x"])),
+        ({"structured_outputs": {"grammar": "g"}}, EbnfConstraint(grammar="g")),
+        (
+            {"structured_outputs": {"json_object": True, "disable_fallback": True}},
+            JsonSchemaConstraint(schema='{"type": "object"}'),
+        ),
+        ({"guided_decoding_backend": "xgrammar"}, None),
+    ],
+)
+@pytest.mark.parametrize("type_", [ChatBody, CompletionBody])
+def test_vllm_structured_output_fields(extra: dict[str, Any], constraint: Any, type_: type) -> None:
+    fields: dict[str, Any] = {"prompt": "a"} if type_ is CompletionBody else {}
+    if type_ is ChatBody:
+        fields["messages"] = [{"role": "user", "content": "a"}]
+    body: Any = decode(msgspec.json.encode({**fields, **extra}), type_)
+    job = completion_job(body, MODEL) if type_ is CompletionBody else chat_job(body, MODEL)
+    if constraint is None:
+        assert job.constraint is None
+    else:  # the field is named as the client wrote it
+        (field,) = extra
+        if field == "structured_outputs":
+            field += "." + next(iter(extra[field]))  # its first key: the constraint's
+        assert job.constraint == msgspec.structs.replace(constraint, param=field)
+
+
+def test_vllm_include_stop_str_in_output_is_no_stop_trim() -> None:
+    body = b'{"prompt": "a", "stop": ["x"], "include_stop_str_in_output": true}'
+    assert completion_job(decode(body, CompletionBody), MODEL).sampling.no_stop_trim
+    both = b'{"prompt": "a", "guided_regex": "a", "structured_outputs": {"choice": ["b"]}}'
+    assert refusal(both, CompletionBody).param == "structured_outputs.choice"
 
 
 @pytest.mark.parametrize("field", NATIVE_REFUSED)

@@ -21,6 +21,7 @@ from services.gateway.validation.limits import (
     MAX_CONSTRAINT_CHARS,
     SCHEMA_NAME_PATTERN,
 )
+from services.gateway.validation.sglang_fields import refuse_unsupported
 from shared.messages.common import (
     ChoiceConstraint,
     Constraint,
@@ -48,62 +49,76 @@ def response_format_constraint(fmt: ResponseFormat | None) -> Constraint | None:
     )
 
 
+# A constraint as a request gave it: (the field as the client spelled it, its kind, its value)
+Given = tuple[str, str, Any]
+
+
 def openai_constraint(body: CompletionBody | ChatBody) -> Constraint | None:
-    """`response_format`, or SGLang's `regex` / `ebnf` (and, on completions, `json_schema`)
-    beside it: at most one of them."""
+    """`response_format`, SGLang's `regex` / `ebnf` (and, on completions, `json_schema`), or
+    vLLM's `structured_outputs` and `guided_*`: at most one of them."""
     fmt = response_format_constraint(body.response_format)
-    json_schema = body.json_schema if isinstance(body, CompletionBody) else None
-    given = {
-        "response_format": fmt,
-        "regex": body.regex,
-        "ebnf": body.ebnf,
-        "json_schema": json_schema,
-    }
-    _at_most_one([name for name, value in given.items() if value is not None], "")
-    return _sglang_constraint(json_schema, body.regex, body.ebnf, "") or fmt
+    given: list[Given] = [
+        ("regex", "regex", body.regex),
+        ("ebnf", "ebnf", body.ebnf),
+        ("json_schema", "json", body.json_schema if isinstance(body, CompletionBody) else None),
+        ("guided_json", "json", body.guided_json),
+        ("guided_regex", "regex", body.guided_regex),
+        ("guided_choice", "choice", body.guided_choice),
+        ("guided_grammar", "ebnf", body.guided_grammar),
+    ]
+    so = body.structured_outputs
+    if so is not None:
+        refuse_unsupported(so, "structured_outputs.")
+        given += [
+            ("structured_outputs.json", "json", so.json),
+            ("structured_outputs.regex", "regex", so.regex),
+            ("structured_outputs.choice", "choice", so.choice),
+            ("structured_outputs.grammar", "ebnf", so.grammar),
+            (
+                "structured_outputs.json_object",
+                "json",
+                '{"type": "object"}' if so.json_object else None,
+            ),
+        ]
+    names = ["response_format"] if fmt is not None else []
+    _at_most_one(names + [param for param, _, value in given if value is not None])
+    return _one_of(given) or fmt
 
 
 def native_constraint(s: NativeSamplingBody) -> Constraint | None:
     """`sampling_params.json_schema` / `regex` / `ebnf` / `choices`: at most one of them."""
-    given = [
-        name for name in ("json_schema", "regex", "ebnf", "choices") if getattr(s, name) is not None
+    given: list[Given] = [
+        ("sampling_params.json_schema", "json", s.json_schema),
+        ("sampling_params.regex", "regex", s.regex),
+        ("sampling_params.ebnf", "ebnf", s.ebnf),
+        ("sampling_params.choices", "choice", s.choices),
     ]
-    if not given:
-        return None
-    _at_most_one(given, "sampling_params.")
-    constraint = _sglang_constraint(s.json_schema, s.regex, s.ebnf, "sampling_params.")
-    if constraint is not None:
-        return constraint
-    param = f"sampling_params.{given[0]}"
-    assert s.choices is not None
-    if not s.choices or len(s.choices) > MAX_CHOICES:
-        raise invalid(f"{param} must hold 1 to {MAX_CHOICES} strings", param)
-    if sum(len(c) for c in s.choices) > MAX_CONSTRAINT_CHARS:
-        raise invalid(f"{param} may hold at most {MAX_CONSTRAINT_CHARS} characters", param)
-    return ChoiceConstraint(choices=list(s.choices), param=param)
+    _at_most_one([param for param, _, value in given if value is not None])
+    return _one_of(given)
 
 
-def _at_most_one(given: list[str], prefix: str) -> None:
+def _at_most_one(given: list[str]) -> None:
     if len(given) > 1:
-        names = " and ".join(prefix + n for n in given)
-        raise invalid(
-            f"give at most one structured-output constraint; got {names}", prefix + given[1]
-        )
+        names = " and ".join(given)
+        raise invalid(f"give at most one structured-output constraint; got {names}", given[1])
 
 
-def _sglang_constraint(
-    json_schema: str | dict[str, Any] | None, regex: str | None, ebnf: str | None, prefix: str
-) -> Constraint | None:
-    """SGLang's three constraint fields (at most one given), named with `prefix`."""
-    if json_schema is not None:
-        param = prefix + "json_schema"
-        return JsonSchemaConstraint(schema=_schema_text(json_schema, param), param=param)
-    if regex is not None:
-        param = prefix + "regex"
-        return RegexConstraint(pattern=_constraint_text(regex, param), param=param)
-    if ebnf is not None:
-        param = prefix + "ebnf"
-        return EbnfConstraint(grammar=_constraint_text(ebnf, param), param=param)
+def _one_of(given: list[Given]) -> Constraint | None:
+    """The constraint of the one field given (at most one is), or None."""
+    for param, kind, value in given:
+        if value is None:
+            continue
+        if kind == "json":
+            return JsonSchemaConstraint(schema=_schema_text(value, param), param=param)
+        if kind == "regex":
+            return RegexConstraint(pattern=_constraint_text(value, param), param=param)
+        if kind == "ebnf":
+            return EbnfConstraint(grammar=_constraint_text(value, param), param=param)
+        if not value or len(value) > MAX_CHOICES:
+            raise invalid(f"{param} must hold 1 to {MAX_CHOICES} strings", param)
+        if sum(len(c) for c in value) > MAX_CONSTRAINT_CHARS:
+            raise invalid(f"{param} may hold at most {MAX_CONSTRAINT_CHARS} characters", param)
+        return ChoiceConstraint(choices=list(value), param=param)
     return None
 
 

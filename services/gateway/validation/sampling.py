@@ -48,7 +48,7 @@ def openai_sampling(
         presence_penalty=body.presence_penalty or 0.0,
         logit_bias=body.logit_bias,
         stop_regex=body.stop_regex,
-        no_stop_trim=body.no_stop_trim,
+        no_stop_trim=body.no_stop_trim or body.include_stop_str_in_output,
         # 0 as SGLang takes it: the prompt only (with echo and logprobs, its scores: what
         # lm-evaluation-harness asks OpenAI-style servers for), an empty completion
         fewest_new_tokens=0,

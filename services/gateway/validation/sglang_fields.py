@@ -1,6 +1,7 @@
-"""SGLang's request fields that radixserve does not act on (protocol.SGLangFields and the rest
-of /generate's): each passes at its "off" value, which SGLang's own clients send by default,
-and is refused by name, with the reason, when it asks for something."""
+"""SGLang's (and a few of vLLM's) request fields that radixserve does not act on
+(protocol.SGLangFields, the rest of /generate's, StructuredOutputs'): each passes at its "off"
+value, which SGLang's own clients send by default, and is refused by name, with the reason,
+when it asks for something."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from services.gateway.errors import invalid
 _NO_LORA = "this server serves one model, without LoRA adapters"
 _NO_DISAGG = "this server does not split prefill and decode across servers"
 _TEXT_ONLY = "the served model reads text only"
+_WHITESPACE = "JSON output takes the whitespace the grammar backend allows"
 
 # field -> why it cannot be honoured
 REASONS: dict[str, str] = {
@@ -41,6 +43,11 @@ REASONS: dict[str, str] = {
     "return_bytes": "texts are returned as strings",
     "return_entropy": "the sampling distribution's entropy is not returned",
     "structural_tag": "use json_schema, regex or ebnf",
+    # vLLM's
+    "guided_whitespace_pattern": _WHITESPACE,
+    "whitespace_pattern": _WHITESPACE,
+    "disable_any_whitespace": _WHITESPACE,
+    "disable_additional_properties": "a JSON schema's additionalProperties decides",
 }
 
 
