@@ -1,4 +1,5 @@
-"""GET /get_model_info and GET /get_server_info (SGLang's): what is served, and by whom.
+"""GET /get_model_info, /get_server_info and /get_load (SGLang's): what is served, by whom, and
+how busy.
 
 The gateway loads no model, so both read the services' heartbeats: tokenizers describe the
 model (shared/messages/heartbeat.py ModelInfo), executors report their context and load.
@@ -166,6 +167,29 @@ def public_server_info(full: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+async def get_load(request: web.Request) -> web.StreamResponse:
+    """SGLang's load report, which its router balances data-parallel ranks by: per live
+    executor (its rank: the place of its instance name in order), its requests running or
+    waiting, those waiting, and its tokens: the KV slots in use (not free, not evictable
+    cache) plus the prompts waiting to start, as SGLang's scheduler counts them."""
+    loads = await executor_loads(request.app[STATE])
+    return json_response(
+        [
+            {
+                "dp_rank": rank,
+                "num_reqs": load.running + load.waiting,
+                "num_waiting_reqs": load.waiting,
+                "num_tokens": load.total_kv_tokens
+                - load.free_kv_tokens
+                - load.evictable_tokens
+                + load.waiting_tokens,
+            }
+            for rank, load in enumerate(loads)
+        ]
+    )
+
+
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/get_model_info", get_model_info)
     app.router.add_get("/get_server_info", get_server_info)
+    app.router.add_get("/get_load", get_load)

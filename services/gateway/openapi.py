@@ -157,6 +157,13 @@ OPERATIONS = [
     ),
     Operation(
         "get",
+        "/get_load",
+        "SGLang's load report: per executor (data-parallel rank), requests and KV tokens",
+        '`[{"dp_rank": 0, "num_reqs": N, "num_waiting_reqs": W, "num_tokens": T}, ...]`',
+        errors={503: "redis is unreachable"},
+    ),
+    Operation(
+        "get",
         "/health",
         "a request can be served end to end now: every stage has a fresh heartbeat",
         '`{"status": "ok", ...}`',

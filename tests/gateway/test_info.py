@@ -99,6 +99,21 @@ async def test_server_info(
     assert executor["waiting"] == 1 and executor["running"] == 2
 
 
+async def test_load_per_executor_as_sglang_reports_it(
+    gw: Running, services: list[Service], http
+) -> None:
+    async with http.get(f"{gw.url}/get_load") as r:
+        assert r.status == 200
+        body = await r.json()
+    # 100 of 1,000 slots used (none evictable), no prompt waiting to start
+    assert body == [{"dp_rank": 0, "num_reqs": 3, "num_waiting_reqs": 1, "num_tokens": 100}]
+
+
+async def test_load_with_no_executor_is_empty(gw: Running, http) -> None:
+    async with http.get(f"{gw.url}/get_load") as r:
+        assert r.status == 200 and await r.json() == []
+
+
 def test_redis_passwords_are_redacted() -> None:
     assert redact("redis://:s3cret@db:6380/1") == "redis://:***@db:6380/1"
     assert redact("redis://me:s3cret@db/0") == "redis://me:***@db/0"
