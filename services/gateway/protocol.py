@@ -176,6 +176,22 @@ class ChatBody(_OpenAIParams, kw_only=True):
     # starting a new one; the template then writes no generation prompt
     continue_final_message: bool = False
     add_generation_prompt: bool = True
+    # OpenAI's fields that change nothing a client receives here: accepted and not used
+    # (nothing is stored; the prefix cache needs no key; there is one service tier)
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    safety_identifier: str | None = None
+    prediction: Any = None  # predicted output: a latency hint, the output is the same
+    modalities: list[str] | None = None  # ["text"] only (checked in validation)
+    # ... and those refused when set (validation/sglang_fields.py)
+    audio: Any = None
+    functions: Any = None
+    function_call: Any = None
+    verbosity: Any = None
+    web_search_options: Any = None
 
 
 class NativeSamplingBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -661,3 +661,17 @@ def test_continue_final_message_renders_into_the_last_message() -> None:
     off = b'{"messages": [{"role": "user", "content": "a"}], "add_generation_prompt": false}'
     prompt = chat_job(decode(off, ChatBody), MODEL).prompt
     assert isinstance(prompt, ChatPrompt) and not prompt.add_generation_prompt
+
+
+def test_openai_fields_that_change_no_output_pass() -> None:
+    """What the openai client sends for store, metadata, service tiers, cache keys and the
+    like: nothing is stored and the prefix cache needs no key, so the output is the same."""
+    body = (
+        b'{"messages": [{"role": "user", "content": "a"}], "store": false, "metadata": {"k": "v"},'
+        b' "service_tier": "auto", "prompt_cache_key": "u1", "prompt_cache_retention": "24h",'
+        b' "safety_identifier": "h", "prediction": {"type": "content", "content": "x"},'
+        b' "modalities": ["text"]}'
+    )
+    assert chat_job(decode(body, ChatBody), MODEL).sampling == SamplingParams()
+    audio = b'{"messages": [{"role": "user", "content": "a"}], "modalities": ["text", "audio"]}'
+    assert refusal(audio, ChatBody).param == "modalities"

@@ -1,7 +1,7 @@
-"""SGLang's (and a few of vLLM's) request fields that radixserve does not act on
-(protocol.SGLangFields, the rest of /generate's, StructuredOutputs'): each passes at its "off"
-value, which SGLang's own clients send by default, and is refused by name, with the reason,
-when it asks for something."""
+"""Request fields of SGLang's API (and some of vLLM's and OpenAI's) that radixserve does not
+act on (protocol.SGLangFields, the rest of /generate's, StructuredOutputs', ChatBody's): each
+passes at its "off" value, which SGLang's own clients send by default, and is refused by name,
+with the reason, when it asks for something."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ _NO_LORA = "this server serves one model, without LoRA adapters"
 _NO_DISAGG = "this server does not split prefill and decode across servers"
 _TEXT_ONLY = "the served model reads text only"
 _WHITESPACE = "JSON output takes the whitespace the grammar backend allows"
+_FUNCTIONS = "OpenAI's deprecated function calling; send tools (and tool_choice)"
 
 # field -> why it cannot be honoured
 REASONS: dict[str, str] = {
@@ -43,6 +44,12 @@ REASONS: dict[str, str] = {
     "return_bytes": "texts are returned as strings",
     "return_entropy": "the sampling distribution's entropy is not returned",
     "structural_tag": "use json_schema, regex or ebnf",
+    # OpenAI's
+    "audio": "the served model writes text only",
+    "functions": _FUNCTIONS,
+    "function_call": _FUNCTIONS,
+    "verbosity": "the served model has no verbosity setting; say so in the messages",
+    "web_search_options": "this server has no web search",
     # vLLM's
     "guided_whitespace_pattern": _WHITESPACE,
     "whitespace_pattern": _WHITESPACE,
@@ -58,10 +65,19 @@ def is_off(value: Any) -> bool:
     return value is None or value is False
 
 
+def _text_only(value: Any) -> bool:
+    return isinstance(value, list) and all(v == "text" for v in value)
+
+
+# Fields with an "off" value of their own: modalities ["text"] asks for nothing more
+OFF_TOO = {"modalities": _text_only}
+
+
 def refuse_unsupported(body: msgspec.Struct, prefix: str = "") -> None:
     """A 400 naming the first of `body`'s fields in REASONS that is not off."""
     for name in body.__struct_fields__:
         reason = REASONS.get(name)
-        if reason is not None and not is_off(getattr(body, name)):
+        value = getattr(body, name)
+        if reason is not None and not (is_off(value) or OFF_TOO.get(name, is_off)(value)):
             param = prefix + name
             raise invalid(f"{param} is not supported: {reason}", param)
