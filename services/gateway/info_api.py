@@ -17,9 +17,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 from aiohttp import web
+from google.protobuf import json_format
 
+import radixserve
 from services.gateway.access import caller
-from services.gateway.errors import ApiError
+from services.gateway.errors import ApiError, invalid
+from services.gateway.grpc.smg_loads import loads_response
 from services.gateway.readiness import PIPELINE
 from services.gateway.responses import json_response
 from services.gateway.state import STATE, GatewayState
@@ -189,7 +192,36 @@ async def get_load(request: web.Request) -> web.StreamResponse:
     )
 
 
+async def get_loads(request: web.Request) -> web.StreamResponse:
+    """SGLang's newer GET /v1/loads, which SMG's HTTP mode polls: per-rank loads and their
+    aggregate, the same answer as the gRPC GetLoads (grpc/smg_loads.py), as JSON.
+    `?dp_rank=N`, `?include=core,memory,...`; `format=prometheus` is refused (see /metrics)."""
+    query = request.query
+    if query.get("format", "json") != "json":
+        raise invalid("format must be json; Prometheus metrics are at /metrics", "format")
+    rank = query.get("dp_rank")
+    if rank is not None and not rank.isdigit():
+        raise invalid(f"dp_rank must be a non-negative integer, got {rank!r}", "dp_rank")
+    include = [s.strip() for s in query.get("include", "").split(",") if s.strip()]
+    loads = await executor_loads(request.app[STATE])
+    answer = loads_response(loads, include, None if rank is None else int(rank))
+    return json_response(
+        json_format.MessageToDict(
+            answer, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+        )
+    )
+
+
+async def version(request: web.Request) -> web.StreamResponse:
+    return json_response({"version": radixserve.__version__})
+
+
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/get_model_info", get_model_info)
     app.router.add_get("/get_server_info", get_server_info)
     app.router.add_get("/get_load", get_load)
+    app.router.add_get("/v1/loads", get_loads)
+    # SGLang's newer names for the above, which SMG asks for first
+    app.router.add_get("/model_info", get_model_info)
+    app.router.add_get("/server_info", get_server_info)
+    app.router.add_get("/version", version)

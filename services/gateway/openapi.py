@@ -164,6 +164,29 @@ OPERATIONS = [
     ),
     Operation(
         "get",
+        "/v1/loads",
+        "SGLang's newer load report (SMG's HTTP mode polls it): per-rank loads and their "
+        "aggregate; `?dp_rank=N`, `?include=core,memory,queues,...`",
+        '`{"timestamp", "version", "dp_rank_count", "loads": [...], "aggregate": {...}}`',
+        errors={400: "a bad dp_rank, include or format", 503: "redis is unreachable"},
+    ),
+    Operation(
+        "get",
+        "/model_info",
+        "the same as /get_model_info (SGLang's newer name)",
+        "the model's description",
+        errors={503: "redis is unreachable"},
+    ),
+    Operation(
+        "get",
+        "/server_info",
+        "the same as /get_server_info (SGLang's newer name)",
+        "the server's description",
+        errors={503: "redis is unreachable"},
+    ),
+    Operation("get", "/version", "radixserve's version", '`{"version": "..."}`'),
+    Operation(
+        "get",
         "/health",
         "a request can be served end to end now: every stage has a fresh heartbeat",
         '`{"status": "ok", ...}`',

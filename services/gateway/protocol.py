@@ -233,6 +233,9 @@ class GenerateBody(SGLangFields, kw_only=True):
     """POST /generate: exactly one of `text` (a string, or a list of them for a batch) and
     `input_ids` (a list of ids, or a list of such lists); checked in validation.py."""
 
+    # routers (SMG) add the model's name; /generate serves the one model and, as SGLang's,
+    # does not read it (SMG sends "unknown" where it has no name)
+    model: str | None = None
     text: str | list[str] | None = None
     input_ids: list[Any] | None = None
     sampling_params: NativeSamplingBody = msgspec.field(default_factory=NativeSamplingBody)

@@ -73,11 +73,13 @@ class Smg:
             raise AssertionError(f"smg did not stop on SIGTERM\n{self.log_tail()}") from None
 
 
-def start_smg(workers: list[Stack], log_path: Path, *extra: str, timeout: float = 120.0) -> Smg:
-    """`smg launch` routing to `workers` over gRPC, once /readiness counts them all healthy
-    (SMG holds it until it has each worker's tokenizer, here from GetTokenizer) and, if there
-    are several, SMG holds a GetLoads answer from each."""
-    urls = [f"grpc://{w.grpc_target}" for w in workers]
+def start_smg(
+    workers: list[Stack], log_path: Path, *extra: str, timeout: float = 120.0, http: bool = False
+) -> Smg:
+    """`smg launch` routing to `workers` over gRPC (or, with `http`, to their HTTP APIs), once
+    /readiness counts them all healthy (SMG holds it until it has each worker's tokenizer,
+    here from GetTokenizer) and, if there are several, SMG holds a GetLoads answer from each."""
+    urls = [w.base_url if http else f"grpc://{w.grpc_target}" for w in workers]
     port = free_port()
     log = open(log_path, "wb")  # noqa: SIM115 - the child writes it for its lifetime
     cmd = [sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", str(port)]
@@ -326,3 +328,42 @@ def test_cache_aware_routing_keeps_each_prefix_on_the_worker_holding_it(
     assert {w.index(True) for w in where} == {0, 1}, where
     tiny_stack.wait_idle()
     second_stack.wait_idle()
+
+
+def test_smgs_http_mode_routes_radixserves_own_api(tiny_stack: Stack, tmp_path: Path) -> None:
+    """SMG in front of radixserve's HTTP API rather than its gRPC workers: it forwards
+    /generate with fields of its own (a model named "unknown" among them) and chat as sent,
+    and balances by the loads it polls from radixserve's /v1/loads."""
+    smg = start_smg([tiny_stack], tmp_path / "smg-http.log", http=True)
+    try:
+        body = {"text": "the thin", "sampling_params": {"max_new_tokens": 6, "temperature": 0}}
+
+        def generate(base: str) -> dict[str, Any]:
+            req = urllib.request.Request(
+                f"{base}/generate",
+                data=json.dumps(body).encode(),
+                headers={"content-type": "application/json"},
+            )
+            with urllib.request.urlopen(req, timeout=60) as r:
+                answer: dict[str, Any] = json.loads(r.read())
+            return answer
+
+        routed = generate(f"http://127.0.0.1:{smg.port}")
+        assert routed["output_ids"] == generate(tiny_stack.base_url)["output_ids"]
+        chat = greedy_chat(smg.client(), HELLO, 8)
+        assert (
+            chat.choices[0].message == greedy_chat(direct(tiny_stack), HELLO, 8).choices[0].message
+        )
+        with urllib.request.urlopen(f"{tiny_stack.base_url}/get_server_info") as r:
+            (executor,) = json.loads(r.read())["executors"]
+
+        def polled() -> bool:  # SMG's load monitor asks every 10 s
+            loads = (smg.get("/get_loads") or {}).get("loads", [])
+            return any(x.get("max_total_num_tokens") == executor["total_kv_tokens"] for x in loads)
+
+        deadline = time.monotonic() + 60
+        while not polled():
+            assert time.monotonic() < deadline, smg.get("/get_loads")
+            time.sleep(0.5)
+    finally:
+        stop_smg(smg)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
+import radixserve
 from services.gateway import health_api
 from services.gateway.info_api import redact
 from shared import constants
@@ -99,12 +101,16 @@ async def test_server_info(
     assert executor["waiting"] == 1 and executor["running"] == 2
 
 
+async def ok_json(http: Any, url: str) -> Any:
+    async with http.get(url) as r:
+        assert r.status == 200
+        return await r.json()
+
+
 async def test_load_per_executor_as_sglang_reports_it(
     gw: Running, services: list[Service], http
 ) -> None:
-    async with http.get(f"{gw.url}/get_load") as r:
-        assert r.status == 200
-        body = await r.json()
+    body = await ok_json(http, f"{gw.url}/get_load")
     # 100 of 1,000 slots used (none evictable), no prompt waiting to start
     assert body == [{"dp_rank": 0, "num_reqs": 3, "num_waiting_reqs": 1, "num_tokens": 100}]
 
@@ -112,6 +118,47 @@ async def test_load_per_executor_as_sglang_reports_it(
 async def test_load_with_no_executor_is_empty(gw: Running, http) -> None:
     async with http.get(f"{gw.url}/get_load") as r:
         assert r.status == 200 and await r.json() == []
+
+
+async def test_v1_loads_is_the_grpc_answer_as_json(
+    gw: Running, services: list[Service], http
+) -> None:
+    body = await ok_json(http, f"{gw.url}/v1/loads")
+    assert body["dp_rank_count"] == 1 and body["version"].startswith("radixserve-")
+    (load,) = body["loads"]
+    assert load["dp_rank"] == 0 and load["num_total_reqs"] == 3
+    assert (load["num_running_reqs"], load["num_waiting_reqs"]) == (2, 1)
+    assert load["num_used_tokens"] == 100 and load["max_total_num_tokens"] == 1000
+    assert load["token_usage"] == pytest.approx(0.1)
+    assert load["memory"]["token_capacity"] == 1000  # every section unless include says
+    assert body["aggregate"]["total_reqs"] == 3
+    async with http.get(f"{gw.url}/v1/loads?include=core&dp_rank=0") as r:
+        assert r.status == 200 and "memory" not in (await r.json())["loads"][0]
+    for query, param in (
+        ("dp_rank=1", "dp_rank"),
+        ("dp_rank=x", "dp_rank"),
+        ("include=gpu", "include"),
+        ("format=prometheus", "format"),
+    ):
+        async with http.get(f"{gw.url}/v1/loads?{query}") as r:
+            assert r.status == 400 and (await r.json())["error"]["param"] == param
+
+
+async def test_sglangs_newer_names_answer_the_same(
+    gw: Running, services: list[Service], http
+) -> None:
+    for old, new in (("/get_model_info", "/model_info"), ("/get_server_info", "/server_info")):
+        async with http.get(f"{gw.url}{old}") as a, http.get(f"{gw.url}{new}") as b:
+            first, second = await a.json(), await b.json()
+        if "gateway" in first:  # its in-flight count and hop medians move between calls
+            first["gateway"].pop("first_token_hops"), second["gateway"].pop("first_token_hops")
+            for found in (first, second):
+                for beats in found["instances"].values():
+                    for beat in beats:
+                        beat.pop("heartbeat_age_s")
+        assert first == second
+    async with http.get(f"{gw.url}/version") as r:
+        assert (await r.json())["version"] == radixserve.__version__
 
 
 def test_redis_passwords_are_redacted() -> None:

@@ -675,3 +675,14 @@ def test_openai_fields_that_change_no_output_pass() -> None:
     assert chat_job(decode(body, ChatBody), MODEL).sampling == SamplingParams()
     audio = b'{"messages": [{"role": "user", "content": "a"}], "modalities": ["text", "audio"]}'
     assert refusal(audio, ChatBody).param == "modalities"
+
+
+def test_what_smg_posts_to_generate_passes() -> None:
+    """SMG's HTTP mode (smg 1.13) forwards /generate with its own fields, a model it may not
+    know included; /generate serves the one model and does not read it."""
+    body = (
+        b'{"text": "hi", "model": "unknown", "sampling_params": {"max_new_tokens": 4},'
+        b' "return_text_in_logprobs": false, "stream": false, "log_metrics": true,'
+        b' "background": false, "no_logs": false, "return_bytes": false, "return_entropy": false}'
+    )
+    assert native_job(decode(body, GenerateBody)).sampling.max_new_tokens == 4
