@@ -116,6 +116,17 @@ async def test_chat_answers_carry_the_reasoning_apart(start_gateway: StartGatewa
         assert "<think" not in (delta.content or "") and "</th" not in (delta.content or "")
     assert "".join(reasoning) == "Two and two make four."
     assert "".join(content) == "Four."
+    assert len([r for r in reasoning if r]) > 1  # streamed as it came
+    # SGLang's stream_reasoning false: the thinking held back, then sent whole
+    held = await client.chat.completions.create(
+        model=MODEL, messages=messages, stream=True, extra_body={"stream_reasoning": False}
+    )
+    pieces = [
+        (chunk.choices[0].delta.model_extra or {}).get("reasoning_content")
+        async for chunk in held
+        if chunk.choices
+    ]
+    assert [p for p in pieces if p] == ["Two and two make four."]
     # SGLang's switch: the output as the model wrote it
     whole = await client.chat.completions.create(
         model=MODEL,
