@@ -58,8 +58,13 @@ async def completions(request: web.Request) -> web.StreamResponse:
         logprobs=body.logprobs is not None,
         echo=body.echo,
     )
+    renderer.continuous_usage = continuous_usage(body)
     group = validation.best_of_count(body)
     return await _answer(request, jobs, group, body.n or 1, renderer)
+
+
+def continuous_usage(body: CompletionBody | ChatBody) -> bool:
+    return bool(body.stream_options and body.stream_options.continuous_usage_stats)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -81,6 +86,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         tools=job.tools,
         tool_parser=TOOL_PARSERS[tool_parser] if tool_parser else None,
     )
+    renderer.continuous_usage = continuous_usage(body)
     n = body.n or 1
     return await _answer(request, [job], n, n, renderer)
 

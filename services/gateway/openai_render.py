@@ -36,6 +36,9 @@ class _Base:
         self.id, self.model, self.include_usage = id, model, include_usage
         self.logprobs = logprobs  # the client asked for them (best_of may fetch them anyway)
         self.created = int(time.time())
+        # vLLM's stream_options.continuous_usage_stats (with include_usage): every chunk of a
+        # choice carries that choice's usage so far
+        self.continuous_usage = False
 
     def envelope(self, kind: str, choices: list[Any]) -> dict[str, Any]:
         return {
@@ -46,10 +49,10 @@ class _Base:
             "choices": choices,
         }
 
-    def chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
+    def chunk(self, choice: dict[str, Any], usage: Usage | None = None) -> dict[str, Any]:
         out = self.envelope(self.chunk_object, [choice])
         if self.include_usage:  # OpenAI: every chunk has "usage": null but the last
-            out["usage"] = None
+            out["usage"] = usage_body(usage) if self.continuous_usage and usage else None
         return out
 
     def tail(self, usage: Usage) -> list[Any]:
@@ -91,7 +94,7 @@ class CompletionRenderer(_Base):
         logprobs = None
         if self.logprobs:
             logprobs, self.offsets[index] = completion_logprobs(entries, self.offsets.get(index, 0))
-        return [self.chunk(self._choice(index, text, d.finish_reason, logprobs))]
+        return [self.chunk(self._choice(index, text, d.finish_reason, logprobs), d.usage)]
 
     def choice_body(self, index: int, acc: Accumulated) -> dict[str, Any]:
         text = acc.echo_text + acc.text if self.echo else acc.text
@@ -167,11 +170,11 @@ class ChatRenderer(_Base):
             if calls:
                 delta["tool_calls"] = calls
             logprobs = chat_logprobs(d.logprobs) if self.logprobs else None
-            events.append(self.chunk(self._choice(index, delta, None, logprobs)))
+            events.append(self.chunk(self._choice(index, delta, None, logprobs), d.usage))
         if d.finish_reason is not None:
             called = reader is not None and reader.calls > 0
             finish = "tool_calls" if called and d.finish_reason == "stop" else d.finish_reason
-            events.append(self.chunk(self._choice(index, {}, finish)))
+            events.append(self.chunk(self._choice(index, {}, finish), d.usage))
         return events
 
     def choice_body(self, index: int, acc: Accumulated) -> dict[str, Any]:

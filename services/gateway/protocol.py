@@ -17,6 +17,7 @@ class StreamOptions(msgspec.Struct, kw_only=True):
     """Unknown options are ignored on purpose: none of them changes the generated text."""
 
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage in every chunk (with include_usage)
 
 
 class JsonSchemaSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

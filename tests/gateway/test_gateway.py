@@ -80,6 +80,28 @@ async def test_completion_stream_with_usage(gw: Running, http) -> None:
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == USAGE
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+async def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(
+    gw: Running, http, path: str
+) -> None:
+    """vLLM's stream option: each chunk of a choice carries its usage so far (the role chunk
+    of chat, sent before any token, has none), and the last chunk the whole."""
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    base = {"prompt": [1, 2, 3]} if path == "/v1/completions" else CHAT
+    async with http.post(
+        f"{gw.url}{path}", json={**base, "stream": True, "stream_options": options}
+    ) as r:
+        chunks = (await read_sse(r))[:-1]
+    streamed = chunks[:-1]
+    if path == "/v1/chat/completions":
+        role, streamed = streamed[0], streamed[1:]
+        assert role["usage"] is None
+    tokens = [c["usage"]["completion_tokens"] for c in streamed]  # every chunk has usage
+    assert tokens == sorted(tokens) and len(set(tokens)) > 1
+    assert tokens[-1] == USAGE["completion_tokens"]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == USAGE
+
+
 async def test_chat_shape(gw: Running, backend: FakeBackend, http) -> None:
     async with http.post(f"{gw.url}/v1/chat/completions", json=CHAT) as r:
         assert r.status == 200
