@@ -102,7 +102,8 @@ async def get_server_info(request: web.Request) -> web.StreamResponse:
 
 async def server_info(state: GatewayState) -> dict[str, Any]:
     """This gateway's settings and state, every live service instance, each executor's load
-    from its last heartbeat, and the scheduler leader."""
+    from its last heartbeat, and the scheduler leader; and the keys of SGLang's answer that
+    its tools read (sglang_keys)."""
     beats = await _beats(state, ("gateway", *PIPELINE))
     try:
         leader = await state.r.get(constants.SCHEDULER_LEADER_KEY)
@@ -139,9 +140,47 @@ async def server_info(state: GatewayState) -> dict[str, Any]:
             if b.executor is not None
         ],
     }
-    return full
+    loads = [b.executor for b in sorted(beats["executor"], key=lambda b: b.instance)]
+    model = next((b.model for b in beats["tokenizer"] if b.model is not None), None)
+    path = state.settings.model_path or (model.path if model is not None else None)
+    return {**sglang_keys(state, [x for x in loads if x is not None], path), **full}
 
 
+def sglang_keys(state: GatewayState, loads: list[ExecutorLoad], path: str | None) -> dict[str, Any]:
+    """What SGLang's tools read from its /get_server_info (its server arguments, scheduler
+    info and per-rank internal states: bench_one_batch_server reads `tokenizer_path` and
+    `internal_states[0].last_gen_throughput`, SGLang's router `dp_size`), per executor in
+    instance order, as /get_load ranks them."""
+    return {
+        "model_path": path,
+        "tokenizer_path": path,
+        "served_model_name": state.settings.model_name,
+        "dp_size": len(loads),
+        "tp_size": max((x.tp_size for x in loads), default=1),
+        "max_total_num_tokens": min((x.total_kv_tokens for x in loads), default=0),
+        "internal_states": [
+            {
+                "last_gen_throughput": x.gen_throughput,
+                "num_running_reqs": x.running,
+                "num_waiting_reqs": x.waiting,
+                "max_total_num_tokens": x.total_kv_tokens,
+            }
+            for x in loads
+        ],
+        "version": radixserve.__version__,
+    }
+
+
+SGLANG_KEYS = (
+    "model_path",
+    "tokenizer_path",
+    "served_model_name",
+    "dp_size",
+    "tp_size",
+    "max_total_num_tokens",
+    "internal_states",
+    "version",
+)
 # The gateway settings anyone may see (a list of what is shown, so a new setting stays hidden).
 PUBLIC_GATEWAY = (
     "model_name",
@@ -160,7 +199,9 @@ PUBLIC_GATEWAY = (
 def public_server_info(full: dict[str, Any]) -> dict[str, Any]:
     """Load and limits without paths, URLs, instance names or process ids: the number of live
     instances of each service, and each executor's load without its name and stream."""
+    sglang = {k: full[k] for k in SGLANG_KEYS}
     return {
+        **public_model_info(sglang),
         "gateway": {k: full["gateway"][k] for k in PUBLIC_GATEWAY if k in full["gateway"]},
         "instances": {name: len(found) for name, found in full["instances"].items()},
         "executors": [

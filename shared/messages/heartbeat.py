@@ -27,6 +27,7 @@ class ExecutorLoad(msgspec.Struct, kw_only=True, frozen=True):
     waiting_tokens: int = 0  # prompt tokens of the requests waiting to start (gateway admission)
     aborted_requests: int = 0  # requests ended early since start (aborts, deadlines, restarts)
     tp_size: int = 1  # the ranks (GPUs) its model is split over (tensor parallelism)
+    gen_throughput: float = 0.0  # tokens generated per second, over its recent heartbeats
 
 
 class ModelInfo(msgspec.Struct, kw_only=True, frozen=True):

@@ -190,6 +190,8 @@ async def test_server_and_model_info_hide_paths_urls_and_pids_from_non_admins(
     assert full["gateway"]["redis_url"] == redis_url
     assert model["model_path"] == model["tokenizer_path"] == "tiny"
     assert admin_model["model_path"] == "/srv/models/tiny/"
+    # SGLang's keys in /get_server_info follow the same rule
+    assert public["tokenizer_path"] == "tiny" and full["tokenizer_path"] == "/srv/models/tiny/"
 
 
 async def test_without_keys_everything_stays_open(gw: Running, backend: FakeBackend, http) -> None:

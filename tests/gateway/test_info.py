@@ -39,6 +39,7 @@ LOAD = ExecutorLoad(
     free_kv_tokens=900,
     total_kv_tokens=1000,
     cached_tokens=60,
+    gen_throughput=123.5,
 )
 
 
@@ -99,6 +100,13 @@ async def test_server_info(
     assert executor["instance"] == "e1"
     assert executor["free_kv_tokens"] == 900 and executor["total_kv_tokens"] == 1000
     assert executor["waiting"] == 1 and executor["running"] == 2
+    # SGLang's keys, which its tools read (bench_one_batch_server, its router)
+    assert body["tokenizer_path"] == body["model_path"] == "/models/tiny"
+    assert (body["dp_size"], body["tp_size"], body["max_total_num_tokens"]) == (1, 1, 1000)
+    (internal,) = body["internal_states"]
+    assert internal["last_gen_throughput"] == LOAD.gen_throughput
+    assert (internal["num_running_reqs"], internal["num_waiting_reqs"]) == (2, 1)
+    assert body["version"] == radixserve.__version__
 
 
 async def ok_json(http: Any, url: str) -> Any:

@@ -10,7 +10,7 @@ import pytest
 import redis.asyncio as aioredis
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.executor.metrics import MIN_SPAN_S, Window
+from services.executor.rates import MIN_SPAN_S, Window
 from shared.bus import GroupConsumer
 from shared.messages.common import AbortRequest
 from shared.metrics.bus import BusMetrics
