@@ -44,7 +44,8 @@ def test_sglang_bench_serving_completes_every_request(
     (tmp_path / "datasets").mkdir()
     (tmp_path / "datasets" / "__init__.py").write_text(DATASETS_STUB)
     out = tmp_path / "bench.jsonl"
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", backend]
     cmd += ["--base-url", tiny_stack.base_url, "--tokenizer", str(tiny_model_dir)]
     cmd += ["--dataset-name", "random-ids", "--num-prompts", str(PROMPTS)]
