@@ -26,6 +26,7 @@ from services.executor.grammar.backend import GrammarBackend
 from services.executor.grammar.cache import GrammarCache
 from services.executor.load_progress import ProgressReporter
 from services.executor.metrics import executor_metrics
+from services.executor.rates import Window
 from services.executor.sender import Outputs, send_in_order
 from services.executor.tracing import record_request
 from shared import constants
@@ -136,14 +137,18 @@ async def run_engine(
         stepper_pool.shutdown(wait=False)
 
 
-def executor_load(engine: Engine, grammar_cache: GrammarCache) -> ExecutorLoad:
-    """The heartbeat's load: the engine's, with the compiled-grammar cache's counters."""
+def executor_load(engine: Engine, grammar_cache: GrammarCache, rates: Window) -> ExecutorLoad:
+    """The heartbeat's load: the engine's, with the compiled-grammar cache's counters and the
+    generation rate over the recent heartbeats (`rates`, this function's own samples)."""
     stats = grammar_cache.stats
+    totals = engine.stats
+    rates.add(time.monotonic(), totals.generated_tokens, totals.prompt_tokens, totals.cached_tokens)
     return msgspec.structs.replace(
         engine.load(),
         grammar_cache_hits=stats.hits,
         grammar_fetched=stats.fetched,
         grammar_load_s=stats.load_s,
+        gen_throughput=rates.throughput,
     )
 
 
@@ -165,8 +170,10 @@ async def serve_leader(a: argparse.Namespace, group: ExecutorGroup) -> None:
 
     # The service (and its Redis client) first: the engine's grammars load through it. It
     # beats only once `run` starts, with the engine loaded by then.
+    rates = Window()
+
     def load() -> ExecutorLoad:
-        return executor_load(engine, grammar_cache)
+        return executor_load(engine, grammar_cache, rates)
 
     svc = service_from_flags("executor", a, source.name, instance, load=load, drain_timeout_s=30.0)
     grammar_cache = GrammarCache(GrammarStore(svc.r, a.grammar_cache_ttl), grammar_tok)

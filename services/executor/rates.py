@@ -1,7 +1,7 @@
 """Rates over recent samples of running totals: the generation throughput and the prefix
-cache's hit rate, which the Prometheus scrape (metrics.py) and the heartbeat (the engine's
-load, for SGLang's /get_server_info) each take over their own samples: between two samples at
-least MIN_SPAN_S apart, the newest and the oldest within RATE_WINDOW_S."""
+cache's hit rate, which the Prometheus scrape (metrics.py) and the heartbeat (main.py's
+executor_load, for SGLang's /get_server_info) each take over their own samples: between two
+samples at least MIN_SPAN_S apart, the newest and the oldest within RATE_WINDOW_S."""
 
 from __future__ import annotations
 

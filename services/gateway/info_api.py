@@ -22,7 +22,7 @@ from google.protobuf import json_format
 import radixserve
 from services.gateway.access import caller
 from services.gateway.errors import ApiError, invalid
-from services.gateway.grpc.smg_loads import loads_response
+from services.gateway.grpc.smg_loads import loads_response, used_tokens
 from services.gateway.readiness import PIPELINE
 from services.gateway.responses import json_response
 from services.gateway.state import STATE, GatewayState
@@ -39,10 +39,21 @@ async def _beats(state: GatewayState, services: tuple[str, ...]) -> dict[str, li
         raise ApiError(503, f"redis is unreachable: {e}") from e
 
 
+def _by_instance(beats: list[Heartbeat]) -> list[Heartbeat]:
+    """Executors' heartbeats that carry a load, in instance-name order: their ranks."""
+    return sorted((b for b in beats if b.executor is not None), key=lambda b: b.instance)
+
+
+def _model_path(state: GatewayState, tokenizers: list[Heartbeat]) -> str | None:
+    """The served model's path: the gateway's setting, else what a live tokenizer loaded."""
+    model = next((b.model for b in tokenizers if b.model is not None), None)
+    return state.settings.model_path or (model.path if model is not None else None)
+
+
 async def executor_loads(state: GatewayState) -> list[ExecutorLoad]:
     """Each live executor's load from its last heartbeat, by instance name."""
     beats = (await _beats(state, ("executor",)))["executor"]
-    return [b.executor for b in sorted(beats, key=lambda b: b.instance) if b.executor is not None]
+    return [b.executor for b in _by_instance(beats) if b.executor is not None]
 
 
 async def get_model_info(request: web.Request) -> web.StreamResponse:
@@ -57,7 +68,7 @@ async def model_info(state: GatewayState) -> dict[str, Any]:
     beats = await _beats(state, ("tokenizer", "executor"))
     model = next((b.model for b in beats["tokenizer"] if b.model is not None), None)
     contexts = [b.executor.context_length for b in beats["executor"] if b.executor is not None]
-    path = state.settings.model_path or (model.path if model is not None else None)
+    path = _model_path(state, beats["tokenizer"])
     if contexts:
         context: int | None = min(contexts)
     else:
@@ -112,6 +123,7 @@ async def server_info(state: GatewayState) -> dict[str, Any]:
     settings = dataclasses.asdict(state.settings)
     settings["redis_url"] = redact(state.settings.redis_url)
     now = time.time()
+    executors = _by_instance(beats["executor"])
     full = {
         "gateway": {
             **settings,
@@ -135,15 +147,11 @@ async def server_info(state: GatewayState) -> dict[str, Any]:
             for name, found in beats.items()
         },
         "executors": [
-            {"instance": b.instance, **msgspec.to_builtins(b.executor)}
-            for b in sorted(beats["executor"], key=lambda b: b.instance)
-            if b.executor is not None
+            {"instance": b.instance, **msgspec.to_builtins(b.executor)} for b in executors
         ],
     }
-    loads = [b.executor for b in sorted(beats["executor"], key=lambda b: b.instance)]
-    model = next((b.model for b in beats["tokenizer"] if b.model is not None), None)
-    path = state.settings.model_path or (model.path if model is not None else None)
-    return {**sglang_keys(state, [x for x in loads if x is not None], path), **full}
+    loads = [b.executor for b in executors if b.executor is not None]
+    return {**sglang_keys(state, loads, _model_path(state, beats["tokenizer"])), **full}
 
 
 def sglang_keys(state: GatewayState, loads: list[ExecutorLoad], path: str | None) -> dict[str, Any]:
@@ -223,10 +231,7 @@ async def get_load(request: web.Request) -> web.StreamResponse:
                 "dp_rank": rank,
                 "num_reqs": load.running + load.waiting,
                 "num_waiting_reqs": load.waiting,
-                "num_tokens": load.total_kv_tokens
-                - load.free_kv_tokens
-                - load.evictable_tokens
-                + load.waiting_tokens,
+                "num_tokens": used_tokens(load) + load.waiting_tokens,
             }
             for rank, load in enumerate(loads)
         ]

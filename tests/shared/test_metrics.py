@@ -143,3 +143,34 @@ async def test_a_taken_port_is_a_clear_error() -> None:
             await start_metrics_server(m, lambda: None, "127.0.0.1", port)
     finally:
         await first.cleanup()
+
+
+def test_the_heartbeat_carries_the_generation_rate_over_its_own_samples(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SGLang's /get_server_info reads internal_states[i].last_gen_throughput: the executor's
+    heartbeat load takes it over the heartbeats' samples (not the Prometheus scrapes')."""
+    import services.executor.main as executor_main
+    from services.executor.engine.stats import EngineStats
+    from services.executor.grammar.cache import GrammarCacheStats
+    from shared.messages.heartbeat import ExecutorLoad
+
+    class FakeEngine:
+        stats = EngineStats()
+
+        def load(self) -> ExecutorLoad:
+            return ExecutorLoad(
+                stream="s", model="m", context_length=8, waiting=0, running=1,
+                free_kv_tokens=1, total_kv_tokens=2,
+            )  # fmt: skip
+
+    class FakeCache:
+        stats = GrammarCacheStats(hits=3)
+
+    engine, rates, now = FakeEngine(), Window(), [50.0]
+    monkeypatch.setattr(executor_main.time, "monotonic", lambda: now[0])
+    load = executor_main.executor_load(engine, FakeCache(), rates)  # type: ignore[arg-type]
+    assert load.gen_throughput == 0.0 and load.grammar_cache_hits == 3
+    engine.stats.generated_tokens, now[0] = 300, 52.0
+    load = executor_main.executor_load(engine, FakeCache(), rates)  # type: ignore[arg-type]
+    assert load.gen_throughput == pytest.approx(150.0)

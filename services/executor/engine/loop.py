@@ -35,7 +35,6 @@ from services.executor.engine.timeline import Timeline, finished_timelines, reco
 from services.executor.grammar import lifecycle
 from services.executor.grammar.backend import GrammarBackend
 from services.executor.model_runner import ModelRunner
-from services.executor.rates import Window
 from services.executor.request import Req
 from services.executor.sampling.processors import needs_history
 from services.executor.sampling.step import Sampler
@@ -93,7 +92,6 @@ class Engine:
         # Tracing on: requests keep a Timeline and finished ones come back in StepResult.traced
         self.trace_requests = False
         self.waiting_tokens = 0  # prompt tokens of the waiting requests, as of the last step
-        self.rates = Window()  # over load()'s calls: the heartbeats
 
     # -- called from any thread --------------------------------------------------------------
     def submit(self, msg: ExecutorMessage | AbortEverything) -> None:
@@ -103,10 +101,6 @@ class Engine:
         p = self.policy
         pool = p.usage()
         stats = self.grammars.stats if self.grammars is not None else None
-        totals = self.stats
-        self.rates.add(
-            time.monotonic(), totals.generated_tokens, totals.prompt_tokens, totals.cached_tokens
-        )
         return ExecutorLoad(
             stream=self.stream,
             model=self.model_name,
@@ -124,7 +118,6 @@ class Engine:
             waiting_tokens=self.waiting_tokens,
             aborted_requests=self.aborted,
             tp_size=self.runner.tp.size,
-            gen_throughput=self.rates.throughput,
         )
 
     # -- the stepping thread -----------------------------------------------------------------

@@ -38,9 +38,6 @@ def check_native_options(body: GenerateBody) -> None:
         raise invalid(
             f"sampling_params.n must be between 1 and {MAX_N}, got {s.n}", "sampling_params.n"
         )
-    if s.seed is None and s.sampling_seed is not None and not -(2**63) <= s.sampling_seed < 2**64:
-        param = "sampling_params.sampling_seed"
-        raise invalid(f"{param} must fit in 64 bits, got {s.sampling_seed}", param)
     check_range(
         "top_logprobs_num",
         body.top_logprobs_num,

@@ -49,15 +49,14 @@ def openai_sampling(
         logit_bias=body.logit_bias,
         stop_regex=body.stop_regex,
         no_stop_trim=body.no_stop_trim or body.include_stop_str_in_output,
-        # 0 as SGLang takes it: the prompt only (with echo and logprobs, its scores: what
-        # lm-evaluation-harness asks OpenAI-style servers for), an empty completion
-        fewest_new_tokens=0,
     )
 
 
 def native_sampling(s: NativeSamplingBody) -> SamplingParams:
+    # a refusal of the seed names the field the client gave it in
+    seed_field = "sampling_seed" if s.seed is None and s.sampling_seed is not None else "seed"
     return sampling_params(
-        lambda field: f"sampling_params.{field}",
+        lambda field: f"sampling_params.{seed_field if field == 'seed' else field}",
         max_new_tokens=s.max_new_tokens,
         min_new_tokens=s.min_new_tokens,
         temperature=s.temperature,
@@ -76,8 +75,6 @@ def native_sampling(s: NativeSamplingBody) -> SamplingParams:
         logit_bias=s.logit_bias,
         stop_regex=s.stop_regex,
         no_stop_trim=s.no_stop_trim,
-        # SGLang's: 0 computes (and caches) the prompt only, for its logprobs
-        fewest_new_tokens=0,
     )
 
 
@@ -102,13 +99,13 @@ def sampling_params(
     logit_bias: dict[str, float] | None = None,
     stop_regex: str | list[str] | None = None,
     no_stop_trim: bool = False,
-    fewest_new_tokens: int = 1,
 ) -> SamplingParams:
-    """Range-check sampling controls; `name(field)` is the field as the client spelled it."""
-    low = fewest_new_tokens
-    if max_new_tokens is not None and not low <= max_new_tokens <= MAX_TOKENS_LIMIT:
+    """Range-check sampling controls; `name(field)` is the field as the client spelled it.
+    max_new_tokens 0 is SGLang's "the prompt only": computed and cached, for its logprobs (with
+    echo, what lm-evaluation-harness asks OpenAI-style servers for), nothing generated."""
+    if max_new_tokens is not None and not 0 <= max_new_tokens <= MAX_TOKENS_LIMIT:
         raise invalid(
-            f"{name('max_new_tokens')} must be between {low} and {MAX_TOKENS_LIMIT}, "
+            f"{name('max_new_tokens')} must be between 0 and {MAX_TOKENS_LIMIT}, "
             f"got {max_new_tokens}",
             name("max_new_tokens"),
         )
