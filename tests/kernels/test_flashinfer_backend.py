@@ -24,6 +24,7 @@ from tests.kernels.helpers import DEVICE, TOLERANCES, Tol, assert_same_bits, ran
 from tests.kernels.test_triton_backend import (
     CASES,
     check_against_torch,
+    clone_pool,
     greedy_with_prefix_reuse,
     make_batch,
     next_decode_step,
@@ -160,6 +161,47 @@ def test_decode_replays_in_a_cuda_graph_planned_for_new_lengths() -> None:
         assert_same_bits(batch.kv_pool.k_buffers[0], twin.kv_pool.k_buffers[0])
     # FlashInfer 0.5 (the extra's pin): the replays above re-planned only the schedule
     assert fi._replannable == {id(w) for w in fi._graph.values()}
+
+
+def test_a_graph_replays_requests_that_list_more_slots_than_the_pool_has() -> None:
+    """Requests sharing a cached prefix each list its slots: three requests of 401 keys, 400
+    of them the same, on a pool of 422 slots. The graph's slot list holds all 1,203 (it was
+    sized from the pool and written past its end: a CUDA fault at 512 requests decoding)."""
+    gen = torch.Generator().manual_seed(3)
+    heads, kv_heads, dim, dtype = SHAPE
+    batch = make_batch(ForwardMode.DECODE, [400, 5, 6], [1, 1, 1], 1, kv_heads, dim, dtype, gen)
+    table = batch.req_to_token.req_to_token
+    rows = batch.req_rows.tolist()
+    shared = table[rows[0], :400].clone()
+    for row, loc in zip(rows[1:], batch.out_cache_loc.tolist()[1:], strict=True):
+        table[row, :400] = shared
+        table[row, 400] = loc
+    batch.seq_lens.fill_(401)
+    batch.prefix_lens_cpu = [400, 400, 400]
+    assert batch.kv_pool.num_slots < 3 * 401
+    fi = backend()
+    fi.reserve_decode(max_batch_size=4, num_heads=heads, head_dim=dim, device=DEVICE)
+    q = randn(3, heads, dim, dtype=dtype, gen=gen)
+    k = randn(3, kv_heads, dim, dtype=dtype, gen=gen)
+    v = randn(3, kv_heads, dim, dtype=dtype, gen=gen)
+    twin = clone_pool(batch)
+
+    def step() -> torch.Tensor:
+        fi.init_forward_metadata(batch)
+        out: torch.Tensor = fi.forward(q, k, v, 0, batch)
+        return out
+
+    fi.prepare_capture(3)
+    step()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    fi.prepare_capture(None)
+    fi.prepare_replay(3, [401, 401, 401])
+    graph.replay()
+    want = TorchRefBackend().forward(q, k, v, 0, twin)
+    torch.testing.assert_close(out, want, **TOLERANCES[dtype])
+    assert fi._g_indices is not None and fi._g_indices.numel() >= 3 * 401
 
 
 # SHAPE's heads (the tiny families' own head dims are too small for FlashInfer's kernels).

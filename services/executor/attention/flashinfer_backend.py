@@ -122,8 +122,8 @@ class FlashInferBackend(AttentionBackend):
     def reserve_decode(
         self, *, max_batch_size: int, num_heads: int, head_dim: int, device: torch.device | str
     ) -> None:
-        """The fixed [max_batch_size + 1] indptr the decode graphs read (the slot buffer is
-        sized from the pool at the first capture)."""
+        """The fixed [max_batch_size + 1] indptr the decode graphs read (the slot buffer,
+        max_batch_size rows of the slot table's width, is made at the first capture)."""
         dev = torch.empty(0, device=device).device
         self._g_indptr = torch.zeros(max_batch_size + 1, dtype=torch.int32, device=dev)
         self._ensure_ones(max_batch_size, dev)
@@ -153,8 +153,15 @@ class FlashInferBackend(AttentionBackend):
             # Captured: the gathering reads the static seq_lens, writes the fixed buffers.
             assert self._g_indptr is not None, "reserve_decode before capturing"
             if self._g_indices is None:
-                slots = batch.kv_pool.k_buffers[0].shape[0]
-                self._g_indices = torch.zeros(slots + graph_bs, dtype=torch.int32, device=device)
+                # Every row of the largest graph at the table's full width. Not the pool's
+                # slot count: requests sharing a cached prefix each list its slots, so their
+                # lengths may add up to several times the pool (1,024 requests of a shared
+                # 2,048-token system prompt, 512 decoding at once: 1.2M listed slots of a
+                # 424K-slot pool), and the gathering would write past the buffer.
+                rows = self._g_indptr.shape[0] - 1
+                self._g_indices = torch.zeros(
+                    rows * table.shape[1], dtype=torch.int32, device=device
+                )
             indptr = kv_indptr(batch.seq_lens, out=self._g_indptr[: graph_bs + 1])
             out, width = self._g_indices, table.shape[1]
         else:
