@@ -127,13 +127,13 @@ def test_a_context_over_the_scratch_budget_reads_the_pages() -> None:
     assert fi._dense and fi._scratch[0].shape[0] == 383
 
 
-def test_decode_replays_in_a_cuda_graph_planned_for_new_lengths() -> None:
-    """As services/executor/cuda_graph.py runs it: warm-up and capture of a batch size, then
-    replays after prepare_replay with other sequence lengths and slots, one after another
-    (each plan waits for the device to take the last one's, not for the step)."""
-    gen = torch.Generator().manual_seed(2)
+def captured_decode(
+    batch: Any, gen: torch.Generator
+) -> tuple[Any, torch.cuda.CUDAGraph, torch.Tensor, tuple[torch.Tensor, ...]]:
+    """A backend with the decode of `batch` (3 requests, SHAPE) captured in a CUDA graph, as
+    services/executor/cuda_graph.py captures it: the backend, the graph, its output tensor
+    and its inputs (q, k, v)."""
     heads, kv_heads, dim, dtype = SHAPE
-    batch = make_batch(ForwardMode.DECODE, [40, 300, 7], [1, 1, 1], 1, kv_heads, dim, dtype, gen)
     fi = backend()
     fi.reserve_decode(max_batch_size=4, num_heads=heads, head_dim=dim, device=DEVICE)
     q = randn(3, heads, dim, dtype=dtype, gen=gen)
@@ -151,6 +151,17 @@ def test_decode_replays_in_a_cuda_graph_planned_for_new_lengths() -> None:
     with torch.cuda.graph(graph):
         out = step()
     fi.prepare_capture(None)
+    return fi, graph, out, (q, k, v)
+
+
+def test_decode_replays_in_a_cuda_graph_planned_for_new_lengths() -> None:
+    """As services/executor/cuda_graph.py runs it: warm-up and capture of a batch size, then
+    replays after prepare_replay with other sequence lengths and slots, one after another
+    (each plan waits for the device to take the last one's, not for the step)."""
+    gen = torch.Generator().manual_seed(2)
+    _, kv_heads, dim, dtype = SHAPE
+    batch = make_batch(ForwardMode.DECODE, [40, 300, 7], [1, 1, 1], 1, kv_heads, dim, dtype, gen)
+    fi, graph, out, (q, k, v) = captured_decode(batch, gen)
 
     for new_lens in ([33, 129, 1], [34, 150, 2], [35, 200, 3]):
         twin = next_decode_step(batch, new_lens, (q, k, v), gen)
@@ -168,7 +179,7 @@ def test_a_graph_replays_requests_that_list_more_slots_than_the_pool_has() -> No
     of them the same, on a pool of 422 slots. The graph's slot list holds all 1,203 (it was
     sized from the pool and written past its end: a CUDA fault at 512 requests decoding)."""
     gen = torch.Generator().manual_seed(3)
-    heads, kv_heads, dim, dtype = SHAPE
+    _, kv_heads, dim, dtype = SHAPE
     batch = make_batch(ForwardMode.DECODE, [400, 5, 6], [1, 1, 1], 1, kv_heads, dim, dtype, gen)
     table = batch.req_to_token.req_to_token
     rows = batch.req_rows.tolist()
@@ -179,24 +190,8 @@ def test_a_graph_replays_requests_that_list_more_slots_than_the_pool_has() -> No
     batch.seq_lens.fill_(401)
     batch.prefix_lens_cpu = [400, 400, 400]
     assert batch.kv_pool.num_slots < 3 * 401
-    fi = backend()
-    fi.reserve_decode(max_batch_size=4, num_heads=heads, head_dim=dim, device=DEVICE)
-    q = randn(3, heads, dim, dtype=dtype, gen=gen)
-    k = randn(3, kv_heads, dim, dtype=dtype, gen=gen)
-    v = randn(3, kv_heads, dim, dtype=dtype, gen=gen)
     twin = clone_pool(batch)
-
-    def step() -> torch.Tensor:
-        fi.init_forward_metadata(batch)
-        out: torch.Tensor = fi.forward(q, k, v, 0, batch)
-        return out
-
-    fi.prepare_capture(3)
-    step()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
-    fi.prepare_capture(None)
+    fi, graph, out, (q, k, v) = captured_decode(batch, gen)
     fi.prepare_replay(3, [401, 401, 401])
     graph.replay()
     want = TorchRefBackend().forward(q, k, v, 0, twin)
