@@ -11,7 +11,7 @@ from radixserve import launcher
 from services.executor.main import parse_args as executor_args
 from services.gateway.main import buckets_of, build_parser
 from services.tokenizer.main import parse_args as tokenizer_args
-from tests.conftest import free_port
+from tests.conftest import free_port_block
 
 
 def ports(specs: list[launcher.ChildSpec]) -> dict[str, int]:
@@ -19,7 +19,9 @@ def ports(specs: list[launcher.ChildSpec]) -> dict[str, int]:
 
 
 def test_each_child_gets_its_own_port_skipping_one_in_use() -> None:
-    base = free_port()
+    # A block below the ephemeral range: free_port()'s neighbour can be another worker's
+    # connection (base + 1 was once "already in use" before the test bound it).
+    base = free_port_block(8)
     with socket.socket() as busy:
         busy.bind(("", base + 1))  # the second child's port is taken
         busy.listen()
