@@ -66,9 +66,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=["auto", "torch", "triton", "flashinfer"],
     )
     p.add_argument("--disable-cuda-graph", action="store_true")
+    p.add_argument("--cuda-graph-max-bs", type=int, default=512)
     p.add_argument("--max-total-tokens", type=int, default=0)
     p.add_argument("--mem-fraction-static", type=float, default=0.85)
-    p.add_argument("--max-running-requests", type=int, default=256)
+    p.add_argument("--max-running-requests", type=int, default=512)
     p.add_argument("--max-prefill-tokens", type=int, default=8192)
     p.add_argument("--disable-radix-cache", action="store_true")
     p.add_argument("--num-prompts", type=int, default=100, help="throughput: requests")
@@ -116,6 +117,7 @@ def make_engine(a: argparse.Namespace, grammars: GrammarBackend | None = None) -
         attention_backend=a.attention_backend,
         disable_radix_cache=a.disable_radix_cache,
         disable_cuda_graph=a.disable_cuda_graph,
+        cuda_graph_max_bs=a.cuda_graph_max_bs,
     )
     return build_engine(settings, grammars=grammars)
 

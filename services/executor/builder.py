@@ -59,11 +59,11 @@ class EngineSettings:
     load_format: str = "auto"
     max_total_tokens: int = 0  # 0: automatic
     mem_fraction_static: float = 0.85
-    max_running_requests: int = 256
+    max_running_requests: int = 512
     max_prefill_tokens: int = 8192
     attention_backend: str = "auto"  # triton on CUDA, torch on the CPU
     disable_cuda_graph: bool = False
-    cuda_graph_max_bs: int = 256
+    cuda_graph_max_bs: int = 512
     seed: int = 0
     check_integrity: bool = False
     disable_radix_cache: bool = False

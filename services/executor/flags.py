@@ -65,7 +65,7 @@ def add_flags(p: EnvArgumentParser) -> None:
     p.add_flag(
         "--max-running-requests",
         type=int,
-        default=256,
+        default=512,
         check=positive,
         help="requests decoding at once",
     )
@@ -87,7 +87,7 @@ def add_flags(p: EnvArgumentParser) -> None:
     p.add_flag(
         "--cuda-graph-max-bs",
         type=int,
-        default=256,
+        default=512,
         check=positive,
         help="largest decode batch replayed from a CUDA graph",
     )

@@ -15,6 +15,7 @@ call `reserve_decode` with the largest batch before capturing (a graph keeps poi
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ from kernels.decode_attention import (
     num_kv_splits_for,
 )
 from kernels.extend_attention import extend_attention
+from kernels.fp8_widen import early_widening
 from kernels.mla_decode import mla_decode
 from kernels.mla_extend import mla_extend
 from kernels.store_kv import store_kv
@@ -49,6 +51,13 @@ class _ExtendMetadata:
 INTERPRETER_MAX_SPLITS = 32
 # stage 1's software pipelining depth at every batch size (see TritonBackend)
 DECODE_STAGES = 3
+
+
+@functools.cache
+def _early_v(dtype: torch.dtype, device: torch.device) -> bool:
+    """early_widening, asked once per pool format and device (it runs every layer's eager
+    decode)."""
+    return early_widening(dtype, device)
 
 
 @dataclass
@@ -227,6 +236,11 @@ class TritonBackend(AttentionBackend):
                 window=window,
                 softcap=softcap,
                 kv_pack=kv_pack,
+                # fp8 V widened in registers, and the running max moved only when it rises
+                # RESCALE_AT: measured on an H100 (README, "fp8 tiles widened before shared
+                # memory"); K widened early was slower there, so it stays late.
+                early_v=_early_v(v_buffer.dtype, v_buffer.device),
+                lazy_rescale=True,
             )
         assert meta.extend is not None
         return extend_attention(
