@@ -27,11 +27,11 @@ from typing import Any, Generic, NamedTuple, TypeVar
 import msgspec
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
+from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.retry import Retry
 
 from shared import constants
 
@@ -57,6 +57,9 @@ def connect(url: str, max_connections: int = DEFAULT_MAX_CONNECTIONS) -> aioredi
         url,
         max_connections=max_connections,
         timeout=POOL_WAIT_S,
+        # asyncio's Retry: the client awaits its command inside call_with_retry, and the sync
+        # redis.retry.Retry returns the coroutine unawaited, so a failure escaped with no retry
+        # at all (the first command on each pooled connection after a Redis restart failed).
         retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=8),
         retry_on_error=[RedisConnectionError, RedisTimeoutError],
         health_check_interval=15,
@@ -211,6 +214,21 @@ class _Reader(Generic[T]):
         for callback in self.on_restart:
             callback()
         return True
+
+    @property
+    def unconfirmed(self) -> bool:
+        """Whether a read failed since this reader last made sure of the server: until it
+        looks again, a Redis restart is not known here (it backs off up to 2 s first)."""
+        return self._suspect
+
+    async def confirm_server(self) -> None:
+        """Look for a restart now, if a read failed since the last look: its `on_restart`
+        callbacks run before this returns. For an owner about to add state that a restart
+        would drop (a gateway registering a call), so that a restart it has not noticed yet
+        drops only what came before it. No round trip while reads succeed. The reader's own
+        loop still looks again before its next read (that look finds nothing new)."""
+        if self._suspect:
+            await self.check_restart()
 
     def _restarted(self) -> None:
         """What a reader resets when the server restarted empty."""

@@ -74,6 +74,7 @@ class Dispatcher:
         ("" when it sent none)."""
         if self.router.failed is not None:
             raise ApiError(503, "the gateway lost its reply stream", type="server_error")
+        await self._confirm_bus()
         refused = self.admission.check(len(self.router.queues), len(jobs))
         if refused is not None:
             raise refused
@@ -148,6 +149,17 @@ class Dispatcher:
             for rid, key, q, span in zip(rids, keys, queues, spans, strict=True)
         ]
 
+    async def _confirm_bus(self) -> None:
+        """Before registering a call: if the reply reader's last read failed, whether Redis
+        restarted. A restart the reader has not noticed yet would otherwise fail the calls
+        registered after it (published to the new server, and answerable) along with those
+        it really lost: after a restart /health says 200 once the services beat again, while
+        the reader may still be backing off."""
+        try:
+            await self.router.reader.confirm_server()
+        except TRANSIENT as e:
+            raise unreachable(e) from e
+
     async def call(
         self, build: Callable[[Trace], msgspec.Struct], timeout_s: float
     ) -> ReplyMessage:
@@ -156,6 +168,7 @@ class Dispatcher:
         `timeout_s` is a 504."""
         if self.router.failed is not None:
             raise ApiError(503, "the gateway lost its reply stream", type="server_error")
+        await self._confirm_bus()
         rid = f"call-{uuid.uuid4().hex}"
         trace = Trace(rid=rid, reply_to=self.reply_to, deadline=time.time() + timeout_s)
         queue = self.router.register(rid)

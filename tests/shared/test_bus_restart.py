@@ -49,6 +49,23 @@ async def test_stream_reader_starts_over_after_a_restart(restartable_redis: Redi
         await close(r)
 
 
+async def test_commands_on_pooled_connections_to_the_old_server_retry(
+    restartable_redis: RedisServer,
+) -> None:
+    """Every pooled connection still points at the server that went away: each one's next
+    command fails once on it, and the client's retry reconnects (a gateway's concurrent
+    requests after a restart each took one and got a 503)."""
+    r = connect(restartable_redis.url, max_connections=4)
+    try:
+        await asyncio.gather(*(r.ping() for _ in range(4)))
+        assert len(r.connection_pool._available_connections) == 4
+        restartable_redis.stop()
+        restartable_redis.start()
+        assert await asyncio.gather(*(r.ping() for _ in range(4))) == [True] * 4
+    finally:
+        await close(r)
+
+
 async def test_a_reader_starting_while_redis_is_down_waits_for_it(
     restartable_redis: RedisServer,
 ) -> None:
