@@ -242,7 +242,9 @@ def build_runner(
         kv_pool_tokens(s, config, dtype, kv_dtype, device, model.num_kv_heads), device
     )
     kv = make_kv_pool(config, slots, kv_dtype, device, model.num_kv_heads)
-    context = config.max_position_embeddings
+    # No request holds more tokens than the pool (admission refuses prompt + max_new_tokens
+    # past it): a 1M-token context on a 400K-slot pool needs no row of 1M int64 per request.
+    context = min(config.max_position_embeddings, slots)
     rows = ReqToTokenPool(s.max_running_requests, context, device, pad_slot=kv.pad_slot)
     cache: PrefixCache = (
         NullCache(kv, s.page_size) if s.disable_radix_cache else RadixCache(kv, s.page_size)

@@ -224,6 +224,20 @@ def test_request_larger_than_the_pool_fails_clearly(tiny_dir: Path) -> None:
     assert "KV slots" in run.failed["big"].error.message
 
 
+def test_a_request_filling_the_pool_exactly_fits_the_slot_table(tiny_dir: Path) -> None:
+    """The slot table is as wide as the pool when the pool is shorter than the model's
+    context (no row wider than any request can be): a request of exactly the pool's size
+    runs to its end, and one token more is refused."""
+    engine = make_engine(tiny_dir, max_total_tokens=32)
+    assert engine.runner.req_to_token.max_context == engine.policy.kv.num_slots == 32
+    run = Run(engine)
+    run.go({0: [make_request("fits", list(range(1, 23)), max_new=10, ignore_eos=True)]})
+    assert len(run.tokens["fits"]) == 10
+    run = Run(make_engine(tiny_dir, max_total_tokens=32))
+    run.go({0: [make_request("over", list(range(1, 23)), max_new=11, ignore_eos=True)]})
+    assert run.failed["over"].error.status == 400
+
+
 def test_sampling_respects_max_tokens_and_vocab(tiny_dir: Path) -> None:
     run = Run(make_engine(tiny_dir))
     reqs = [
