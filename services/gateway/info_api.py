@@ -28,7 +28,7 @@ from services.gateway.responses import json_response
 from services.gateway.state import STATE, GatewayState
 from shared import constants
 from shared.bus import TRANSIENT
-from shared.messages.heartbeat import ExecutorLoad, Heartbeat
+from shared.messages.heartbeat import ExecutorLoad, Heartbeat, ModelInfo
 from shared.service import live_instances
 
 
@@ -44,9 +44,13 @@ def _by_instance(beats: list[Heartbeat]) -> list[Heartbeat]:
     return sorted((b for b in beats if b.executor is not None), key=lambda b: b.instance)
 
 
-def _model_path(state: GatewayState, tokenizers: list[Heartbeat]) -> str | None:
+def _loaded_model(tokenizers: list[Heartbeat]) -> ModelInfo | None:
+    """What a live tokenizer loaded (None: no tokenizer says)."""
+    return next((b.model for b in tokenizers if b.model is not None), None)
+
+
+def _model_path(state: GatewayState, model: ModelInfo | None) -> str | None:
     """The served model's path: the gateway's setting, else what a live tokenizer loaded."""
-    model = next((b.model for b in tokenizers if b.model is not None), None)
     return state.settings.model_path or (model.path if model is not None else None)
 
 
@@ -66,9 +70,9 @@ async def model_info(state: GatewayState) -> dict[str, Any]:
     than the checkpoint's, e.g. a sliding-window model), else the tokenizer's. Fields nobody
     live can tell are null."""
     beats = await _beats(state, ("tokenizer", "executor"))
-    model = next((b.model for b in beats["tokenizer"] if b.model is not None), None)
+    model = _loaded_model(beats["tokenizer"])
     contexts = [b.executor.context_length for b in beats["executor"] if b.executor is not None]
-    path = _model_path(state, beats["tokenizer"])
+    path = _model_path(state, model)
     if contexts:
         context: int | None = min(contexts)
     else:
@@ -151,7 +155,8 @@ async def server_info(state: GatewayState) -> dict[str, Any]:
         ],
     }
     loads = [b.executor for b in executors if b.executor is not None]
-    return {**sglang_keys(state, loads, _model_path(state, beats["tokenizer"])), **full}
+    path = _model_path(state, _loaded_model(beats["tokenizer"]))
+    return {**sglang_keys(state, loads, path), **full}
 
 
 def sglang_keys(state: GatewayState, loads: list[ExecutorLoad], path: str | None) -> dict[str, Any]:
