@@ -116,3 +116,48 @@ def test_linear_with_a_plan_runs_gemv_for_those_row_counts_only(
         want = torch.nn.functional.linear(x, layer.weight, layer.bias)
         torch.testing.assert_close(layer(x), want, atol=1e-4, rtol=1e-4)
     assert rows == [1, 3]
+
+
+@pytest.mark.gpu
+def test_a_decode_chain_gives_the_same_bits_with_and_without_pdl(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """bf16, fp8 and int4 products launched with PDL (kernels/pdl.py) in a chain in which
+    every kernel reads the one before's output, eagerly and graphed, equal the chain launched
+    without PDL, bit for bit."""
+    from kernels.fp8_gemv import fp8_gemv
+    from kernels.fp8_weights import quantize_rows
+    from kernels.pdl import pdl_enabled
+    from kernels.w4a16 import pack_int4
+    from kernels.w4a16_gemv import w4a16_gemv
+
+    if not pdl_enabled(DEVICE):
+        pytest.skip("PDL needs compute capability 9.0 or newer")
+    gen = torch.Generator().manual_seed(5)
+    d = 2048
+    w16 = randn(d, d, dtype=torch.bfloat16, gen=gen, scale=0.05)
+    q8, s8 = quantize_rows(randn(d, d, dtype=torch.float32, gen=gen, scale=0.05))
+    q4 = pack_int4(torch.randint(0, 16, (d, d), generator=gen)).to(DEVICE)
+    s4 = (torch.rand(d, d // 128, generator=gen) * 0.002).to(DEVICE, torch.float16)
+    z4 = torch.full((d, d // 128), 8, dtype=torch.uint8, device=DEVICE)
+
+    def chain(x: torch.Tensor) -> torch.Tensor:
+        for _ in range(3):
+            x = gemv(x, w16)
+            x = fp8_gemv(x, q8, s8)
+            x = w4a16_gemv(x, q4, s4, z4, group_size=128)
+        return x
+
+    for m in (1, MAX_M):
+        x = randn(m, d, dtype=torch.bfloat16, gen=gen)
+        with_pdl = chain(x)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            graphed = chain(x)
+        graph.replay()
+        monkeypatch.setenv("RADIXSERVE_PDL", "0")
+        without = chain(x)
+        monkeypatch.delenv("RADIXSERVE_PDL")
+        torch.cuda.synchronize()
+        assert without.abs().amax() > 0, "the chain must carry values to compare"
+        assert torch.equal(with_pdl, without) and torch.equal(graphed, without), f"m={m}"
