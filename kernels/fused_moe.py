@@ -14,6 +14,9 @@ in two grouped GEMM launches for the whole batch.
 
 Grid of each launch: (max_blocks * cdiv(N, BLOCK_N),); programs whose block lies past the padded
 total (read from the device) return at once, so experts with no tokens cost nothing.
+
+One token (a batch-1 decode step) skips step 1: its top_k experts are distinct, so block p is
+pair p alone (`DIRECT`), read straight from topk_ids.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ def _fused_moe_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    DIRECT: tl.constexpr,  # one token: block p is pair p alone, expert_ids_ptr its top-k ids
     PDL: tl.constexpr,
 ):
     pdl_prologue(PDL)
@@ -67,12 +71,18 @@ def _fused_moe_kernel(
     num_pid_n = tl.cdiv(N, BLOCK_N)
     pid_m = pid // num_pid_n
     pid_n = pid % num_pid_n
-    if pid_m * BLOCK_M >= tl.load(num_post_padded_ptr):
-        return
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pairs = tl.load(sorted_ids_ptr + offs_m)
-    m_mask = pairs < num_pairs
+    if DIRECT:
+        expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+        offs_m = tl.arange(0, BLOCK_M)
+        pairs = pid_m + 0 * offs_m  # row 0 is the pair; the others are masked
+        m_mask = offs_m == 0
+    else:
+        if pid_m * BLOCK_M >= tl.load(num_post_padded_ptr):
+            return
+        expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        pairs = tl.load(sorted_ids_ptr + offs_m)
+        m_mask = pairs < num_pairs
     a_rows = (pairs // A_ROW_DIV).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
@@ -217,7 +227,15 @@ def fused_moe(
     if tokens == 0:
         return out
     num_pairs = tokens * top_k
-    sorted_ids, expert_ids, num_post_padded = moe_align(topk_ids, num_experts, bm)
+    # One token (batch-1 decode): its top_k experts are distinct, so block p is pair p and
+    # needs no sorting; the align launch (a chain of dependent loads and stores in one
+    # program, several microseconds a layer) is skipped.
+    direct = tokens == 1
+    if direct:
+        flat_ids = topk_ids.reshape(-1)
+        sorted_ids, expert_ids, num_post_padded = flat_ids, flat_ids, flat_ids  # only ids read
+    else:
+        sorted_ids, expert_ids, num_post_padded = moe_align(topk_ids, num_experts, bm)
     act = torch.empty((num_pairs, inter), dtype=x.dtype, device=x.device)
     per_pair = torch.empty((num_pairs, hidden), dtype=x.dtype, device=x.device)
     weights = topk_weights.contiguous().view(-1)
@@ -226,6 +244,7 @@ def fused_moe(
         BLOCK_M=bm,
         BLOCK_N=bn,
         BLOCK_K=bk,
+        DIRECT=direct,
         num_warps=num_warps,
         num_stages=num_stages,
     )

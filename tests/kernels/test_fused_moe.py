@@ -122,6 +122,32 @@ def test_auto_path_is_the_grouped_gemm() -> None:
     torch.testing.assert_close(gemv, grouped, **MOE_TOL[torch.float32])
 
 
+@pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
+def test_one_token_takes_its_experts_without_sorting(
+    ids_dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch-1 decode step: no align launch, each of the token's experts its own block;
+    two tokens still sort."""
+    import kernels.fused_moe
+
+    aligned: list[int] = []
+
+    def counted(topk_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        aligned.append(topk_ids.shape[0])
+        return moe_align(topk_ids, *args, **kwargs)
+
+    monkeypatch.setattr(kernels.fused_moe, "moe_align", counted)
+    gen = torch.Generator().manual_seed(21)
+    w13, w2 = weights_for(32, 48, 40, torch.float32, gen)  # hidden, inter: partial tiles
+    for tokens in (1, 2):
+        x = randn(tokens, 48, dtype=torch.float32, gen=gen)
+        topk_weights, topk_ids = routing(tokens, 32, 6, gen)
+        out = fused_moe(x, w13, w2, topk_weights, topk_ids.to(ids_dtype), path="grouped")
+        want = fused_moe_ref(x, w13, w2, topk_weights, topk_ids)
+        torch.testing.assert_close(out, want, **MOE_TOL[torch.float32])
+    assert aligned == [2]
+
+
 def test_int32_ids_and_default_tiles_match() -> None:
     gen = torch.Generator().manual_seed(3)
     x = randn(6, 64, dtype=torch.float32, gen=gen)
