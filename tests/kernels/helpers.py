@@ -3,6 +3,7 @@ shuffled slots among junk."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -149,3 +150,21 @@ def make_context(
         req_rows=rows.to(DEVICE),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=DEVICE),
     )
+
+
+def assert_pdl_changes_no_bit(
+    chain: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, mp: pytest.MonkeyPatch
+) -> None:
+    """`chain(x)` launched with PDL (kernels/pdl.py), eagerly and from a CUDA graph, equals
+    the chain launched without it, bit for bit (GPU only)."""
+    with_pdl = chain(x)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        graphed = chain(x)
+    graph.replay()
+    mp.setenv("RADIXSERVE_PDL", "0")
+    without = chain(x)
+    mp.delenv("RADIXSERVE_PDL")
+    torch.cuda.synchronize()
+    assert without.abs().amax() > 0, "the chain must carry values to compare"
+    assert torch.equal(with_pdl, without) and torch.equal(graphed, without), f"rows={len(x)}"

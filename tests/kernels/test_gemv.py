@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kernels.gemv import MAX_M, gemv, gemv_ref
-from tests.kernels.helpers import ALL_DTYPES, DEVICE, poison, randn
+from tests.kernels.helpers import ALL_DTYPES, DEVICE, assert_pdl_changes_no_bit, poison, randn
 
 # fp32 sums in a different order than the reference's matmul, then one rounding to 16 bits.
 ROUNDING = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -149,15 +149,4 @@ def test_a_decode_chain_gives_the_same_bits_with_and_without_pdl(
         return x
 
     for m in (1, MAX_M):
-        x = randn(m, d, dtype=torch.bfloat16, gen=gen)
-        with_pdl = chain(x)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            graphed = chain(x)
-        graph.replay()
-        monkeypatch.setenv("RADIXSERVE_PDL", "0")
-        without = chain(x)
-        monkeypatch.delenv("RADIXSERVE_PDL")
-        torch.cuda.synchronize()
-        assert without.abs().amax() > 0, "the chain must carry values to compare"
-        assert torch.equal(with_pdl, without) and torch.equal(graphed, without), f"m={m}"
+        assert_pdl_changes_no_bit(chain, randn(m, d, dtype=torch.bfloat16, gen=gen), monkeypatch)

@@ -23,7 +23,15 @@ from kernels.gguf_gemm import gguf_gemm
 from kernels.gguf_gemv import gguf_gemv, gguf_gemv_ref
 from kernels.gguf_matmul import gguf_matmul
 
-from .helpers import DEVICE, DOT_DTYPES, EXACT_CAST, TOLERANCES, poison, randn
+from .helpers import (
+    DEVICE,
+    DOT_DTYPES,
+    EXACT_CAST,
+    TOLERANCES,
+    assert_pdl_changes_no_bit,
+    poison,
+    randn,
+)
 
 QTYPES = list(LAYOUTS)
 
@@ -257,14 +265,4 @@ def test_a_decode_chain_gives_the_same_bits_with_and_without_pdl(
         return x
 
     for m in (2, 24):
-        x = randn(m, 1024, dtype=torch.bfloat16, gen=gen)
-        with_pdl = chain(x)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            graphed = chain(x)
-        graph.replay()
-        monkeypatch.setenv("RADIXSERVE_PDL", "0")
-        without = chain(x)
-        monkeypatch.delenv("RADIXSERVE_PDL")
-        torch.cuda.synchronize()
-        assert torch.equal(with_pdl, without) and torch.equal(graphed, without), f"m={m}"
+        assert_pdl_changes_no_bit(chain, randn(m, 1024, dtype=torch.bfloat16, gen=gen), monkeypatch)
