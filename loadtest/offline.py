@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from loadtest.offline_prompts import random_ids, throughput_prompts
+from services.executor import flags
 from services.executor.builder import KV_CACHE_DTYPES, EngineSettings, build_engine
 from services.executor.engine.loop import Engine
 from services.executor.grammar.backend import GrammarBackend
@@ -66,11 +67,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=["auto", "torch", "triton", "flashinfer"],
     )
     p.add_argument("--disable-cuda-graph", action="store_true")
-    p.add_argument("--cuda-graph-max-bs", type=int, default=512)
+    p.add_argument("--cuda-graph-max-bs", type=int, default=flags.CUDA_GRAPH_MAX_BS)
     p.add_argument("--max-total-tokens", type=int, default=0)
-    p.add_argument("--mem-fraction-static", type=float, default=0.85)
-    p.add_argument("--max-running-requests", type=int, default=512)
-    p.add_argument("--max-prefill-tokens", type=int, default=8192)
+    p.add_argument("--mem-fraction-static", type=float, default=flags.MEM_FRACTION_STATIC)
+    p.add_argument("--max-running-requests", type=int, default=flags.MAX_RUNNING_REQUESTS)
+    p.add_argument("--max-prefill-tokens", type=int, default=flags.MAX_PREFILL_TOKENS)
     p.add_argument("--disable-radix-cache", action="store_true")
     p.add_argument("--num-prompts", type=int, default=100, help="throughput: requests")
     p.add_argument("--batch-size", type=int, default=8, help="latency: the static batch")

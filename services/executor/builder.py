@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from services.executor import flags
 from services.executor.attention import auto_backend
 from services.executor.attention.flashinfer_backend import FLASHINFER_HEAD_DIMS
 from services.executor.batch_policy import BatchPolicy
@@ -58,12 +59,12 @@ class EngineSettings:
     gguf_weights: str = "auto"  # a GGUF's Q8_0/Q4_K/Q6_K projections: auto | blocks | dequantize
     load_format: str = "auto"
     max_total_tokens: int = 0  # 0: automatic
-    mem_fraction_static: float = 0.85
-    max_running_requests: int = 512
-    max_prefill_tokens: int = 8192
+    mem_fraction_static: float = flags.MEM_FRACTION_STATIC
+    max_running_requests: int = flags.MAX_RUNNING_REQUESTS
+    max_prefill_tokens: int = flags.MAX_PREFILL_TOKENS
     attention_backend: str = "auto"  # triton on CUDA, torch on the CPU
     disable_cuda_graph: bool = False
-    cuda_graph_max_bs: int = 512
+    cuda_graph_max_bs: int = flags.CUDA_GRAPH_MAX_BS
     seed: int = 0
     check_integrity: bool = False
     disable_radix_cache: bool = False

@@ -9,6 +9,11 @@ from shared.config import EnvArgumentParser, positive
 
 # --kv-cache-dtype's names (builder.KV_CACHE_DTYPES maps them to torch dtypes)
 KV_CACHE_DTYPE_NAMES = ("auto", "fp8_e5m2", "fp8_e4m3")
+# Defaults of the flags below that builder.EngineSettings and loadtest/offline.py repeat
+MEM_FRACTION_STATIC = 0.85
+MAX_RUNNING_REQUESTS = 512
+MAX_PREFILL_TOKENS = 8192
+CUDA_GRAPH_MAX_BS = 512
 
 
 def add_flags(p: EnvArgumentParser) -> None:
@@ -58,21 +63,21 @@ def add_flags(p: EnvArgumentParser) -> None:
     p.add_flag(
         "--mem-fraction-static",
         type=float,
-        default=0.85,
+        default=MEM_FRACTION_STATIC,
         check=lambda v: None if 0 < v < 1 else "must be in (0, 1)",
         help="share of GPU memory for weights and the KV pool",
     )
     p.add_flag(
         "--max-running-requests",
         type=int,
-        default=512,
+        default=MAX_RUNNING_REQUESTS,
         check=positive,
         help="requests decoding at once",
     )
     p.add_flag(
         "--max-prefill-tokens",
         type=int,
-        default=8192,
+        default=MAX_PREFILL_TOKENS,
         check=positive,
         help="prompt tokens computed per step (longer prompts are chunked)",
     )
@@ -87,7 +92,7 @@ def add_flags(p: EnvArgumentParser) -> None:
     p.add_flag(
         "--cuda-graph-max-bs",
         type=int,
-        default=512,
+        default=CUDA_GRAPH_MAX_BS,
         check=positive,
         help="largest decode batch replayed from a CUDA graph",
     )
