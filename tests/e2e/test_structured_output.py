@@ -140,9 +140,14 @@ def test_constraints_are_enforced_through_the_stack(tiny_stack: Stack) -> None:
                         },
                     },
                 ),
-                post_json(
+                post_json(  # sampled text may end at EOS: ignore_eos runs it to its length
                     "/v1/completions",
-                    {"model": "tiny-llama-11", "prompt": "free text", "max_tokens": 8},
+                    {
+                        "model": "tiny-llama-11",
+                        "prompt": "free text",
+                        "max_tokens": 8,
+                        "ignore_eos": True,
+                    },
                 ),
             ]
             results = await asyncio.gather(*jobs)
@@ -160,7 +165,9 @@ def test_constraints_are_enforced_through_the_stack(tiny_stack: Stack) -> None:
     assert results[3]["text"] in ("alpha", "beta gamma")
     assert results[4]["meta_info"]["finish_reason"]["type"] == "stop"
     assert re.fullmatch(r"[a-z]{1,6}@[a-z]{1,4}\.com", results[4]["text"])
-    assert results[5]["usage"]["completion_tokens"] == 8  # unconstrained, in the same batch
+    # unconstrained, in the same batch: no grammar's mask or stop reached it
+    assert results[5]["usage"]["completion_tokens"] == 8
+    assert results[5]["choices"][0]["finish_reason"] == "length"
     tiny_stack.wait_idle()
 
 
