@@ -17,6 +17,8 @@ interpreter (kernels._checks.interpreting), where they widen with `.to` as befor
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -53,5 +55,12 @@ def early_widening(dtype: torch.dtype, device: torch.device) -> bool:
     if dtype not in (torch.float8_e5m2, torch.float8_e4m3fn) or interpreting():
         return False
     if dtype == torch.float8_e4m3fn and device.type == "cuda":
-        return torch.cuda.get_device_capability(device) >= (8, 9)
+        return _e4m3_cvt(device)
     return True
+
+
+@functools.cache
+def _e4m3_cvt(device: torch.device) -> bool:
+    """Whether `device` has the e4m3 cvt (compute capability 8.9+): asked by every layer's
+    eager decode, so looked up once per device."""
+    return torch.cuda.get_device_capability(device) >= (8, 9)

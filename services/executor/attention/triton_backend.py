@@ -15,7 +15,6 @@ call `reserve_decode` with the largest batch before capturing (a graph keeps poi
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -51,13 +50,6 @@ class _ExtendMetadata:
 INTERPRETER_MAX_SPLITS = 32
 # stage 1's software pipelining depth at every batch size (see TritonBackend)
 DECODE_STAGES = 3
-
-
-@functools.cache
-def _early_v(dtype: torch.dtype, device: torch.device) -> bool:
-    """early_widening, asked once per pool format and device (it runs every layer's eager
-    decode)."""
-    return early_widening(dtype, device)
 
 
 @dataclass
@@ -239,7 +231,7 @@ class TritonBackend(AttentionBackend):
                 # fp8 V widened in registers, and the running max moved only when it rises
                 # RESCALE_AT: measured on an H100 (README, "fp8 tiles widened before shared
                 # memory"); K widened early was slower there, so it stays late.
-                early_v=_early_v(v_buffer.dtype, v_buffer.device),
+                early_v=early_widening(v_buffer.dtype, v_buffer.device),
                 lazy_rescale=True,
             )
         assert meta.extend is not None
