@@ -155,6 +155,7 @@ def fused_moe(
     num_warps: int = 4,
     num_stages: int = 3,
     path: str = "auto",
+    reduce: bool = True,
 ) -> torch.Tensor:
     """sum over j of topk_weights[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t])), e =
     topk_ids[t, j]; returns [tokens, hidden] in x's dtype.
@@ -166,6 +167,9 @@ def fused_moe(
     the tiles do not apply) or "auto", which is the grouped GEMM: on an H200, Qwen3-30B-A3B's
     batch-1 step spent 2.18 ms in moe_gemv's two launches with its default configuration,
     where the grouped path had taken 1.74 ms (align and sum included) on an H100.
+    reduce=False: the grouped path returns each token's top_k weighted expert outputs
+    unsummed, [tokens, top_k, hidden], for a consumer that sums them itself
+    (kernels/rmsnorm.py: one launch fewer); the gemv path sums regardless.
     """
     op = "fused_moe"
     check_tensor(op, "x", x, shape=(None, None), dims="[tokens, hidden]", dtypes=FLOAT_DTYPES)
@@ -223,9 +227,8 @@ def fused_moe(
         raise ValueError(f"{op}: path must be 'auto', 'grouped' or 'gemv', got {path!r}")
     if path == "gemv" and tokens > 0:
         return moe_gemv(x, w13, w2, topk_weights, topk_ids)
-    out = torch.empty((tokens, hidden), dtype=x.dtype, device=x.device)
     if tokens == 0:
-        return out
+        return torch.empty((0, hidden), dtype=x.dtype, device=x.device)
     num_pairs = tokens * top_k
     # One token (batch-1 decode): its top_k experts are distinct, so block p is pair p and
     # needs no sorting; the align launch (a chain of dependent loads and stores in one
@@ -293,6 +296,9 @@ def fused_moe(
         **common,
         **pdl_launch(act.device),
     )
+    if not reduce:
+        return per_pair.view(tokens, top_k, hidden)
+    out = torch.empty((tokens, hidden), dtype=x.dtype, device=x.device)
     # the top_k rows of each token summed: one small launch (torch's strided reduction takes
     # about twice as long at decode sizes)
     _moe_sum_kernel[(tokens, triton.cdiv(hidden, _SUM_BLOCK))](

@@ -9,6 +9,10 @@ residual: in place.
 
 With `unit_offset` (Gemma), the weight scales by 1 + w and the normed row stays in fp32 until
 the one final rounding: out = (rmsnorm(x) * (1 + w)).to(dtype), as HF's Gemma norms compute.
+
+With a residual, x may be [n, k, hidden]: each token's k rows (a MoE layer's per-expert
+outputs, kernels/fused_moe.py with reduce=False) are summed first, in fp32 and rounded once
+as fused_moe's own sum rounds them, so the top-k sum costs no launch of its own.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ def _rmsnorm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     UNIT_OFFSET: tl.constexpr,
+    SUM_ROWS: tl.constexpr,  # rows of x per token, summed first (1: x as it is)
     BLOCK: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -45,7 +50,14 @@ def _rmsnorm_kernel(
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < hidden
-    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    if SUM_ROWS == 1:
+        x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    else:
+        total = tl.zeros([BLOCK], dtype=tl.float32)
+        for j in tl.static_range(SUM_ROWS):
+            part = tl.load(x_ptr + row * stride_x + j * hidden + offs, mask=mask, other=0.0)
+            total += part.to(tl.float32)
+        x = total.to(x_ptr.dtype.element_ty)
     if HAS_RESIDUAL:
         res = tl.load(res_ptr + row * stride_res + offs, mask=mask, other=0.0)
         # Rounded to x's dtype as `x + residual` in torch would be.
@@ -75,16 +87,26 @@ def rmsnorm(
     """Returns (out, new_residual): (w * rmsnorm(x), x) or, with residual,
     (w * rmsnorm(x + residual), x + residual); with unit_offset, 1 + w in place of w (Gemma).
 
-    x, residual, out, residual_out: [n, hidden] (any row stride); weight: [hidden].
+    x, residual, out, residual_out: [n, hidden] (any row stride); weight: [hidden]. With a
+    residual, x may also be [n, k, hidden] (contiguous k rows of each token): their sum is
+    the x above.
     out (optional): may be x; its dtype is x's and weight's promotion, as in torch.
     residual_out (optional, only with residual): may be residual (or x); x's dtype.
     In a decoder layer: `h, res = rmsnorm(x, w, eps)` first, then
     `h, res = rmsnorm(attn_out, w2, eps, residual=res)`.
     """
     op = "rmsnorm"
-    check_tensor(op, "x", x, shape=(None, None), dims="[n, hidden]", dtypes=FLOAT_DTYPES)
+    sum_rows = 1
+    if x.dim() == 3 and residual is not None:
+        dims = "[n, k, hidden]"
+        check_tensor(op, "x", x, shape=(None, None, None), dims=dims, dtypes=FLOAT_DTYPES)
+        n, sum_rows, hidden = x.shape
+        if x.stride(2) != 1 or x.stride(1) != hidden:
+            raise ValueError(f"{op}: x [n, k, hidden] must have contiguous k rows of each token")
+    else:
+        check_tensor(op, "x", x, shape=(None, None), dims="[n, hidden]", dtypes=FLOAT_DTYPES)
+        n, hidden = x.shape
     check_device(op, x)
-    n, hidden = x.shape
     if hidden > _MAX_HIDDEN:
         raise ValueError(f"{op}: hidden size {hidden} is over the supported {_MAX_HIDDEN}")
     dev = x.device
@@ -112,7 +134,7 @@ def rmsnorm(
             device=dev,
         )
         if residual_out is None:
-            residual_out = torch.empty_like(x)
+            residual_out = torch.empty((n, hidden), dtype=x.dtype, device=dev)
         check_tensor(
             op,
             "residual_out",
@@ -139,6 +161,7 @@ def rmsnorm(
             eps,
             HAS_RESIDUAL=residual is not None,
             UNIT_OFFSET=unit_offset,
+            SUM_ROWS=sum_rows,
             BLOCK=block,
             num_warps=min(16, max(1, block // 256)),
             **pdl_launch(x.device),
@@ -157,6 +180,8 @@ def rmsnorm_ref(
     """The torch twin of `rmsnorm` (out-of-place), written as layers.RMSNorm (or, with
     unit_offset, models/gemma.py's GemmaRMSNorm) computes it."""
     if residual is not None:
+        if x.dim() == 3:  # a token's rows summed as kernels/fused_moe's sum does
+            x = x.float().sum(1).to(x.dtype)
         x = x + residual
     x32 = x.float()
     normed32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)

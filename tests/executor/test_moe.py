@@ -282,3 +282,31 @@ def test_model_config_of_each_moe_family(tmp_path: Path) -> None:
     assert mixtral.moe is not None and mixtral.moe.intermediate_size == 128
     dense = ModelConfig.from_hf_dir(write_tiny_model(tmp_path, "qwen3"))
     assert dense.moe is None
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_a_deferred_sum_leaves_the_next_norm_unchanged(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """defer_sum: on CUDA (the kernels, interpreted here) a layer without shared experts
+    hands the next residual norm its experts' unsummed rows, one launch fewer; that norm's
+    output and new residual are the summed layer's."""
+    import services.executor.models.layers as layers
+    import services.executor.models.moe as moe_module
+    from services.executor.models.layers import RMSNorm
+
+    monkeypatch.setattr(layers, "on_gpu", lambda x: True)
+    monkeypatch.setattr(moe_module, "on_gpu", lambda x: True)
+    block, moe = hf_block(name, seed=4)
+    ours = load_ours(block, moe)
+    gen = torch.Generator().manual_seed(5)
+    x, residual = torch.randn(2, TOKENS, HIDDEN, generator=gen)
+    norm = RMSNorm(HIDDEN, 1e-6)
+    with torch.no_grad():
+        summed = ours(x)
+        ours.defer_sum = True
+        deferred = ours(x)
+        assert deferred.dim() == (2 if moe.shared_intermediate_size else 3)
+        want, got = norm(summed, residual), norm(deferred, residual)
+    torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[1], want[1], atol=1e-6, rtol=1e-6)

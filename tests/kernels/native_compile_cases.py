@@ -108,8 +108,8 @@ def _gguf(op: str, qtype: str, dtype: torch.dtype) -> None:
         gguf_dequantize(blocks, qtype=qtype, k=k, dtype=dtype)
 
 
-def _rmsnorm(dtype: torch.dtype, residual: bool, unit_offset: bool) -> None:
-    x = _t(4, 4096, dtype=dtype)
+def _rmsnorm(dtype: torch.dtype, residual: bool, unit_offset: bool, rows: int = 0) -> None:
+    x = _t(4, rows, 4096, dtype=dtype) if rows else _t(4, 4096, dtype=dtype)  # rows: summed
     res = _t(4, 4096, dtype=dtype) if residual else None
     rmsnorm(x, _t(4096, dtype=dtype), 1e-6, residual=res, unit_offset=unit_offset)
 
@@ -348,6 +348,7 @@ def _cases() -> list[Case]:
         ("rmsnorm/bf16", partial(_rmsnorm, BF16, False, False)),
         ("rmsnorm/bf16-residual-nopdl", partial(_rmsnorm, BF16, True, False), False),
         ("rmsnorm/fp16-residual-unit-offset", partial(_rmsnorm, FP16, True, True)),
+        ("rmsnorm/bf16-residual-top8-rows", partial(_rmsnorm, BF16, True, False, 8)),
         ("gated_act/silu-bf16", partial(_act, False, BF16)),
         ("gated_act/gelu-tanh-fp16", partial(_act, True, FP16)),
         ("head_gemv/bf16", partial(_head_gemv, BF16)),

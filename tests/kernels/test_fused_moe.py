@@ -74,8 +74,9 @@ def test_matches_reference(
     x = randn(tokens, hidden, dtype=dtype, gen=gen)
     w13, w2 = weights_for(experts, hidden, inter, dtype, gen)
     topk_weights, topk_ids = routing(tokens, experts, top_k, gen, used)
-    tiles = {"block_m": 16, "block_n": 16, "block_k": 16}
-    out = fused_moe(x, w13, w2, topk_weights, topk_ids, path="grouped", **tiles)
+    out = fused_moe(
+        x, w13, w2, topk_weights, topk_ids, path="grouped", block_m=16, block_n=16, block_k=16
+    )
     want = fused_moe_ref(x, w13, w2, topk_weights, topk_ids)
     assert out.shape == (tokens, hidden) and out.dtype == dtype
     torch.testing.assert_close(out, want, **MOE_TOL[dtype])
@@ -353,3 +354,18 @@ def test_topk_reads_bf16_logits() -> None:
     assert torch.equal(ids.long().gather(1, order), want.indices.gather(1, want_order))
     want_weights = (want.values / want.values.sum(-1, keepdim=True)).gather(1, want_order)
     torch.testing.assert_close(weights.gather(1, order), want_weights)
+
+
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_unreduced_rows_sum_to_the_reduced_output(tokens: int) -> None:
+    """reduce=False: each token's top_k weighted expert rows, [tokens, top_k, hidden]; added
+    in order, they are reduce=True's output bit for bit (the norm after adds them so)."""
+    from tests.kernels.test_rmsnorm import sequential_sum
+
+    gen = torch.Generator().manual_seed(31)
+    x = randn(tokens, 48, dtype=torch.float32, gen=gen)
+    w13, w2 = weights_for(16, 48, 40, torch.float32, gen)
+    topk_weights, topk_ids = routing(tokens, 16, 4, gen)
+    rows = fused_moe(x, w13, w2, topk_weights, topk_ids, reduce=False)
+    assert rows.shape == (tokens, 4, 48)
+    assert torch.equal(sequential_sum(rows), fused_moe(x, w13, w2, topk_weights, topk_ids))

@@ -7,7 +7,7 @@ import torch
 
 from kernels.rmsnorm import rmsnorm, rmsnorm_ref
 from services.executor.models.layers import RMSNorm
-from tests.kernels.helpers import ALL_DTYPES, DEVICE, EXACT_CAST, poison, randn
+from tests.kernels.helpers import ALL_DTYPES, DEVICE, EXACT_CAST, INTERPRETING, poison, randn
 
 # Sums in another order than torch's, and two roundings (normed, then times the weight): two
 # ulps of the dtype.
@@ -122,3 +122,48 @@ def test_unit_offset_matches_gemma_norm(with_residual: bool, dtype: torch.dtype)
     model = layer.torch_forward(x, residual)
     model_out = model if residual is None else model[0]
     torch.testing.assert_close(want, model_out, atol=0.0, rtol=0.0)
+
+
+def sequential_sum(rows: torch.Tensor) -> torch.Tensor:
+    """[n, k, hidden] -> [n, hidden]: the k rows added in order in fp32, rounded once, as
+    kernels/fused_moe.py's top-k sum adds them."""
+    total = rows[:, 0].float()
+    for j in range(1, rows.shape[1]):
+        total = total + rows[:, j].float()
+    return total.to(rows.dtype)
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize(("n", "k", "hidden"), [(1, 8, 64), (3, 6, 80), (2, 1, 13)])
+def test_a_token_s_rows_are_summed_before_the_residual_add(
+    n: int, k: int, hidden: int, dtype: torch.dtype
+) -> None:
+    """x [n, k, hidden] (a MoE layer's unsummed experts) with a residual: the norm of the
+    rows' sum plus the residual, and that sum as the new residual stream."""
+    gen = torch.Generator().manual_seed(n * 100 + k)
+    rows = randn(n, k, hidden, dtype=dtype, gen=gen, scale=2.0)
+    residual = randn(n, hidden, dtype=dtype, gen=gen)
+    w = randn(hidden, dtype=dtype, gen=gen)
+    got, got_res = rmsnorm(rows, w, 1e-6, residual=residual)
+    want, want_res = rmsnorm(sequential_sum(rows), w, 1e-6, residual=residual)
+    if INTERPRETING and dtype == torch.bfloat16:
+        # the interpreter rounds the sum toward zero, torch to nearest: an ulp of the sum's
+        # size apart (on a GPU, and in fp32 and fp16, the two are equal)
+        ulp = 2**-7 * float(want_res.abs().amax())
+        torch.testing.assert_close(got_res, want_res, atol=ulp, rtol=0.0)
+    else:
+        torch.testing.assert_close(got_res, want_res, **EXACT_CAST[dtype])
+    close(got, want)
+    close(got, rmsnorm_ref(rows, w, 1e-6, residual=residual)[0])
+    assert got.shape == got_res.shape == (n, hidden)
+    layer = RMSNorm(hidden, 1e-6).to(device=DEVICE, dtype=dtype)  # the CPU path: the same sum
+    with torch.no_grad():
+        layer.weight.copy_(w)
+    close(layer(rows.cpu(), residual.cpu())[0].to(DEVICE), want)
+
+
+def test_summed_rows_must_be_contiguous_per_token() -> None:
+    rows = torch.zeros(2, 4, 32, device=DEVICE)[:, ::2]  # k rows two apart
+    with pytest.raises(ValueError, match=r"contiguous k rows"):
+        residual = torch.zeros(2, 32, device=DEVICE)
+        rmsnorm(rows, torch.ones(32, device=DEVICE), 1e-6, residual=residual)

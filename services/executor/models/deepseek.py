@@ -47,7 +47,7 @@ from services.executor.models.llama import (
     LlamaForCausalLM,
     LlamaModel,
 )
-from services.executor.models.moe import build_mlp
+from services.executor.models.moe import SparseMoE, build_mlp
 
 
 def mla_of(config: ModelConfig) -> MLAConfig:
@@ -197,6 +197,8 @@ class DeepseekDecoderLayer(LlamaDecoderLayer):
             )
         # Routed experts (DeepSeek's grouped top-k, shared experts) past the dense layers.
         self.mlp = build_mlp(config, layer_id, tp)
+        if isinstance(self.mlp, SparseMoE):  # Llama's forward: the next norm sums the rows
+            self.mlp.defer_sum = True
 
 
 class DeepseekModel(LlamaModel):

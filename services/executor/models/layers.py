@@ -27,7 +27,9 @@ def on_gpu(x: torch.Tensor) -> bool:
 
 class RMSNorm(nn.Module):
     """`forward(x)` -> normed; `forward(x, residual)` -> (norm(x + residual), x + residual):
-    the residual add is fused into the norm, as the decoder layers use it."""
+    the residual add is fused into the norm, as the decoder layers use it. With a residual,
+    x may be [n, k, hidden]: a MoE layer's k per-expert rows of each token, summed first
+    (SparseMoE.defer_sum)."""
 
     unit_offset = False  # the weight scales as w (Gemma's norms: 1 + w)
 
@@ -46,12 +48,14 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if on_gpu(x) and x.dim() == 2:
+        if on_gpu(x) and (x.dim() == 2 or (x.dim() == 3 and residual is not None)):
             from kernels.rmsnorm import rmsnorm
 
             out, new_residual = rmsnorm(x, self.weight, self.eps, residual=residual)
             return out if residual is None else (out, new_residual)
         if residual is not None:
+            if x.dim() == 3:
+                x = x.float().sum(1).to(x.dtype)
             x = x + residual
             residual = x
         dtype = x.dtype

@@ -28,7 +28,7 @@ from services.executor.distributed.layers import (
 from services.executor.forward_batch import ForwardBatch
 from services.executor.model_config import ModelConfig
 from services.executor.models.layers import HeadNorm, RMSNorm, Rope, RotaryEmbedding
-from services.executor.models.moe import build_mlp
+from services.executor.models.moe import SparseMoE, build_mlp
 from services.executor.quant.base import QuantConfig
 
 # checkpoint module name -> (our fused module, shard index in it)
@@ -124,6 +124,8 @@ class LlamaDecoderLayer(nn.Module):
         self.self_attn = attention_cls(config, layer_id, backend, tp)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = build_mlp(config, layer_id, tp)  # dense, or SparseMoE (models/moe.py)
+        if isinstance(self.mlp, SparseMoE):  # the next norm sums the experts' rows
+            self.mlp.defer_sum = True
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None, rope: Rope, batch: ForwardBatch

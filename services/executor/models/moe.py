@@ -67,13 +67,19 @@ class FusedExperts(nn.Module):
         self.w2_weight = nn.Parameter(torch.empty(moe.num_experts, hidden_size, self.inter))
 
     def forward(
-        self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+        self,
+        x: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        reduce: bool = True,
     ) -> torch.Tensor:
+        """[tokens, hidden]; on CUDA with reduce=False, the kernel's unsummed [tokens,
+        top_k, hidden] (kernels/fused_moe.py)."""
         if on_gpu(x):
             from kernels.fused_moe import fused_moe
 
             w13, w2 = self.w13_weight, self.w2_weight
-            return fused_moe(x.contiguous(), w13, w2, topk_weights, topk_ids)
+            return fused_moe(x.contiguous(), w13, w2, topk_weights, topk_ids, reduce=reduce)
         from kernels.fused_moe import fused_moe_ref
 
         return fused_moe_ref(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
@@ -97,7 +103,13 @@ class SparseMoE(nn.Module):
     shared_expert_gate) for Qwen2-MoE, shared_experts for DeepSeek.
 
     `SparseMoE(config, layer_id, tp)` needs `config.moe`; `moe=` overrides it (a model whose
-    config holds the MoE elsewhere)."""
+    config holds the MoE elsewhere).
+
+    `defer_sum`, set by a decoder layer whose next step is a residual RMSNorm (which sums a
+    token's rows itself, kernels/rmsnorm.py): the output may then be the experts' unsummed
+    [tokens, top_k, hidden] (on CUDA, one rank, no shared expert), a launch fewer a layer."""
+
+    defer_sum = False
 
     def __init__(
         self,
@@ -124,7 +136,8 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = select_experts(self.gate(x), self.moe, self.gate.e_score_correction_bias)
-        out = self.experts(x, weights, ids)
+        unsummed = self.defer_sum and self.tp.size == 1 and not self.moe.shared_intermediate_size
+        out = self.experts(x, weights, ids, reduce=not unsummed)
         if self.moe.shared_intermediate_size:
             shared = self._shared_partial(x)
             if self.shared_expert_gate is not None:
