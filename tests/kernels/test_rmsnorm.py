@@ -156,9 +156,9 @@ def test_a_token_s_rows_are_summed_before_the_residual_add(
     close(got, want)
     close(got, rmsnorm_ref(rows, w, 1e-6, residual=residual)[0])
     assert got.shape == got_res.shape == (n, hidden)
-    layer = RMSNorm(hidden, 1e-6).to(device=DEVICE, dtype=dtype)  # the CPU path: the same sum
+    layer = RMSNorm(hidden, 1e-6).to(dtype=dtype)  # the CPU path (torch): the same sum
     with torch.no_grad():
-        layer.weight.copy_(w)
+        layer.weight.copy_(w.cpu())
     close(layer(rows.cpu(), residual.cpu())[0].to(DEVICE), want)
 
 
