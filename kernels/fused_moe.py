@@ -114,18 +114,32 @@ def _fused_moe_kernel(
 
 @triton.jit
 def _moe_sum_kernel(
-    in_ptr, out_ptr, hidden, TOP_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
+    in_ptr,
+    add_ptr,
+    out_ptr,
+    hidden,
+    stride_add,
+    TOP_K: tl.constexpr,
+    HAS_ADD: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    """out[t] = sum over j of in[t * TOP_K + j], in fp32, rounded once (as torch.sum)."""
+    """out[t] = sum over j of in[t * TOP_K + j], in fp32, rounded once (as torch.sum); with
+    HAS_ADD, that sum + add[t], rounded again (as torch's `out + add` would round it)."""
     pdl_prologue(PDL)
     tok = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < hidden
+    dtype = out_ptr.dtype.element_ty
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for j in tl.static_range(TOP_K):
         row = in_ptr + (tok * TOP_K + j) * hidden
         acc += tl.load(row + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + tok * hidden + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    total = acc.to(dtype)
+    if HAS_ADD:
+        extra = tl.load(add_ptr + tok * stride_add + offs, mask=mask, other=0.0)
+        total = (total.to(tl.float32) + extra.to(tl.float32)).to(dtype)
+    tl.store(out_ptr + tok * hidden + offs, total, mask=mask)
 
 
 _SUM_BLOCK = 1024  # hidden elements per program of the top-k sum
@@ -156,6 +170,7 @@ def fused_moe(
     num_stages: int = 3,
     path: str = "auto",
     reduce: bool = True,
+    add: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """sum over j of topk_weights[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t])), e =
     topk_ids[t, j]; returns [tokens, hidden] in x's dtype.
@@ -170,6 +185,9 @@ def fused_moe(
     reduce=False: the grouped path returns each token's top_k weighted expert outputs
     unsummed, [tokens, top_k, hidden], for a consumer that sums them itself
     (kernels/rmsnorm.py: one launch fewer); the gemv path sums regardless.
+    add: [tokens, hidden] in x's dtype (any row stride), added to the sum in the sum's own
+    launch and rounded as `fused_moe(...) + add` would be (a shared expert's output: one
+    torch add fewer a layer); not with reduce=False.
     """
     op = "fused_moe"
     check_tensor(op, "x", x, shape=(None, None), dims="[tokens, hidden]", dtypes=FLOAT_DTYPES)
@@ -225,8 +243,18 @@ def fused_moe(
         raise ValueError(f"{op}: x, w13 and w2 must have contiguous rows")
     if path not in ("auto", "grouped", "gemv"):
         raise ValueError(f"{op}: path must be 'auto', 'grouped' or 'gemv', got {path!r}")
+    if add is not None:
+        if not reduce:
+            raise ValueError(f"{op}: add needs reduce=True (it is added to the sum)")
+        check_tensor(
+            op, "add", add, shape=(tokens, hidden), dims="[tokens, hidden]", dtypes=(x.dtype,),
+            device=x.device,
+        )  # fmt: skip
+        if add.stride(1) != 1:
+            raise ValueError(f"{op}: add must have contiguous rows")
     if path == "gemv" and tokens > 0:
-        return moe_gemv(x, w13, w2, topk_weights, topk_ids)
+        summed = moe_gemv(x, w13, w2, topk_weights, topk_ids)
+        return summed if add is None else summed + add
     if tokens == 0:
         return torch.empty((0, hidden), dtype=x.dtype, device=x.device)
     num_pairs = tokens * top_k
@@ -303,9 +331,12 @@ def fused_moe(
     # about twice as long at decode sizes)
     _moe_sum_kernel[(tokens, triton.cdiv(hidden, _SUM_BLOCK))](
         per_pair,
+        per_pair if add is None else add,  # never read without HAS_ADD
         out,
         hidden,
+        0 if add is None else add.stride(0),
         TOP_K=top_k,
+        HAS_ADD=add is not None,
         BLOCK=_SUM_BLOCK,
         num_warps=4,
         **pdl_launch(per_pair.device),

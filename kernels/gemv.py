@@ -112,16 +112,22 @@ def gemv(
     block_k: int = 512,
     num_warps: int = 4,
     num_stages: int = 3,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """x @ weight.T for at most MAX_M rows; returns out.
 
     x: [m, k] (any row stride, m <= MAX_M); weight: [n, k] (any row stride), x's dtype.
-    out (optional, written): [m, n] contiguous rows of any stride, x's dtype.
+    out (optional, written): [m, n] contiguous rows of any stride, of out_dtype: x's dtype
+    (None), or float32 for the fp32 sums unrounded (DeepSeek's router logits, which its
+    checkpoints compute as F.linear(x.float(), w.float()): the same exact products, summed
+    in fp32, without widening copies of x and w).
     block_n, block_k: output rows per program and weight columns per step (powers of two).
     """
     op = "gemv"
     check_tensor(op, "x", x, shape=(None, None), dims="[m, k]", dtypes=FLOAT_DTYPES)
-    out = checked_out(op, x, weight, (x.dtype,), out)
+    if out_dtype not in (None, x.dtype, torch.float32):
+        raise ValueError(f"{op}: out_dtype must be x's dtype or float32, got {out_dtype}")
+    out = checked_out(op, x, weight, (x.dtype,), out, out_dtype or x.dtype)
     launch(x, weight, None, out, block_n, block_k, num_warps, num_stages, op=op)
     return out
 
@@ -132,8 +138,10 @@ def checked_out(
     weight: torch.Tensor,
     weight_dtypes: tuple[torch.dtype, ...],
     out: torch.Tensor | None,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """`out` (allocated when None) after checking x's rows, the weight and out against x."""
+    """`out` (allocated when None) after checking x's rows, the weight and out against x;
+    out's dtype is out_dtype (None: x's)."""
     check_device(op, x)
     m, k = x.shape
     if not 1 <= m <= MAX_M:
@@ -143,9 +151,10 @@ def checked_out(
         device=x.device,
     )  # fmt: skip
     n = weight.shape[0]
+    dtype = out_dtype or x.dtype
     if out is None:
-        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    check_tensor(op, "out", out, shape=(m, n), dims="[m, n]", dtypes=(x.dtype,), device=x.device)
+        out = torch.empty((m, n), dtype=dtype, device=x.device)
+    check_tensor(op, "out", out, shape=(m, n), dims="[m, n]", dtypes=(dtype,), device=x.device)
     return out
 
 
@@ -194,6 +203,8 @@ def launch(
     )
 
 
-def gemv_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """The torch twin of `gemv`: fp32 products and sums, rounded once to x's dtype."""
-    return (x.float() @ weight.float().T).to(x.dtype)
+def gemv_ref(
+    x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """The torch twin of `gemv`: fp32 products and sums, rounded once to out_dtype (x's)."""
+    return (x.float() @ weight.float().T).to(out_dtype or x.dtype)

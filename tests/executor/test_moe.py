@@ -187,10 +187,49 @@ def test_sparse_moe_matches_transformers_block(name: str) -> None:
     block, moe = hf_block(name, seed=2)
     ours = load_ours(block, moe)
     x = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(3))
+    got, want = both_outputs(block, ours, x)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def both_outputs(
+    block: torch.nn.Module, ours: SparseMoE, x: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ours(x), the HF block's output for x)."""
     with torch.no_grad():
         want = block(x[None])
-        want = (want[0] if isinstance(want, tuple) else want)[0]
-        got = ours(x)
+        return ours(x), (want[0] if isinstance(want, tuple) else want)[0]
+
+
+def _has_shared_experts(name: str) -> bool:
+    moe = MoEConfig.from_hf(FAMILIES[name][0].to_dict())
+    return moe is not None and moe.shared_intermediate_size > 0
+
+
+SHARED = [name for name in FAMILIES if _has_shared_experts(name)]
+
+
+@pytest.mark.parametrize("name", SHARED)
+def test_shared_experts_join_the_kernel_sum(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA path (kernels/fused_moe in the interpreter where there is no GPU): the
+    shared expert's output goes into fused_moe's sum launch (`add`) and the block still
+    matches transformers'."""
+    import kernels.fused_moe
+    from services.executor.models import moe as moe_module
+
+    adds = []
+    original = kernels.fused_moe.fused_moe
+
+    def spy(*args: Any, **kwargs: Any) -> torch.Tensor:
+        adds.append(kwargs.get("add"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(moe_module, "on_gpu", lambda x: True)
+    monkeypatch.setattr(kernels.fused_moe, "fused_moe", spy)
+    block, moe = hf_block(name, seed=4)
+    ours = load_ours(block, moe)
+    x = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(6))
+    got, want = both_outputs(block, ours, x)
+    assert len(adds) == 1 and adds[0] is not None and adds[0].shape == (TOKENS, HIDDEN)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
@@ -310,3 +349,28 @@ def test_a_deferred_sum_leaves_the_next_norm_unchanged(
         want, got = norm(summed, residual), norm(deferred, residual)
     torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got[1], want[1], atol=1e-6, rtol=1e-6)
+
+
+def test_fp32_router_logits_through_the_decode_kernel() -> None:
+    """DeepSeek's router (router_fp32) with bf16 weights: logits in fp32 from F.linear of the
+    widened x and weight on the dense path, and from kernels/gemv's fp32 output (no widened
+    copies) for the row counts choose_gemv gave it; the two agree to fp32 summation order."""
+    from services.executor.models.linear import CANDIDATES, FP32_PRODUCTS
+
+    _, moe = hf_block("deepseek-v2-greedy")
+    assert moe.router_fp32
+    ours = SparseMoE(model_config(moe), layer_id=3).to(torch.bfloat16).eval()
+    assert ours.gate.method is FP32_PRODUCTS
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        ours.gate.weight.copy_(torch.randn(ours.gate.weight.shape, generator=gen))
+    x = torch.randn(2, HIDDEN, generator=gen).to(torch.bfloat16)
+    want = torch.nn.functional.linear(x.float(), ours.gate.weight.float())
+    with torch.no_grad():
+        dense = ours.gate(x)
+        ours.gate.gemv_plan = {2: CANDIDATES[0]}
+        kernel = ours.gate(x)
+    assert dense.dtype == kernel.dtype == torch.float32
+    torch.testing.assert_close(dense, want, atol=0.0, rtol=0.0)
+    torch.testing.assert_close(kernel, want, atol=1e-5, rtol=1e-5)
+    assert not torch.equal(kernel, want.to(torch.bfloat16).float())  # not rounded to bf16

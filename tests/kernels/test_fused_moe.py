@@ -369,3 +369,26 @@ def test_unreduced_rows_sum_to_the_reduced_output(tokens: int) -> None:
     rows = fused_moe(x, w13, w2, topk_weights, topk_ids, reduce=False)
     assert rows.shape == (tokens, 4, 48)
     assert torch.equal(sequential_sum(rows), fused_moe(x, w13, w2, topk_weights, topk_ids))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_add_lands_in_the_sum_as_a_separate_add_would(tokens: int, dtype: torch.dtype) -> None:
+    """add= (a shared expert's output): the same bits as fused_moe(...) + add, whose sum is
+    rounded before the add; in one launch, for one token (DIRECT) and several (sorted), and
+    from a strided add. The gemv path adds it too."""
+    gen = torch.Generator().manual_seed(37 + tokens)
+    x = randn(tokens, 48, dtype=dtype, gen=gen)
+    w13, w2 = weights_for(16, 48, 40, dtype, gen)
+    topk_weights, topk_ids = routing(tokens, 16, 4, gen)
+    shared = randn(tokens, 64, dtype=dtype, gen=gen)[:, :48]  # row stride 64
+    want = fused_moe(x, w13, w2, topk_weights, topk_ids) + shared
+    got = fused_moe(x, w13, w2, topk_weights, topk_ids, add=shared)
+    assert torch.equal(got, want)
+    assert not torch.equal(got, fused_moe(x, w13, w2, topk_weights, topk_ids))
+    gemv_path = fused_moe(x, w13, w2, topk_weights, topk_ids, add=shared, path="gemv")
+    torch.testing.assert_close(gemv_path, want, **MOE_TOL[dtype])
+    with pytest.raises(ValueError, match="add needs reduce=True"):
+        fused_moe(x, w13, w2, topk_weights, topk_ids, add=shared, reduce=False)
+    with pytest.raises(ValueError, match="add"):
+        fused_moe(x, w13, w2, topk_weights, topk_ids, add=shared[:, :40])

@@ -150,3 +150,19 @@ def test_a_decode_chain_gives_the_same_bits_with_and_without_pdl(
 
     for m in (1, MAX_M):
         assert_pdl_changes_no_bit(chain, randn(m, d, dtype=torch.bfloat16, gen=gen), monkeypatch)
+
+
+@pytest.mark.parametrize("m", [1, 4])
+def test_fp32_out_keeps_the_sums_unrounded(m: int) -> None:
+    """out_dtype=float32 (DeepSeek's router logits): bf16 x and weight, the fp32 sums as
+    F.linear(x.float(), w.float()) gives them, not rounded to bf16 on the way."""
+    gen = torch.Generator().manual_seed(11 + m)
+    x = randn(m, 300, dtype=torch.bfloat16, gen=gen)
+    w = randn(70, 300, dtype=torch.bfloat16, gen=gen, scale=0.05)
+    got = gemv(x, w, out_dtype=torch.float32, block_n=8, block_k=64)
+    want = gemv_ref(x, w, torch.float32)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert not torch.equal(got, want.to(torch.bfloat16).float())  # really fp32 sums
+    with pytest.raises(ValueError, match="out_dtype must be"):
+        gemv(x, w, out_dtype=torch.float16)

@@ -21,7 +21,7 @@ from services.executor.distributed.group import SINGLE, TPGroup
 from services.executor.distributed.shard import Shard
 from services.executor.model_config import ModelConfig
 from services.executor.models.layers import SiluAndMulMLP, on_gpu
-from services.executor.models.linear import Linear
+from services.executor.models.linear import FP32_PRODUCTS, Linear
 from services.executor.models.moe_routing import select_experts
 from services.executor.moe_config import MoEConfig
 
@@ -40,14 +40,15 @@ class Router(Linear):
     def __init__(self, hidden_size: int, moe: MoEConfig, logits_fp32: bool = False) -> None:
         super().__init__(hidden_size, moe.num_experts, bias=False)
         self.logits_fp32 = logits_fp32
+        if logits_fp32:
+            self.method = FP32_PRODUCTS
         self.e_score_correction_bias = (
             nn.Parameter(torch.zeros(moe.num_experts)) if moe.correction_bias else None
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [tokens, hidden] -> logits [tokens, experts] (fp32 on the CPU)."""
-        if self.logits_fp32:
-            return F.linear(x.float(), self.weight.float())
+        """x [tokens, hidden] -> logits [tokens, experts] (fp32 on the CPU, and always
+        with logits_fp32)."""
         logits: torch.Tensor = super().forward(x)
         return logits if logits.is_cuda else logits.float()  # the CUDA routing kernel widens
 
@@ -72,17 +73,21 @@ class FusedExperts(nn.Module):
         topk_weights: torch.Tensor,
         topk_ids: torch.Tensor,
         reduce: bool = True,
+        add: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """[tokens, hidden]; on CUDA with reduce=False, the kernel's unsummed [tokens,
-        top_k, hidden] (kernels/fused_moe.py)."""
+        """[tokens, hidden], plus `add` when given (rounded as `out + add`); on CUDA with
+        reduce=False, the kernel's unsummed [tokens, top_k, hidden] (kernels/fused_moe.py)."""
         if on_gpu(x):
             from kernels.fused_moe import fused_moe
 
             w13, w2 = self.w13_weight, self.w2_weight
-            return fused_moe(x.contiguous(), w13, w2, topk_weights, topk_ids, reduce=reduce)
+            return fused_moe(
+                x.contiguous(), w13, w2, topk_weights, topk_ids, reduce=reduce, add=add
+            )
         from kernels.fused_moe import fused_moe_ref
 
-        return fused_moe_ref(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
+        out = fused_moe_ref(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
+        return out if add is None else out + add
 
     def checkpoint_parts(self, kind: str) -> Iterator[CheckpointPart]:
         """The per-expert checkpoint tensors that fill parameter `kind`, HF's names."""
@@ -136,14 +141,14 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = select_experts(self.gate(x), self.moe, self.gate.e_score_correction_bias)
-        unsummed = self.defer_sum and self.tp.size == 1 and not self.moe.shared_intermediate_size
-        out = self.experts(x, weights, ids, reduce=not unsummed)
         if self.moe.shared_intermediate_size:
             shared = self._shared_partial(x)
             if self.shared_expert_gate is not None:
                 shared = shared * torch.sigmoid(self.shared_expert_gate(x))
-            out = out + shared
-        return self.tp.all_reduce(out)
+            # added in the routed experts' own sum launch (one torch add fewer a layer)
+            return self.tp.all_reduce(self.experts(x, weights, ids, add=shared))
+        unsummed = self.defer_sum and self.tp.size == 1
+        return self.tp.all_reduce(self.experts(x, weights, ids, reduce=not unsummed))
 
     def _shared_partial(self, x: torch.Tensor) -> torch.Tensor:
         """The shared expert's output on this rank before its all-reduce (done once, with
