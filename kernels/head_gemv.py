@@ -21,6 +21,15 @@ from kernels.pdl import pdl_launch, pdl_prologue
 
 MAX_TOKENS = 4  # past this, a batched tensor-core matmul reads the weights just as well
 
+# The tiles of DeepSeek's two products (block_i, block_j, num_warps), from a sweep of every
+# tiling at batch 1 with cold L2 (loadtest/results/gpu_head_gemv_h100_run1.json, H100,
+# 2026-11-27; DeepSeek-V2-Lite's 16 heads and V3's 128, nope = v = 128, rank 512). Few
+# programs' worth of work each, so small tiles and one warp: more programs in flight.
+# q_nope @ W_UK (J = rank contiguous): V2-Lite 4.72 -> 2.66 us, V3 13.1 -> 7.66.
+QUERY_TILES = (128, 16, 1)
+# attn @ W_UV^T (I = rank contiguous): V2-Lite 5.51 -> 2.81 us, V3 8.46 -> 6.98.
+OUTPUT_TILES = (256, 8, 1)
+
 
 @triton.jit
 def _head_gemv_kernel(

@@ -29,7 +29,7 @@ from kernels.gguf_blocks import LAYOUTS, row_bytes
 from kernels.gguf_dequant import gguf_dequantize
 from kernels.gguf_gemm import gguf_gemm
 from kernels.gguf_gemv import gguf_gemv
-from kernels.head_gemv import head_gemv
+from kernels.head_gemv import OUTPUT_TILES, QUERY_TILES, head_gemv
 from kernels.mla_decode import mla_decode
 from kernels.mla_extend import mla_extend
 from kernels.mla_prep import mla_prep
@@ -119,10 +119,18 @@ def _act(gelu: bool, dtype: torch.dtype) -> None:
 
 
 def _head_gemv(dtype: torch.dtype) -> None:
-    heads, i, j = 16, 128, 512  # DeepSeek's absorbed q_nope @ W_UK
+    heads, i, j = 16, 128, 512  # DeepSeek's absorbed q_nope @ W_UK, then attn @ W_UV^T
+    bi, bj, warps = QUERY_TILES
     head_gemv(
-        _t(2, heads, i, dtype=dtype), _t(heads, i, j, dtype=dtype), _t(2, heads, j, dtype=dtype)
-    )
+        _t(2, heads, i, dtype=dtype), _t(heads, i, j, dtype=dtype), _t(2, heads, j, dtype=dtype),
+        block_i=bi, block_j=bj, num_warps=warps,
+    )  # fmt: skip
+    bi, bj, warps = OUTPUT_TILES
+    w_uv = _t(heads, i, j, dtype=dtype).transpose(1, 2)
+    head_gemv(
+        _t(2, heads, j, dtype=dtype), w_uv, _t(2, heads, i, dtype=dtype),
+        block_i=bi, block_j=bj, num_warps=warps,
+    )  # fmt: skip
 
 
 def _bitmask(dtype: torch.dtype) -> None:

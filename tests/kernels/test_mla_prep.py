@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from kernels.head_gemv import head_gemv, head_gemv_ref
+from kernels.head_gemv import OUTPUT_TILES, QUERY_TILES, head_gemv, head_gemv_ref
 from kernels.mla_prep import mla_prep, mla_prep_ref
 from kernels.rotary import build_cos_sin_cache
 from services.executor.models import deepseek, layers
@@ -61,20 +61,31 @@ def test_prep_matches_reference(dtype: torch.dtype, interleave: bool, mscale: fl
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
-def test_head_gemv_takes_both_absorbed_layouts(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(
+    ("uk_tiles", "uv_tiles"),
+    [((16, 32, 4), (64, 64, 4)), (QUERY_TILES, OUTPUT_TILES)],
+    ids=["small", "the-layers-tiles"],
+)
+def test_head_gemv_takes_both_absorbed_layouts(
+    dtype: torch.dtype, uk_tiles: tuple[int, int, int], uv_tiles: tuple[int, int, int]
+) -> None:
     """W_UK [heads, nope, rank] as stored, and W_UV^T, a transposed view of the same weight;
-    outputs written into strided views, as the layer writes them."""
+    outputs written into strided views, as the layer writes them; with small tiles (several
+    steps and column blocks) and with the tiles the layer launches."""
     tokens, heads, nope, v, rank = 3, 4, 24, 20, 72
     gen = torch.Generator().manual_seed(1)
     kv_b = randn(heads, nope + v, rank, dtype=dtype, gen=gen, scale=rank**-0.5)
     w_uk, w_uv = kv_b[:, :nope], kv_b[:, nope:].transpose(1, 2)
     q_nope = randn(tokens, heads, nope + 8, dtype=dtype, gen=gen)[..., :nope]
     query = torch.zeros(tokens, heads, rank + 8, dtype=dtype, device=DEVICE)
-    head_gemv(q_nope, w_uk, query[..., :rank], block_i=16, block_j=32)
+    bi, bj, warps = uk_tiles
+    head_gemv(q_nope, w_uk, query[..., :rank], block_i=bi, block_j=bj, num_warps=warps)
     torch.testing.assert_close(query[..., :rank], head_gemv_ref(q_nope, w_uk), **TOLERANCES[dtype])
     assert bool((query[..., rank:] == 0).all())
     attn = randn(tokens, heads, rank, dtype=dtype, gen=gen)
-    out = head_gemv(attn, w_uv, torch.empty(tokens, heads, v, dtype=dtype, device=DEVICE))
+    out = torch.empty(tokens, heads, v, dtype=dtype, device=DEVICE)
+    bi, bj, warps = uv_tiles
+    head_gemv(attn, w_uv, out, block_i=bi, block_j=bj, num_warps=warps)
     torch.testing.assert_close(out, head_gemv_ref(attn, w_uv), **TOLERANCES[dtype])
 
 
