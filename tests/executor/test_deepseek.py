@@ -134,3 +134,30 @@ def test_fp8_latent_pool_stays_close_to_full_precision(
     fp8, _ = forced_logits(model, config, ps, 12, FP8[name], forced=path)
     rel = ((fp8 - full).pow(2).mean().sqrt() / full.pow(2).mean().sqrt()).item()
     assert 0 < rel <= bound, f"relative RMS logit error {rel:.4f}"
+
+
+@pytest.mark.parametrize("q_lora_rank", [None, 24])
+def test_the_input_projections_are_one_product(tmp_path: Path, q_lora_rank: int | None) -> None:
+    """After loading, q_proj (or q_a_proj) and kv_a_proj_with_mqa are views of one weight,
+    multiplied once: the same outputs as the two products (and as transformers', through
+    test_batched_greedy_matches_transformers), no extra memory."""
+    from services.executor.models.deepseek import MLAttention
+
+    arch = "deepseek_v2" if q_lora_rank is None else "deepseek_v3"
+    path = write_tiny_model(tmp_path, arch, q_lora_rank=q_lora_rank)
+    model, _ = load_model(path, "cpu", torch.float32)
+    attn = [m for m in model.modules() if isinstance(m, MLAttention)]
+    assert attn
+    for layer in attn:
+        first = layer.q_proj if q_lora_rank is None else layer.q_a_proj
+        second = layer.kv_a_proj_with_mqa
+        assert layer.input_proj is not None
+        fused = layer.input_proj.weight
+        assert first.weight.data_ptr() == fused.data_ptr()
+        assert second.weight.data_ptr() == fused[layer.input_split :].data_ptr()
+        x = torch.randn(3, fused.shape[1], generator=torch.Generator().manual_seed(2))
+        got_q, got_kv = layer._project_input(x)
+        torch.testing.assert_close(got_q, x @ first.weight.T, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(got_kv, x @ second.weight.T, atol=1e-6, rtol=1e-6)
+        layer.after_loading()  # a second call changes nothing
+        assert layer.input_proj.weight is fused

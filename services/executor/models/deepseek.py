@@ -40,7 +40,7 @@ from services.executor.forward_batch import ForwardBatch
 from services.executor.mla_config import MLAConfig
 from services.executor.model_config import ModelConfig
 from services.executor.models.layers import RMSNorm, Rope, RotaryEmbedding, on_gpu
-from services.executor.models.linear import Linear
+from services.executor.models.linear import UNQUANTIZED, Linear
 from services.executor.models.llama import (
     HeadShards,
     LlamaDecoderLayer,
@@ -90,6 +90,42 @@ class MLAttention(nn.Module):
             m.kv_lora_rank, per_head(m.qk_nope_head_dim + m.v_head_dim), False, tp
         )
         self.o_proj = RowParallelLinear(full_h * m.v_head_dim, hidden, bias, tp)
+        # Set by after_loading: q_proj (or q_a_proj) and kv_a_proj_with_mqa as one product.
+        self.input_proj: Linear | None = None
+        self.input_split = 0
+
+    def after_loading(self) -> None:
+        """Concatenate the two projections of the layer's input (q_proj, or q_a_proj with a
+        query LoRA, and kv_a_proj_with_mqa) into one weight, so that a decode step reads x
+        and launches once where it launched twice (DeepSeek-V2-Lite: a [3072 + 576, 2048]
+        product a layer). The two modules keep views of it (no memory is added); each output
+        element is the same dot product as before. Left apart when either is quantized or
+        has a bias."""
+        first = self.q_proj if self.q_lora_rank is None else self.q_a_proj
+        second = self.kv_a_proj_with_mqa
+        plain = all(
+            p.method is UNQUANTIZED and p.bias is None and p.weight.dtype == first.weight.dtype
+            for p in (first, second)
+        )
+        if not plain or self.input_proj is not None:
+            return
+        weight = torch.cat([first.weight, second.weight])
+        split = first.weight.shape[0]
+        with torch.device("meta"):
+            fused = Linear(weight.shape[1], weight.shape[0], bias=False)
+        fused.weight = nn.Parameter(weight, requires_grad=False)
+        first.weight = nn.Parameter(weight[:split], requires_grad=False)
+        second.weight = nn.Parameter(weight[split:], requires_grad=False)
+        self.input_proj, self.input_split = fused, split
+
+    def _project_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q_proj(x) or q_a_proj(x), kv_a_proj_with_mqa(x)): row-strided views of one
+        product once after_loading has fused them."""
+        first = self.q_proj if self.q_lora_rank is None else self.q_a_proj
+        if self.input_proj is None:
+            return first(x), self.kv_a_proj_with_mqa(x)
+        both = self.input_proj(x)
+        return both[:, : self.input_split], both[:, self.input_split :]
 
     def absorbed(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(W_UK [heads, nope, rank], W_UV^T [heads, rank, v]): views of kv_b_proj's weight."""
@@ -99,12 +135,10 @@ class MLAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: Rope, batch: ForwardBatch) -> torch.Tensor:
         m, n, h = self.mla, x.shape[0], self.num_heads
-        if self.q_lora_rank is None:
-            q = self.q_proj(x)
-        else:
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q, kv = self._project_input(x)
+        if self.q_lora_rank is not None:
+            q = self.q_b_proj(self.q_a_layernorm(q))
         q = q.view(n, h, m.qk_head_dim)
-        kv = self.kv_a_proj_with_mqa(x)
         if self._fused(kv, rope, batch):
             return self._forward_fused(q, kv, rope, batch)
         q_nope, q_pe = q.split([m.qk_nope_head_dim, m.qk_rope_head_dim], dim=-1)
@@ -141,7 +175,7 @@ class MLAttention(nn.Module):
         """forward's path on CUDA: kernels/mla_prep writes the query's rotated part and the
         new cache rows (into the pool), the absorbed products write into their outputs
         (kernels/head_gemv for decode batches): no concatenation, no transposed copies."""
-        from kernels.head_gemv import MAX_TOKENS, head_gemv
+        from kernels.head_gemv import MAX_TOKENS, OUTPUT_TILES, QUERY_TILES, head_gemv
         from kernels.mla_prep import mla_prep
 
         m, n, h = self.mla, q.shape[0], self.num_heads
@@ -165,7 +199,8 @@ class MLAttention(nn.Module):
         q_nope, q_latent = q[..., : m.qk_nope_head_dim], query[..., : m.kv_lora_rank]
         small = n <= MAX_TOKENS
         if small:
-            head_gemv(q_nope, w_uk, q_latent)
+            bi, bj, warps = QUERY_TILES
+            head_gemv(q_nope, w_uk, q_latent, block_i=bi, block_j=bj, num_warps=warps)
         else:
             q_latent.copy_(torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1))
         out = self.backend.forward_mla(
@@ -173,7 +208,8 @@ class MLAttention(nn.Module):
         )  # [n, heads, rank]
         o_in = torch.empty((n, h, m.v_head_dim), dtype=q.dtype, device=q.device)
         if small:
-            head_gemv(out, w_uv, o_in, block_j=16)
+            bi, bj, warps = OUTPUT_TILES
+            head_gemv(out, w_uv, o_in, block_i=bi, block_j=bj, num_warps=warps)
         else:
             o_in.copy_(torch.bmm(out.transpose(0, 1), w_uv).transpose(0, 1))
         return self.o_proj(o_in.view(n, h * m.v_head_dim))

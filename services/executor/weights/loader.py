@@ -328,10 +328,16 @@ def init_dummy_weights(model: LlamaForCausalLM, seed: int = 0) -> None:
 
 
 def finish_loading(model: LlamaForCausalLM) -> None:
-    """What each projection's format derives from its loaded tensors (quant/base.py)."""
-    for layer in model.modules():
+    """What each projection's format derives from its loaded tensors (quant/base.py), then
+    each module's own `after_loading` (models/deepseek.py fuses two projections)."""
+    modules = list(model.modules())
+    for layer in modules:
         if isinstance(layer, Linear):
             layer.method.finish(layer)
+    for module in modules:
+        after = getattr(module, "after_loading", None)
+        if after is not None:
+            after()
 
 
 def _fused_names(model: LlamaForCausalLM, names: list[str]) -> list[str]:
