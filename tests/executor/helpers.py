@@ -254,8 +254,15 @@ def hf_argmax_continuation(model: torch.nn.Module, prompt: Sequence[int], n: int
         for _ in range(n):
             token = int(step.logits[0, -1].argmax())
             out.append(token)
-            step = model(torch.tensor([[token]]), cache=step.cache, use_cache=True)
+            step = model(torch.tensor([[token]]), use_cache=True, **_cache_of(step))
     return out
+
+
+def _cache_of(step: Any) -> dict[str, Any]:
+    """The KV cache of a transformers forward's output, as the next call takes it: `cache`
+    in transformers 5, `past_key_values` in 4 (the GPU machines' version)."""
+    cache = getattr(step, "cache", None)
+    return {"past_key_values": step.past_key_values} if cache is None else {"cache": cache}
 
 
 def hf_greedy(model: torch.nn.Module, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
