@@ -260,7 +260,8 @@ def hf_argmax_continuation(model: torch.nn.Module, prompt: Sequence[int], n: int
 
 def _cache_of(step: Any) -> dict[str, Any]:
     """The KV cache of a transformers forward's output, as the next call takes it: `cache`
-    in transformers 5, `past_key_values` in 4 (the GPU machines' version)."""
+    in the transformers this project installs, `past_key_values` in earlier releases (the
+    one on the GPU machines)."""
     cache = getattr(step, "cache", None)
     return {"past_key_values": step.past_key_values} if cache is None else {"cache": cache}
 
