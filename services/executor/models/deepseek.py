@@ -101,8 +101,7 @@ class MLAttention(nn.Module):
         product a layer). The two modules keep views of it (no memory is added); each output
         element is the same dot product as before. Left apart when either is quantized or
         has a bias."""
-        first = self.q_proj if self.q_lora_rank is None else self.q_a_proj
-        second = self.kv_a_proj_with_mqa
+        first, second = self._input_projections()
         plain = all(
             p.method is UNQUANTIZED and p.bias is None and p.weight.dtype == first.weight.dtype
             for p in (first, second)
@@ -118,12 +117,18 @@ class MLAttention(nn.Module):
         second.weight = nn.Parameter(weight[split:], requires_grad=False)
         self.input_proj, self.input_split = fused, split
 
+    def _input_projections(self) -> tuple[Linear, Linear]:
+        """The two projections of the layer's input: q_proj (q_a_proj with a query LoRA)
+        and kv_a_proj_with_mqa."""
+        first = self.q_proj if self.q_lora_rank is None else self.q_a_proj
+        return first, self.kv_a_proj_with_mqa
+
     def _project_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(q_proj(x) or q_a_proj(x), kv_a_proj_with_mqa(x)): row-strided views of one
         product once after_loading has fused them."""
-        first = self.q_proj if self.q_lora_rank is None else self.q_a_proj
         if self.input_proj is None:
-            return first(x), self.kv_a_proj_with_mqa(x)
+            first, second = self._input_projections()
+            return first(x), second(x)
         both = self.input_proj(x)
         return both[:, : self.input_split], both[:, self.input_split :]
 

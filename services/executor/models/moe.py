@@ -39,7 +39,6 @@ class Router(Linear):
 
     def __init__(self, hidden_size: int, moe: MoEConfig, logits_fp32: bool = False) -> None:
         super().__init__(hidden_size, moe.num_experts, bias=False)
-        self.logits_fp32 = logits_fp32
         if logits_fp32:
             self.method = FP32_PRODUCTS
         self.e_score_correction_bias = (
