@@ -31,6 +31,7 @@ def _moe_topk_kernel(
     stride_l,
     scale,
     TOP_K: tl.constexpr,
+    EXTRA: tl.constexpr,  # slots after the top_k: experts num_experts + j, weight 1
     K_BLOCK: tl.constexpr,
     E_BLOCK: tl.constexpr,
     SIGMOID: tl.constexpr,
@@ -61,9 +62,13 @@ def _moe_topk_kernel(
         scores = tl.where(e == idx, -2.0, scores)
     if RENORMALISE:
         weights = weights / (tl.sum(weights, 0) + 1e-20)
-    k_mask = k < TOP_K
-    tl.store(weights_ptr + row * TOP_K + k, weights * scale, mask=k_mask)
-    tl.store(ids_ptr + row * TOP_K + k, ids, mask=k_mask)
+    weights = weights * scale
+    if EXTRA > 0:
+        weights = tl.where(k >= TOP_K, 1.0, weights)
+        ids = tl.where(k >= TOP_K, num_experts + (k - TOP_K), ids)
+    k_mask = k < TOP_K + EXTRA
+    tl.store(weights_ptr + row * (TOP_K + EXTRA) + k, weights, mask=k_mask)
+    tl.store(ids_ptr + row * (TOP_K + EXTRA) + k, ids, mask=k_mask)
 
 
 def moe_topk(
@@ -73,9 +78,12 @@ def moe_topk(
     scoring: str = "softmax",
     renormalise: bool = False,
     scale: float = 1.0,
+    extra: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """router_logits [tokens, experts] (any float dtype) -> (weights [tokens, top_k] fp32,
-    ids [tokens, top_k] int32), best first."""
+    """router_logits [tokens, experts] (any float dtype) -> (weights [tokens, top_k + extra]
+    fp32, ids [tokens, top_k + extra] int32), best first; the `extra` last slots are experts
+    experts, experts + 1, ... with weight 1 (shared experts stored after the routed ones,
+    models/moe.py), neither renormalised nor scaled."""
     op = "moe_topk"
     check_tensor(
         op,
@@ -91,9 +99,11 @@ def moe_topk(
         raise ValueError(f"{op}: top_k must be 1 to experts ({experts}), got {top_k}")
     if scoring not in _SCORINGS:
         raise ValueError(f"{op}: scoring must be one of {', '.join(_SCORINGS)}, got {scoring!r}")
+    if extra < 0:
+        raise ValueError(f"{op}: extra must be >= 0, got {extra}")
     device = router_logits.device
-    weights = torch.empty((tokens, top_k), dtype=torch.float32, device=device)
-    ids = torch.empty((tokens, top_k), dtype=torch.int32, device=device)
+    weights = torch.empty((tokens, top_k + extra), dtype=torch.float32, device=device)
+    ids = torch.empty((tokens, top_k + extra), dtype=torch.int32, device=device)
     if tokens:
         _moe_topk_kernel[(tokens,)](
             router_logits,
@@ -103,7 +113,8 @@ def moe_topk(
             router_logits.stride(0),
             scale,
             TOP_K=top_k,
-            K_BLOCK=triton.next_power_of_2(top_k),
+            EXTRA=extra,
+            K_BLOCK=triton.next_power_of_2(top_k + extra),
             E_BLOCK=triton.next_power_of_2(experts),
             SIGMOID=scoring == "sigmoid",
             RENORMALISE=renormalise,

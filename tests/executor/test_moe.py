@@ -374,3 +374,36 @@ def test_fp32_router_logits_through_the_decode_kernel() -> None:
     torch.testing.assert_close(dense, want, atol=0.0, rtol=0.0)
     torch.testing.assert_close(kernel, want, atol=1e-5, rtol=1e-5)
     assert not torch.equal(kernel, want.to(torch.bfloat16).float())  # not rounded to bf16
+
+
+@pytest.mark.parametrize("name", SHARED)
+@pytest.mark.parametrize("kernels", [False, True], ids=["torch", "kernels"])
+def test_shared_experts_stored_as_routed_ones_match_transformers(
+    name: str, kernels: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fuse_shared_experts: DeepSeek's shared experts become experts E.. with weight 1 (the
+    shared module is gone, the stacks longer), and the block still matches transformers',
+    through torch and through the CUDA path's kernels (the interpreter without a GPU);
+    Qwen2-MoE's gated shared expert stays as it was. after_loading fuses on CUDA only."""
+    from services.executor.models import moe as moe_module
+
+    if kernels:
+        monkeypatch.setattr(moe_module, "on_gpu", lambda x: True)
+    block, moe = hf_block(name, seed=7)
+    ours = load_ours(block, moe)
+    if not kernels:
+        ours.after_loading()  # on the CPU: nothing changes
+        assert ours.shared_slots == 0
+    ours.fuse_shared_experts()
+    x = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(8))
+    got, want = both_outputs(block, ours, x)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    if moe.shared_gate:
+        assert ours.shared_slots == 0 and hasattr(ours, ours.shared_name)
+        return
+    slots = moe.shared_intermediate_size // moe.intermediate_size
+    assert ours.shared_slots == slots >= 1 and not hasattr(ours, ours.shared_name)
+    assert ours.experts.w13_weight.shape[0] == moe.num_experts + slots
+    assert ours.experts.w2_weight.shape[0] == moe.num_experts + slots
+    ours.fuse_shared_experts()  # a second call changes nothing
+    assert ours.experts.w13_weight.shape[0] == moe.num_experts + slots

@@ -312,8 +312,16 @@ def _mla_prep(dtype: torch.dtype, interleave: bool, mscale: float) -> None:
 # -- mixture of experts ---------------------------------------------------------------------
 
 
-def _moe_topk(dtype: torch.dtype, experts: int, scoring: str, renormalise: bool) -> None:
-    moe_topk(_t(4, experts, dtype=dtype), top_k=8, scoring=scoring, renormalise=renormalise)
+def _moe_topk(
+    dtype: torch.dtype,
+    experts: int,
+    scoring: str,
+    renormalise: bool,
+    top_k: int = 8,
+    extra: int = 0,
+) -> None:
+    logits = _t(4, experts, dtype=dtype)
+    moe_topk(logits, top_k=top_k, scoring=scoring, renormalise=renormalise, extra=extra)
 
 
 def _moe_align(tokens: int) -> None:
@@ -415,6 +423,8 @@ def _cases() -> list[Case]:
         ("mla_prep/fp16-halves-mscale", partial(_mla_prep, FP16, False, 0.7)),
         ("moe_topk/bf16-softmax", partial(_moe_topk, BF16, 128, "softmax", False)),
         ("moe_topk/fp32-sigmoid-renormalise-512", partial(_moe_topk, FP32, 512, "sigmoid", True)),
+        # DeepSeek-V2-Lite with its two shared experts stored as routed ones
+        ("moe_topk/bf16-shared-slots", partial(_moe_topk, BF16, 64, "softmax", False, 6, 2)),
         ("moe_align/decode-one-program", partial(_moe_align, 4)),
         ("moe_align/prefill-three-kernels", partial(_moe_align, 512)),
         ("fused_moe/bf16-decode", partial(_fused_moe, BF16, 1, "grouped")),

@@ -324,11 +324,8 @@ TOPK_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("tokens", "experts", "top_k", "scoring", "renorm", "scale"), TOPK_CASES)
-def test_topk_matches_select_experts(
-    tokens: int, experts: int, top_k: int, scoring: str, renorm: bool, scale: float
-) -> None:
-    moe = MoEConfig(
+def routing_config(experts: int, top_k: int, scoring: str, renorm: bool, scale: float) -> MoEConfig:
+    return MoEConfig(
         num_experts=experts,
         top_k=top_k,
         intermediate_size=8,
@@ -337,10 +334,37 @@ def test_topk_matches_select_experts(
         norm_topk_prob=renorm,
         routed_scaling_factor=scale,
     )
+
+
+@pytest.mark.parametrize(("tokens", "experts", "top_k", "scoring", "renorm", "scale"), TOPK_CASES)
+def test_topk_matches_select_experts(
+    tokens: int, experts: int, top_k: int, scoring: str, renorm: bool, scale: float
+) -> None:
+    moe = routing_config(experts, top_k, scoring, renorm, scale)
     logits = randn(tokens, experts, dtype=torch.float32, gen=torch.Generator().manual_seed(top_k))
     weights, ids = moe_topk(logits, top_k=top_k, scoring=scoring, renormalise=renorm, scale=scale)
     want_weights, want_ids = select_experts(logits.cpu(), moe)
     assert ids.dtype == torch.int32
+    assert torch.equal(ids.cpu().long(), want_ids)
+    torch.testing.assert_close(weights.cpu(), want_weights, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize(("extra", "renorm", "scale"), [(2, False, 1.0), (1, True, 2.5)])
+def test_topk_extra_slots_are_the_shared_experts(extra: int, renorm: bool, scale: float) -> None:
+    """extra: each token's top_k, then experts E, E + 1, ... with weight 1 (neither
+    renormalised nor scaled), as select_experts appends them."""
+    tokens, experts, top_k = 5, 64, 6
+    moe = routing_config(experts, top_k, "softmax", renorm, scale)
+    logits = randn(tokens, experts, dtype=torch.float32, gen=torch.Generator().manual_seed(9))
+    kw: dict[str, Any] = {"top_k": top_k, "renormalise": renorm, "scale": scale}
+    weights, ids = moe_topk(logits, extra=extra, **kw)
+    plain_weights, plain_ids = moe_topk(logits, **kw)
+    assert ids.shape == weights.shape == (tokens, top_k + extra)
+    assert torch.equal(ids[:, :top_k], plain_ids) and torch.equal(weights[:, :top_k], plain_weights)
+    shared = torch.arange(experts, experts + extra, dtype=torch.int32, device=ids.device)
+    assert torch.equal(ids[:, top_k:], shared.expand(tokens, extra))
+    assert bool((weights[:, top_k:] == 1.0).all())
+    want_weights, want_ids = select_experts(logits.cpu(), moe, extra=extra)
     assert torch.equal(ids.cpu().long(), want_ids)
     torch.testing.assert_close(weights.cpu(), want_weights, atol=1e-6, rtol=1e-6)
 

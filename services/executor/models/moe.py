@@ -114,6 +114,7 @@ class SparseMoE(nn.Module):
     [tokens, top_k, hidden] (on CUDA, one rank, no shared expert), a launch fewer a layer."""
 
     defer_sum = False
+    shared_slots = 0  # shared experts stored as routed experts (fuse_shared_experts)
 
     def __init__(
         self,
@@ -138,9 +139,49 @@ class SparseMoE(nn.Module):
             self.add_module(self.shared_name, shared)
         self.shared_expert_gate = Linear(hidden, 1) if moe.shared_gate else None
 
+    def after_loading(self) -> None:
+        """On CUDA, ungated shared experts become routed ones (fuse_shared_experts)."""
+        if on_gpu(self.experts.w13_weight):
+            self.fuse_shared_experts()
+
+    def fuse_shared_experts(self) -> None:
+        """Store DeepSeek's shared experts (a SiLU-gated MLP of n times the routed experts'
+        width, no gate) as n more experts after the routed ones, chosen by every token with
+        weight 1 (select_experts' `extra`): the grouped expert launches then do their work,
+        and the layer launches no shared GEMVs, activation or add. The sums are the same
+        products; each shared slice's output is rounded once per slice (as a routed
+        expert's), where the MLP rounded the whole shared output once. The shared module is
+        removed (no memory is added). A no-op for gated shared experts (Qwen2-MoE), widths
+        that are not a multiple, and a second call."""
+        inter = self.experts.inter
+        mlp = getattr(self, self.shared_name, None)
+        if mlp is None or self.shared_expert_gate is not None or mlp.intermediate_size % inter:
+            return
+        width = mlp.intermediate_size  # this rank's
+        slots = width // inter
+        w13, w2 = self.experts.w13_weight, self.experts.w2_weight
+        gate_up, down = mlp.gate_up_proj.weight, mlp.down_proj.weight  # [2W, H], [H, W]
+        if gate_up.dtype != w13.dtype or down.dtype != w2.dtype:
+            return
+        experts = w13.shape[0]
+        new13 = w13.new_empty((experts + slots, *w13.shape[1:]))
+        new2 = w2.new_empty((experts + slots, *w2.shape[1:]))
+        new13[:experts].copy_(w13)
+        new2[:experts].copy_(w2)
+        for j in range(slots):
+            cols = slice(j * inter, (j + 1) * inter)
+            new13[experts + j, :inter].copy_(gate_up[:width][cols])
+            new13[experts + j, inter:].copy_(gate_up[width:][cols])
+            new2[experts + j].copy_(down[:, cols])
+        self.experts.w13_weight = nn.Parameter(new13, requires_grad=False)
+        self.experts.w2_weight = nn.Parameter(new2, requires_grad=False)
+        delattr(self, self.shared_name)
+        self.shared_slots = slots
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = select_experts(self.gate(x), self.moe, self.gate.e_score_correction_bias)
-        if self.moe.shared_intermediate_size:
+        bias = self.gate.e_score_correction_bias
+        weights, ids = select_experts(self.gate(x), self.moe, bias, extra=self.shared_slots)
+        if self.moe.shared_intermediate_size and not self.shared_slots:
             shared = self._shared_partial(x)
             if self.shared_expert_gate is not None:
                 shared = shared * torch.sigmoid(self.shared_expert_gate(x))

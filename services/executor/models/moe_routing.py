@@ -14,7 +14,10 @@ from services.executor.moe_config import MoEConfig
 
 
 def select_experts(
-    router_logits: torch.Tensor, moe: MoEConfig, correction_bias: torch.Tensor | None = None
+    router_logits: torch.Tensor,
+    moe: MoEConfig,
+    correction_bias: torch.Tensor | None = None,
+    extra: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """router_logits [tokens, experts] -> (weights [tokens, top_k] fp32, ids [tokens, top_k]
     int64; int32 from the CUDA kernel). correction_bias [experts]: DeepSeek-V3's
@@ -22,7 +25,9 @@ def select_experts(
     to their weights.
 
     On CUDA, greedy routing is one kernel (kernels/moe_topk.py); this torch code is its twin,
-    and the path of the grouped methods."""
+    and the path of the grouped methods. extra: slots appended to each token's choice,
+    experts num_experts, num_experts + 1, ... with weight 1 (shared experts stored after the
+    routed ones: SparseMoE.fuse_shared_experts)."""
     if router_logits.is_cuda and moe.topk_method == "greedy":
         from kernels.moe_topk import moe_topk
 
@@ -32,6 +37,7 @@ def select_experts(
             scoring=moe.scoring,
             renormalise=moe.norm_topk_prob,
             scale=moe.routed_scaling_factor,
+            extra=extra,
         )
     logits = router_logits.float()
     scores = logits.softmax(dim=-1) if moe.scoring == "softmax" else logits.sigmoid()
@@ -53,6 +59,11 @@ def select_experts(
         weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
     if moe.routed_scaling_factor != 1.0:
         weights = weights * moe.routed_scaling_factor
+    if extra:
+        tokens = weights.shape[0]
+        shared = torch.arange(moe.num_experts, moe.num_experts + extra, device=ids.device)
+        ids = torch.cat([ids, shared.to(ids.dtype).expand(tokens, extra)], dim=1)
+        weights = torch.cat([weights, weights.new_ones(tokens, extra)], dim=1)
     return weights, ids
 
 
