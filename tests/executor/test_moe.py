@@ -194,10 +194,22 @@ def test_sparse_moe_matches_transformers_block(name: str) -> None:
 def both_outputs(
     block: torch.nn.Module, ours: SparseMoE, x: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ours(x), the HF block's output for x)."""
+    """(ours(x), the HF block's output for x), on the CPU; ours runs where its weights are
+    (kernel_device)."""
     with torch.no_grad():
-        want = block(x[None])
-        return ours(x), (want[0] if isinstance(want, tuple) else want)[0]
+        want = block(x[None].cpu())
+        got = ours(x.to(ours.gate.weight.device)).cpu()
+        return got, (want[0] if isinstance(want, tuple) else want)[0]
+
+
+def kernel_device(monkeypatch: pytest.MonkeyPatch, *modules: Any) -> torch.device:
+    """Where a test runs the CUDA path's kernels: the GPU where there is one; on the CPU,
+    in Triton's interpreter, with `on_gpu` of `modules` patched to say yes."""
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    for module in modules:
+        monkeypatch.setattr(module, "on_gpu", lambda x: True)
+    return torch.device("cpu")
 
 
 def _has_shared_experts(name: str) -> bool:
@@ -223,10 +235,10 @@ def test_shared_experts_join_the_kernel_sum(name: str, monkeypatch: pytest.Monke
         adds.append(kwargs.get("add"))
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(moe_module, "on_gpu", lambda x: True)
+    device = kernel_device(monkeypatch, moe_module)
     monkeypatch.setattr(kernels.fused_moe, "fused_moe", spy)
     block, moe = hf_block(name, seed=4)
-    ours = load_ours(block, moe)
+    ours = load_ours(block, moe).to(device)
     x = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(6))
     got, want = both_outputs(block, ours, x)
     assert len(adds) == 1 and adds[0] is not None and adds[0].shape == (TOKENS, HIDDEN)
@@ -334,13 +346,12 @@ def test_a_deferred_sum_leaves_the_next_norm_unchanged(
     import services.executor.models.moe as moe_module
     from services.executor.models.layers import RMSNorm
 
-    monkeypatch.setattr(layers, "on_gpu", lambda x: True)
-    monkeypatch.setattr(moe_module, "on_gpu", lambda x: True)
+    device = kernel_device(monkeypatch, layers, moe_module)
     block, moe = hf_block(name, seed=4)
-    ours = load_ours(block, moe)
+    ours = load_ours(block, moe).to(device)
     gen = torch.Generator().manual_seed(5)
-    x, residual = torch.randn(2, TOKENS, HIDDEN, generator=gen)
-    norm = RMSNorm(HIDDEN, 1e-6)
+    x, residual = torch.randn(2, TOKENS, HIDDEN, generator=gen).to(device)
+    norm = RMSNorm(HIDDEN, 1e-6).to(device)
     with torch.no_grad():
         summed = ours(x)
         ours.defer_sum = True
@@ -351,7 +362,7 @@ def test_a_deferred_sum_leaves_the_next_norm_unchanged(
     torch.testing.assert_close(got[1], want[1], atol=1e-6, rtol=1e-6)
 
 
-def test_fp32_router_logits_through_the_decode_kernel() -> None:
+def test_fp32_router_logits_through_the_decode_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """DeepSeek's router (router_fp32) with bf16 weights: logits in fp32 from F.linear of the
     widened x and weight on the dense path, and from kernels/gemv's fp32 output (no widened
     copies) for the row counts choose_gemv gave it; the two agree to fp32 summation order."""
@@ -359,12 +370,13 @@ def test_fp32_router_logits_through_the_decode_kernel() -> None:
 
     _, moe = hf_block("deepseek-v2-greedy")
     assert moe.router_fp32
-    ours = SparseMoE(model_config(moe), layer_id=3).to(torch.bfloat16).eval()
+    device = kernel_device(monkeypatch)  # the Linear's kernel path asks for a plan only
+    ours = SparseMoE(model_config(moe), layer_id=3).to(torch.bfloat16).eval().to(device)
     assert ours.gate.method is FP32_PRODUCTS
     gen = torch.Generator().manual_seed(5)
     with torch.no_grad():
         ours.gate.weight.copy_(torch.randn(ours.gate.weight.shape, generator=gen))
-    x = torch.randn(2, HIDDEN, generator=gen).to(torch.bfloat16)
+    x = torch.randn(2, HIDDEN, generator=gen).to(torch.bfloat16).to(device)
     want = torch.nn.functional.linear(x.float(), ours.gate.weight.float())
     with torch.no_grad():
         dense = ours.gate(x)
@@ -387,10 +399,9 @@ def test_shared_experts_stored_as_routed_ones_match_transformers(
     Qwen2-MoE's gated shared expert stays as it was. after_loading fuses on CUDA only."""
     from services.executor.models import moe as moe_module
 
-    if kernels:
-        monkeypatch.setattr(moe_module, "on_gpu", lambda x: True)
+    device = kernel_device(monkeypatch, moe_module) if kernels else torch.device("cpu")
     block, moe = hf_block(name, seed=7)
-    ours = load_ours(block, moe)
+    ours = load_ours(block, moe).to(device)
     if not kernels:
         ours.after_loading()  # on the CPU: nothing changes
         assert ours.shared_slots == 0
