@@ -140,8 +140,10 @@ def test_fp8_latent_pool_stays_close_to_full_precision(
 def test_the_input_projections_are_one_product(tmp_path: Path, q_lora_rank: int | None) -> None:
     """After loading, q_proj (or q_a_proj) and kv_a_proj_with_mqa are views of one weight,
     multiplied once: the same outputs as the two products (and as transformers', through
-    test_batched_greedy_matches_transformers), no extra memory."""
+    test_batched_greedy_matches_transformers), no extra memory, and only the fused product
+    is timed for the decode kernel."""
     from services.executor.models.deepseek import MLAttention
+    from services.executor.models.linear import planned_layers
 
     arch = "deepseek_v2" if q_lora_rank is None else "deepseek_v3"
     path = write_tiny_model(tmp_path, arch, q_lora_rank=q_lora_rank)
@@ -161,3 +163,7 @@ def test_the_input_projections_are_one_product(tmp_path: Path, q_lora_rank: int 
         torch.testing.assert_close(got_kv, x @ second.weight.T, atol=1e-6, rtol=1e-6)
         layer.after_loading()  # a second call changes nothing
         assert layer.input_proj.weight is fused
+        # nothing calls the two views any more: choose_gemv plans the fused product only
+        planned = planned_layers(model)
+        assert layer.input_proj in planned
+        assert first not in planned and second not in planned

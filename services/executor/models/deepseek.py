@@ -115,6 +115,7 @@ class MLAttention(nn.Module):
         fused.weight = nn.Parameter(weight, requires_grad=False)
         first.weight = nn.Parameter(weight[:split], requires_grad=False)
         second.weight = nn.Parameter(weight[split:], requires_grad=False)
+        first.in_use = second.in_use = False  # _project_input calls input_proj instead
         self.input_proj, self.input_split = fused, split
 
     def _input_projections(self) -> tuple[Linear, Linear]:

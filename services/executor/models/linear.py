@@ -111,6 +111,9 @@ class Linear(nn.Linear):
         super().__init__(in_features, out_features, bias=bias)
         self.gemv_plan: dict[int, GemvConfig] = {}  # rows of x -> the kernel's configuration
         self.method: LinearMethod = UNQUANTIZED
+        # False once another module's product replaces this one's (its weight a view of that
+        # module's): nothing calls it, so choose_gemv does not time it
+        self.in_use = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.method.apply(self, x, self.bias)
@@ -170,6 +173,11 @@ def _plan(layer: Linear, dtype: torch.dtype) -> tuple[dict[int, GemvConfig], flo
     return plan, saved
 
 
+def planned_layers(model: nn.Module) -> list[Linear]:
+    """The Linear modules of `model` whose products a forward calls (`in_use`)."""
+    return [m for m in model.modules() if isinstance(m, Linear) and m.in_use]
+
+
 @torch.inference_mode()
 def choose_gemv(model: nn.Module, act_dtype: torch.dtype | None = None) -> dict[str, float]:
     """Time the dense product and each gemv configuration for every distinct projection
@@ -181,8 +189,8 @@ def choose_gemv(model: nn.Module, act_dtype: torch.dtype | None = None) -> dict[
 
     plans: dict[tuple[int, int, torch.dtype, str], dict[int, GemvConfig]] = {}
     saved: dict[str, float] = {}
-    for layer in model.modules():
-        if not isinstance(layer, Linear) or not layer.weight.is_cuda:
+    for layer in planned_layers(model):
+        if not layer.weight.is_cuda:
             continue
         w = layer.weight
         key = (w.shape[0], w.shape[1], w.dtype, layer.method.name)
