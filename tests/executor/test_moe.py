@@ -418,3 +418,26 @@ def test_shared_experts_stored_as_routed_ones_match_transformers(
     assert ours.experts.w2_weight.shape[0] == moe.num_experts + slots
     ours.fuse_shared_experts()  # a second call changes nothing
     assert ours.experts.w13_weight.shape[0] == moe.num_experts + slots
+
+
+def test_shared_experts_with_another_method_stay_apart() -> None:
+    """fuse_shared_experts copies plain weights into the experts' stacks: a shared
+    projection with another method (a quantized format's scales, here the fp32 products'
+    method standing for one) or a bias is left as it is."""
+    from services.executor.models.layers import SiluAndMulMLP
+    from services.executor.models.linear import FP32_PRODUCTS
+
+    block, moe = hf_block("deepseek-v2-greedy", seed=3)
+    ours = load_ours(block, moe)
+    mlp: SiluAndMulMLP = getattr(ours, ours.shared_name)
+    mlp.down_proj.method = FP32_PRODUCTS
+    ours.fuse_shared_experts()
+    assert ours.shared_slots == 0 and ours.experts.w13_weight.shape[0] == moe.num_experts
+    ours = load_ours(block, moe)
+    gate_up = getattr(ours, ours.shared_name).gate_up_proj
+    gate_up.bias = torch.nn.Parameter(torch.zeros(gate_up.out_features))
+    ours.fuse_shared_experts()
+    assert ours.shared_slots == 0
+    ours = load_ours(block, moe)
+    ours.fuse_shared_experts()
+    assert ours.shared_slots >= 1  # the same layer, plain: fused

@@ -21,7 +21,7 @@ from services.executor.distributed.group import SINGLE, TPGroup
 from services.executor.distributed.shard import Shard
 from services.executor.model_config import ModelConfig
 from services.executor.models.layers import SiluAndMulMLP, on_gpu
-from services.executor.models.linear import FP32_PRODUCTS, Linear
+from services.executor.models.linear import FP32_PRODUCTS, UNQUANTIZED, Linear
 from services.executor.models.moe_routing import select_experts
 from services.executor.moe_config import MoEConfig
 
@@ -151,8 +151,9 @@ class SparseMoE(nn.Module):
         and the layer launches no shared GEMVs, activation or add. The sums are the same
         products; each shared slice's output is rounded once per slice (as a routed
         expert's), where the MLP rounded the whole shared output once. The shared module is
-        removed (no memory is added). A no-op for gated shared experts (Qwen2-MoE), widths
-        that are not a multiple, and a second call."""
+        removed (no memory is added). A no-op for gated shared experts (Qwen2-MoE), shared
+        projections with a bias or another method than the plain weight (a quantized one),
+        widths that are not a multiple, and a second call."""
         inter = self.experts.inter
         mlp = getattr(self, self.shared_name, None)
         if mlp is None or self.shared_expert_gate is not None or mlp.intermediate_size % inter:
@@ -161,8 +162,10 @@ class SparseMoE(nn.Module):
         slots = width // inter
         w13, w2 = self.experts.w13_weight, self.experts.w2_weight
         gate_up, down = mlp.gate_up_proj.weight, mlp.down_proj.weight  # [2W, H], [H, W]
-        if gate_up.dtype != w13.dtype or down.dtype != w2.dtype:
-            return
+        projections = (mlp.gate_up_proj, mlp.down_proj)
+        plain = all(p.method is UNQUANTIZED and p.bias is None for p in projections)
+        if not plain or gate_up.dtype != w13.dtype or down.dtype != w2.dtype:
+            return  # the experts' stacks hold plain weights only
         experts = w13.shape[0]
         new13 = w13.new_empty((experts + slots, *w13.shape[1:]))
         new2 = w2.new_empty((experts + slots, *w2.shape[1:]))
