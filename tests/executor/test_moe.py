@@ -26,6 +26,7 @@ from services.executor.models.moe import SparseMoE
 from services.executor.models.moe_routing import select_experts
 from services.executor.moe_config import MoEConfig
 from tests.executor.helpers import write_tiny_model
+from tests.kernels.helpers import kernel_device
 
 HIDDEN = 32
 TOKENS = 23
@@ -200,16 +201,6 @@ def both_outputs(
         want = block(x[None].cpu())
         got = ours(x.to(ours.gate.weight.device)).cpu()
         return got, (want[0] if isinstance(want, tuple) else want)[0]
-
-
-def kernel_device(monkeypatch: pytest.MonkeyPatch, *modules: Any) -> torch.device:
-    """Where a test runs the CUDA path's kernels: the GPU where there is one; on the CPU,
-    in Triton's interpreter, with `on_gpu` of `modules` patched to say yes."""
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    for module in modules:
-        monkeypatch.setattr(module, "on_gpu", lambda x: True)
-    return torch.device("cpu")
 
 
 def _has_shared_experts(name: str) -> bool:

@@ -23,6 +23,16 @@ class Tol(TypedDict):
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 INTERPRETING = DEVICE.type == "cpu"
 
+
+def kernel_device(monkeypatch: pytest.MonkeyPatch, *modules: Any) -> torch.device:
+    """Where a test runs the models' CUDA path (their Triton kernels): DEVICE; on the CPU,
+    in Triton's interpreter, with `on_gpu` of each of `modules` patched to say yes."""
+    if DEVICE.type == "cpu":
+        for module in modules:
+            monkeypatch.setattr(module, "on_gpu", lambda x: True)
+    return DEVICE
+
+
 # The Triton 3.9 interpreter computes tl.dot on bfloat16 inputs wrongly (garbage, not
 # rounding), so bf16 attention runs only on a GPU; elementwise kernels test bf16 everywhere.
 ALL_DTYPES = [

@@ -16,7 +16,7 @@ from kernels.rotary import build_cos_sin_cache
 from services.executor.models import deepseek, layers
 from services.executor.weights import load_model
 from tests.executor.helpers import write_tiny_model
-from tests.kernels.helpers import ALL_DTYPES, DEVICE, TOLERANCES, randn
+from tests.kernels.helpers import ALL_DTYPES, DEVICE, TOLERANCES, kernel_device, randn
 from tests.kernels.test_triton_backend import greedy_with_prefix_reuse
 
 
@@ -129,9 +129,7 @@ def test_tiny_deepseek_through_the_kernels_matches_the_torch_path(
         return original(self, *args)
 
     monkeypatch.setattr(deepseek.MLAttention, "_forward_fused", counted)
-    if DEVICE.type == "cpu":  # the Rope's kernel cache and the MLA kernels, in the interpreter
-        monkeypatch.setattr(layers, "on_gpu", lambda x: True)
-        monkeypatch.setattr(deepseek, "on_gpu", lambda x: True)
+    kernel_device(monkeypatch, layers, deepseek)  # the Rope's kernel cache, the MLA kernels
     model, config = load_model(path, device=DEVICE, attention_backend="triton")
     got = greedy_with_prefix_reuse(model, config, prompts, steps=4)
     assert calls  # the kernels ran

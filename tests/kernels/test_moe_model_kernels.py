@@ -14,7 +14,7 @@ import kernels.rmsnorm
 from services.executor.models import layers, moe
 from services.executor.weights import load_model
 from tests.executor.helpers import write_tiny_model
-from tests.kernels.helpers import DEVICE
+from tests.kernels.helpers import DEVICE, kernel_device
 from tests.kernels.test_triton_backend import greedy_with_prefix_reuse
 
 
@@ -22,9 +22,7 @@ from tests.kernels.test_triton_backend import greedy_with_prefix_reuse
 def test_unsummed_experts_reach_the_next_norm_and_change_no_token(
     arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if DEVICE.type == "cpu":  # the CUDA path's kernels, in the interpreter
-        monkeypatch.setattr(layers, "on_gpu", lambda x: True)
-        monkeypatch.setattr(moe, "on_gpu", lambda x: True)
+    kernel_device(monkeypatch, layers, moe)
     dims: list[int] = []
     original = kernels.rmsnorm.rmsnorm
 

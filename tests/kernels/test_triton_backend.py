@@ -24,6 +24,7 @@ from tests.kernels.helpers import (
     TOLERANCES,
     Tol,
     assert_same_bits,
+    kernel_device,
     randn,
 )
 
@@ -389,8 +390,7 @@ def test_tiny_qwen3_with_the_pool_store_fused_into_rotation(
     prompts = [[5, 9, 200, 17, 3, 88, 41], [260, 72, 101, 108], [7] * 23, [1, 2]]
     model, config = load_model(path, device=DEVICE, attention_backend="torch")
     want = greedy_with_prefix_reuse(model, config, prompts, steps=4)
-    if DEVICE.type == "cpu":
-        monkeypatch.setattr(layers, "on_gpu", lambda x: True)
+    kernel_device(monkeypatch, layers)
     stores: list[int] = []
 
     def no_separate_store(**kwargs: object) -> None:
