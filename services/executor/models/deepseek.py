@@ -40,7 +40,7 @@ from services.executor.forward_batch import ForwardBatch
 from services.executor.mla_config import MLAConfig
 from services.executor.model_config import ModelConfig
 from services.executor.models.layers import RMSNorm, Rope, RotaryEmbedding, on_gpu
-from services.executor.models.linear import UNQUANTIZED, Linear
+from services.executor.models.linear import Linear
 from services.executor.models.llama import (
     HeadShards,
     LlamaDecoderLayer,
@@ -102,10 +102,7 @@ class MLAttention(nn.Module):
         element is the same dot product as before. Left apart when either is quantized or
         has a bias."""
         first, second = self._input_projections()
-        plain = all(
-            p.method is UNQUANTIZED and p.bias is None and p.weight.dtype == first.weight.dtype
-            for p in (first, second)
-        )
+        plain = first.plain and second.plain and first.weight.dtype == second.weight.dtype
         if not plain or self.input_proj is not None:
             return
         weight = torch.cat([first.weight, second.weight])

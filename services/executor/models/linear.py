@@ -118,6 +118,12 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.method.apply(self, x, self.bias)
 
+    @property
+    def plain(self) -> bool:
+        """Whether the product is the weight alone, as it is (no quantized format, no bias):
+        what may be copied or concatenated into another module's weight."""
+        return self.method is UNQUANTIZED and self.bias is None
+
     def load_plan(self, kind: str, index: int | None) -> LoadPlan:
         """Every row of every tensor (the sharded subclasses say otherwise)."""
         return 0, self.out_features, WHOLE

@@ -21,7 +21,7 @@ from services.executor.distributed.group import SINGLE, TPGroup
 from services.executor.distributed.shard import Shard
 from services.executor.model_config import ModelConfig
 from services.executor.models.layers import SiluAndMulMLP, on_gpu
-from services.executor.models.linear import FP32_PRODUCTS, UNQUANTIZED, Linear
+from services.executor.models.linear import FP32_PRODUCTS, Linear
 from services.executor.models.moe_routing import select_experts
 from services.executor.moe_config import MoEConfig
 
@@ -162,8 +162,7 @@ class SparseMoE(nn.Module):
         slots = width // inter
         w13, w2 = self.experts.w13_weight, self.experts.w2_weight
         gate_up, down = mlp.gate_up_proj.weight, mlp.down_proj.weight  # [2W, H], [H, W]
-        projections = (mlp.gate_up_proj, mlp.down_proj)
-        plain = all(p.method is UNQUANTIZED and p.bias is None for p in projections)
+        plain = mlp.gate_up_proj.plain and mlp.down_proj.plain
         if not plain or gate_up.dtype != w13.dtype or down.dtype != w2.dtype:
             return  # the experts' stacks hold plain weights only
         experts = w13.shape[0]
