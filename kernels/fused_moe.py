@@ -145,15 +145,21 @@ def _moe_sum_kernel(
 _SUM_BLOCK = 1024  # hidden elements per program of the top-k sum
 
 
-def choose_tiles(num_pairs: int, num_experts: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K) from the tokens per expert. Few (decode): 16 rows, so
-    padding is cheap, and narrow, deep tiles, so the few experts in use are read by many
-    programs at once (the step is bound by reading their weights). Many (prefill): 64 x 64.
-    A starting point, not tuned per GPU."""
+def choose_tiles(num_pairs: int, num_experts: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, gate/up's BLOCK_N, down's BLOCK_N, BLOCK_K) from the tokens per expert.
+    Few (decode): 16 rows, so padding is cheap, and deep tiles, so the few experts in use are
+    read by many programs at once (the step is bound by reading their weights); gate/up 32
+    columns wide, down 64. Many (prefill): 64 x 64.
+
+    Down's width is from a sweep of both launches' tiles on an H100 (2026-11-27,
+    `loadtest/results/gpu_moe_tiles_h100_run1.json`, microseconds a launch, 32 wide against
+    64): DeepSeek-V2-Lite at 4 tokens 50.9 against 41.6, Qwen3-30B-A3B 32.9 against 32.5; at
+    one token (its experts read from L2 there) 8.47 against 8.34 and 6.42 against 6.12.
+    Gate/up gained nothing measurable from other widths."""
     per_expert = num_pairs / num_experts
     if per_expert <= 16:
-        return 16, 32, 128
-    return (32, 64, 64) if per_expert <= 48 else (64, 64, 64)
+        return 16, 32, 64, 128
+    return (32, 64, 64, 64) if per_expert <= 48 else (64, 64, 64, 64)
 
 
 def fused_moe(
@@ -177,11 +183,12 @@ def fused_moe(
 
     x: [tokens, hidden]; w13: [experts, 2 * I, hidden] (rows [0, I) gate, [I, 2I) up);
     w2: [experts, hidden, I]; topk_weights: [tokens, top_k] fp32; topk_ids: [tokens, top_k]
-    int32/int64 in [0, experts). block_m/block_n/block_k: the tiles (powers of two >= 16);
-    None takes `choose_tiles`'s. path: "grouped" (the grouped GEMM), "gemv" (kernels/moe_gemv;
-    the tiles do not apply) or "auto", which is the grouped GEMM: on an H200, Qwen3-30B-A3B's
-    batch-1 step spent 2.18 ms in moe_gemv's two launches with its default configuration,
-    where the grouped path had taken 1.74 ms (align and sum included) on an H100.
+    int32/int64 in [0, experts). block_m/block_n/block_k: the tiles (powers of two >= 16;
+    block_n is both launches'); None takes `choose_tiles`'s. path: "grouped" (the grouped
+    GEMM), "gemv" (kernels/moe_gemv; the tiles do not apply) or "auto", which is the grouped
+    GEMM: on an H200, Qwen3-30B-A3B's batch-1 step spent 2.18 ms in moe_gemv's two launches
+    with its default configuration, where the grouped path had taken 1.74 ms (align and sum
+    included) on an H100.
     reduce=False: the grouped path returns each token's top_k weighted expert outputs
     unsummed, [tokens, top_k, hidden], for a consumer that sums them itself
     (kernels/rmsnorm.py: one launch fewer); the gemv path sums regardless.
@@ -234,8 +241,9 @@ def fused_moe(
         dtypes=(torch.float32,),
         device=x.device,
     )
-    auto_m, auto_n, auto_k = choose_tiles(tokens * top_k, num_experts)
+    auto_m, auto_n, auto_down_n, auto_k = choose_tiles(tokens * top_k, num_experts)
     bm, bn, bk = block_m or auto_m, block_n or auto_n, block_k or auto_k
+    down_bn = block_n or auto_down_n
     for name, size in (("block_m", bm), ("block_n", bn), ("block_k", bk)):
         check_tile(op, name, size)
     check_launch(op, num_warps, num_stages)
@@ -271,7 +279,6 @@ def fused_moe(
     common = dict(
         PRECISION=dot_precision(x.dtype),
         BLOCK_M=bm,
-        BLOCK_N=bn,
         BLOCK_K=bk,
         DIRECT=direct,
         num_warps=num_warps,
@@ -297,11 +304,12 @@ def fused_moe(
         A_ROW_DIV=top_k,
         SILU_MUL=True,
         MUL_WEIGHT=False,
+        BLOCK_N=bn,
         **common,
         **pdl_launch(x.device),
     )
     # down, weighted: act [pairs, I] -> per_pair [pairs, hidden]
-    _fused_moe_kernel[(blocks * triton.cdiv(hidden, bn),)](
+    _fused_moe_kernel[(blocks * triton.cdiv(hidden, down_bn),)](
         act,
         w2,
         per_pair,
@@ -319,6 +327,7 @@ def fused_moe(
         A_ROW_DIV=1,
         SILU_MUL=False,
         MUL_WEIGHT=True,
+        BLOCK_N=down_bn,
         **common,
         **pdl_launch(act.device),
     )
