@@ -19,8 +19,9 @@ bandwidth: gpu/mla_kernel.py), moe_kernel (the fused MoE kernel against a torch 
 experts) and qwen3moe (Qwen3-30B-A3B's shapes: batch-1 decode against its roofline, the
 500-prompt offline workload: gpu/moe.py) and dsv2lite (DeepSeek-V2-Lite's shapes, MLA and
 MoE: the same two figures, gpu/deepseek.py); qwen3moe_decode and dsv2lite_decode run the
-decode half alone; scale (decode at long contexts and big batches against its roofline, the
-100,000-token prefill, host time per step at batch 256: gpu/scale.py), gguf_kernel (GGUF
+decode half alone, qwen3moe_batches and dsv2lite_batches decode at batch 1, 4 and 8; scale
+(decode at long contexts and big batches against its roofline, the 100,000-token prefill,
+host time per step at batch 256: gpu/scale.py), gguf_kernel (GGUF
 Q8_0/Q4_K/Q6_K blocks: the decode GEMV's bandwidth at Llama-3.1-8B's shapes, the prefill
 paths' crossover: gpu/gguf_kernel.py), w4a16_kernel (the int4 GEMV, GEMM and dequantise +
 cuBLAS at Llama-3.1-8B's projection shapes against bf16, the prefill paths' crossover:
@@ -85,6 +86,8 @@ TIME_LIMITS = {
     "scale": 480,
     "qwen3moe_decode": 240,  # the decode half alone (no offline workload)
     "dsv2lite_decode": 240,
+    "qwen3moe_batches": 240,  # one engine, three batch sizes
+    "dsv2lite_batches": 240,
     # four 8B models, each loaded with dummy weights and graphed (GGUF's blocks drawn on the CPU)
     "quant_decode": 540,
     "quant_decode_int4": 420,  # bf16, int4 AWQ and int4 GPTQ 8B models
@@ -192,6 +195,14 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         from loadtest.gpu.deepseek import dsv2lite_section
 
         return dsv2lite_section(0 if name.endswith("_decode") else OFFLINE_RUN_S)
+    if name == "qwen3moe_batches":
+        from loadtest.gpu.moe import qwen3moe_batches_section
+
+        return qwen3moe_batches_section()
+    if name == "dsv2lite_batches":
+        from loadtest.gpu.deepseek import dsv2lite_batches_section
+
+        return dsv2lite_batches_section()
     if name in ("quant_decode", "quant_decode_int4"):
         from loadtest.gpu.quant import SECTIONS as QUANT_SECTIONS
         from loadtest.gpu.quant import quant_decode_section
@@ -220,6 +231,7 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
     extra = ["burst", "engine_ab", "protocols", "dp", "observability", "tools"]
     extra += ["tp", "tp70b", "tp_kill", "mla_kernel", "moe_kernel", "qwen3moe", "dsv2lite"]
     extra += ["qwen3moe_decode", "dsv2lite_decode", "scale", "gguf_kernel", "w4a16_kernel"]
+    extra += ["qwen3moe_batches", "dsv2lite_batches"]
     extra += ["quant_decode", "quant_decode_int4", "offline_fp8w", "flashinfer_kernel"]
     extra += ["shared_prefix", "long_prefill", "shared_decode"]
     raise SystemExit(f"unknown section {name!r}; known: {', '.join([*SECTIONS, *extra])}")
@@ -376,6 +388,10 @@ def table(results: dict[str, Any]) -> str:
         off = get(key, "offline", "output_tok_s")
         if off is not None:
             rows.append((f"{label} offline 500 prompts output tok/s", f"{off:.0f}"))
+        if results.get(f"{key}_batches"):
+            from loadtest.gpu.moe import batch_rows
+
+            rows += batch_rows(label, results[f"{key}_batches"])
     if results.get("scale"):
         from loadtest.gpu.scale import table_rows
 

@@ -12,7 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from loadtest.gpu.moe import DECODE_IN, DECODE_OUT, OFFLINE_RUN_S, decode_and_offline
+from loadtest.gpu.moe import (
+    DECODE_IN,
+    DECODE_OUT,
+    OFFLINE_RUN_S,
+    decode_and_offline,
+    decode_batches,
+)
 
 # DeepSeek-V2-Lite's config.json fields (deepseek-ai/DeepSeek-V2-Lite), 15.7B parameters.
 DEEPSEEK_V2_LITE: dict[str, Any] = {
@@ -93,3 +99,7 @@ def step_bytes(config: dict[str, Any], context: int) -> dict[str, int]:
 def dsv2lite_section(time_limit: float = OFFLINE_RUN_S) -> dict[str, Any]:
     read = step_bytes(DEEPSEEK_V2_LITE, DECODE_IN + DECODE_OUT // 2)
     return decode_and_offline(DEEPSEEK_V2_LITE, "deepseek-v2-lite-dummy", read, time_limit)
+
+
+def dsv2lite_batches_section() -> dict[str, Any]:
+    return decode_batches(DEEPSEEK_V2_LITE, "deepseek-v2-lite-dummy")

@@ -264,6 +264,43 @@ def qwen3moe_section(time_limit: float = OFFLINE_RUN_S) -> dict[str, Any]:
 
 
 DECODE_IN, DECODE_OUT = 128, 256
+BATCHES = (1, 4, 8)  # decode_batches' batch sizes
+
+
+def qwen3moe_batches_section() -> dict[str, Any]:
+    return decode_batches(QWEN3_30B_A3B, "qwen3-30b-a3b-dummy")
+
+
+def decode_batches(
+    config: dict[str, Any], name: str, batch_sizes: Sequence[int] = BATCHES
+) -> dict[str, Any]:
+    """Decode (in DECODE_IN, out DECODE_OUT) at each batch size on one engine: each step's
+    mean time and output tok/s, what a change to the expert launches is measured by above
+    batch 1 (the tiles `kernels/fused_moe.choose_tiles` gives a few tokens per expert)."""
+    from loadtest.gpu.sections import _args
+
+    model = model_dir(Path(tempfile.mkdtemp()), name, config)
+    lens = ("--input-len", str(DECODE_IN), "--output-len", str(DECODE_OUT))
+    # sized for the largest batch; every smaller one runs on the same engine and graphs
+    engine = offline.make_engine(
+        _args(model, "latency", "--batch-size", str(max(batch_sizes)), *lens)
+    )
+    batches = {}
+    for bs in batch_sizes:
+        args = _args(model, "latency", "--batch-size", str(bs), *lens)
+        batches[str(bs)] = offline.run_latency(engine, args)
+    return {"gpu": torch.cuda.get_device_name(), "batches": batches}
+
+
+def batch_rows(label: str, result: dict[str, Any]) -> list[tuple[str, str]]:
+    """gpu_bench's summary lines for a decode_batches result."""
+    return [
+        (
+            f"{label} decode at batch {bs} (in {DECODE_IN}, out {DECODE_OUT})",
+            f"{r['decode_step_ms_mean']:.3f} ms a step, {r['decode_tok_s']:.0f} tok/s",
+        )
+        for bs, r in result.get("batches", {}).items()
+    ]
 
 
 def decode_and_offline(
