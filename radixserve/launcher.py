@@ -286,7 +286,11 @@ def main(argv: list[str] | None = None) -> None:
     def on_signal(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # SIGTERM stops everything the way Ctrl-C does
 
+    # Both set here, whatever this process inherited: a shell script's background job
+    # (`radixserve serve &`) starts with SIGINT ignored, and Python then installs no
+    # KeyboardInterrupt for it, so Ctrl-C / kill -INT would not stop the stack.
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     host = "127.0.0.1" if a.host in ("0.0.0.0", "::") else a.host
     url = f"http://{host}:{a.port}"
     display = ProgressDisplay()

@@ -119,6 +119,14 @@ class Stack:
             raise AssertionError(f"serve did not stop on Ctrl-C\n{self.log_tail()}") from None
 
 
+def with_sigint_ignored(command: list[str]) -> list[str]:
+    """`command` run with SIGINT ignored, as a shell script's background job runs: a Python
+    shim ignores it and execs the command, which keeps the disposition (and the pid)."""
+    shim = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    shim += "os.execv(sys.argv[1], sys.argv[1:])"
+    return [sys.executable, "-c", shim, *command]
+
+
 def start_stack(
     args: list[str],
     log_path: Path,
@@ -126,9 +134,11 @@ def start_stack(
     env: dict[str, str] | None = None,
     timeout: float = 300.0,
     grpc: bool = False,
+    sigint_ignored: bool = False,
 ) -> Stack:
     """`radixserve serve` with `args`, once /health says it serves; with `grpc`, the gateway
-    also serves gRPC on a free port (`Stack.grpc_target`)."""
+    also serves gRPC on a free port (`Stack.grpc_target`). With `sigint_ignored`, serve starts
+    with SIGINT ignored, as a shell script's background job (`radixserve serve &`) does."""
     port = free_port()
     grpc_port = free_port() if grpc else -1
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("RADIXSERVE_")}
@@ -138,18 +148,14 @@ def start_stack(
     full_env.update(env or {})
     log = open(log_path, "wb")  # noqa: SIM115 - the child writes it for the stack's lifetime
     started = time.monotonic()
+    command = [
+        *(sys.executable, "-m", "radixserve", "serve"),
+        *("--port", str(port), "--grpc-port", str(grpc_port), *args),
+    ]
+    if sigint_ignored:
+        command = with_sigint_ignored(command)
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "radixserve",
-            "serve",
-            "--port",
-            str(port),
-            "--grpc-port",
-            str(grpc_port),
-            *args,
-        ],
+        command,
         stdout=log,
         stderr=subprocess.STDOUT,
         env=full_env,
