@@ -32,7 +32,10 @@ pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 PARTITIONS = 2
 PROMPTS = [f"the thin {w} in the sea {i}" for i, w in enumerate("abcdefgh")]
-MAX_TOKENS = 96
+# Long enough that no request can finish while the last is still waiting for its first
+# chunk (the fault must find all of them mid-stream): at 96, a request sometimes ended first
+# when the suite ran on two busy workers.
+MAX_TOKENS = 384
 # Far above a takeover's few seconds; the partition the standby does not take waits for the
 # supervisor to restart its owner (a new process loading a tokenizer on a busy box).
 HANG_S = 60.0
