@@ -277,19 +277,22 @@ def decode_batches(
     """Decode (in DECODE_IN, out DECODE_OUT) at each batch size on one engine: each step's
     mean time and output tok/s, what a change to the expert launches is measured by above
     batch 1 (the tiles `kernels/fused_moe.choose_tiles` gives a few tokens per expert)."""
-    from loadtest.gpu.sections import _args
-
     model = model_dir(Path(tempfile.mkdtemp()), name, config)
-    lens = ("--input-len", str(DECODE_IN), "--output-len", str(DECODE_OUT))
     # sized for the largest batch; every smaller one runs on the same engine and graphs
-    engine = offline.make_engine(
-        _args(model, "latency", "--batch-size", str(max(batch_sizes)), *lens)
-    )
+    engine = offline.make_engine(decode_args(model, max(batch_sizes)))
     batches = {}
     for bs in batch_sizes:
-        args = _args(model, "latency", "--batch-size", str(bs), *lens)
-        batches[str(bs)] = offline.run_latency(engine, args)
+        batches[str(bs)] = offline.run_latency(engine, decode_args(model, bs))
     return {"gpu": torch.cuda.get_device_name(), "batches": batches}
+
+
+def decode_args(model: Path, batch_size: int) -> Any:
+    """The offline latency run's arguments: `batch_size` requests, in DECODE_IN, out
+    DECODE_OUT."""
+    from loadtest.gpu.sections import _args
+
+    lens = ("--input-len", str(DECODE_IN), "--output-len", str(DECODE_OUT))
+    return _args(model, "latency", "--batch-size", str(batch_size), *lens)
 
 
 def batch_rows(label: str, result: dict[str, Any]) -> list[tuple[str, str]]:
@@ -313,8 +316,7 @@ def decode_and_offline(
 
     bw = copy_bandwidth()  # its buffers are back on the device before the KV pool is sized
     model = model_dir(Path(tempfile.mkdtemp()), name, config)
-    lens = ("--input-len", str(DECODE_IN), "--output-len", str(DECODE_OUT))
-    args = _args(model, "latency", "--batch-size", "1", *lens)
+    args = decode_args(model, 1)
     t0 = time.monotonic()
     engine = offline.make_engine(args)
     startup_s = time.monotonic() - t0
