@@ -2,22 +2,25 @@
 the layout of kernels/w4a16.py.
 
 Decode reads every weight once per token; at 4 bits a weight that is 8 weights per 4-byte
-word, so what limits the kernel is the instructions it spends per weight, not the bytes:
-- a program owns BLOCK_N weight rows and walks K BLOCK_W words at a time. Each thread holds
-  the same few consecutive words of every one of its rows, so x's 8 columns per word (and
-  their sum) are loaded and converted once per step and reused down all BLOCK_N rows (an
-  earlier version held x in the [rows, words] tile's layout and issued one load of x per
-  weight: 18% of the copy bandwidth, bound by L1, as ncu showed);
-- nibble j of a word becomes a float in one logic instruction and one add, exactly: AND-ed
-  out in place and OR-ed into the exponent of 2^(23 - b) (b its lowest bit, at most 16), it
-  is the float 2^(23 - b) + q, whose unit in the last place is 1; nibbles 5 to 7 are first
-  shifted down 12 bits, once per word;
+word, so the kernel must spend few instructions per weight and few L1 accesses per step:
+- a program owns BLOCK_N weight rows and walks K BLOCK_W words a step. A thread holds V (4)
+  consecutive words of each of its rows (one 16-byte load a row), all in one quantisation
+  group, so the group's scale and zero point are loaded once a row and step; x's columns for
+  those words are loaded and converted once a step for all BLOCK_N rows (16-bit x as 8-byte
+  loads: the L1 serves a warp's load per cache line touched, and 2-byte loads of x made it
+  the bottleneck, 77% busy with the DRAM at 35%, as ncu showed);
+- a nibble becomes a float in one AND: left in place at bits BIT..BIT+3 (BIT <= 16; nibbles
+  5 to 7 shifted down 12 bits once per word), the bits are the subnormal float q 2^(BIT - 149),
+  exact, and x's column is scaled by 2^(X_EXP - BIT) once a step, so each product is one
+  fused multiply-add, q x 2^(X_EXP - 149) (fp32 arithmetic here keeps subnormals; sums are
+  scaled back once at the store);
 - the zero point never meets the weights: sum_j (q_j - z) x_j = sum_j q_j x_j - z sum_j x_j,
-  and the group's scale multiplies a word's partial sum once.
-That is three instructions per weight (and-or, add, fused multiply-add) for the first row of
-x and one more for each further row. Rows of the tile are separate values, not a tensor
-dimension, which keeps every tensor one-dimensional in the one layout of the packed words'
-loads (no shared memory, no barriers in the loop).
+  and the group's scale multiplies a thread's partial sum for the step once.
+That is about two instructions per weight (AND, FMA) for the first row of x and one more for
+each further row. Rows of the tile are separate values, not a tensor dimension, and the
+words a [T, V] tile whose V lies in one thread, which keeps every tensor in the one layout of
+the packed words' loads (no shared memory, no barriers in the loop). Launches whose rows and
+steps are whole (no act-order perm) read without masks.
 
 Grid: (cdiv(N, BLOCK_N),); accumulation in fp32, one rounding to x's dtype.
 """
@@ -31,95 +34,165 @@ import triton.language as tl
 from kernels._checks import check_launch, check_tensor
 from kernels.gemv import MAX_M
 from kernels.pdl import pdl_launch, pdl_prologue
-from kernels.w4a16 import PACK, check_w4, columns_of_x, load_words
+from kernels.w4a16 import PACK, check_w4, columns_of_x
 
 # rows of the tile: each is spelled out in the kernel
 MAX_BLOCK_N = 8
+# x is scaled by 2^(X_EXP - BIT) for a nibble kept at bits BIT.. (a subnormal q 2^(BIT - 149)):
+# products q x 2^(X_EXP - 149), normal (every bit kept) down to |q x| of 2^-57 (7e-18), and x
+# below 2^48 (3e14) in magnitude stays finite. The sums are scaled back once, at the store.
+X_EXP: tl.constexpr = tl.constexpr(80)
+# consecutive words a thread reads per row and step (one 16-byte load)
+WORDS_PER_THREAD = 4
 
 
 @triton.jit
 def _nibble(word, BIT: tl.constexpr):
-    """Bits BIT..BIT+3 (BIT <= 16) of uint32 `word` as floats 0..15, exactly."""
-    bits = (word & (0xF << BIT)) | ((150 - BIT) << 23)
-    return bits.to(tl.float32, bitcast=True) - 2.0 ** (23 - BIT)
+    """Bits BIT..BIT+3 (BIT <= 16) of uint32 `word`, AND-ed out in place, as the float they
+    spell: q 2^(BIT - 149) for q = 0..15, a subnormal, exact (fp32 arithmetic here keeps
+    subnormals: the products are not flushed)."""
+    return (word & (0xF << BIT)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _x_columns(x_row_ptr, perm_ptr, words, w_mask, HAS_PERM: tl.constexpr):
-    """The 8 columns of x each word multiplies, as fp32 [BLOCK_W], and their sum."""
+def _halves(pair, BF16: tl.constexpr):
+    """The two 16-bit floats (bf16, else fp16) of uint32 `pair`, low first, as fp32."""
+    if BF16:  # a bf16 is the top half of its fp32
+        return (pair << 16).to(tl.float32, bitcast=True), (pair & 0xFFFF0000).to(
+            tl.float32, bitcast=True
+        )
+    lo = (pair & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    hi = (pair >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
+def _x_columns(
+    x_row_ptr, perm_ptr, words, w_mask,
+    HAS_PERM: tl.constexpr, EVEN: tl.constexpr, WIDE_X: tl.constexpr,
+):  # fmt: skip
+    """The 8 columns of x each word ([T, V]) multiplies, in fp32 times 2^(X_EXP - BIT) for
+    the bit BIT its nibble has in _word_dot (undoing the nibble's 2^(BIT - 149)), and per
+    thread row t the sum of its 8V columns times 2^(X_EXP - 149): [T]."""
     c = words * 8
-    s0, m0 = columns_of_x(perm_ptr, c, w_mask, HAS_PERM)
-    s1, m1 = columns_of_x(perm_ptr, c + 1, w_mask, HAS_PERM)
-    s2, m2 = columns_of_x(perm_ptr, c + 2, w_mask, HAS_PERM)
-    s3, m3 = columns_of_x(perm_ptr, c + 3, w_mask, HAS_PERM)
-    s4, m4 = columns_of_x(perm_ptr, c + 4, w_mask, HAS_PERM)
-    s5, m5 = columns_of_x(perm_ptr, c + 5, w_mask, HAS_PERM)
-    s6, m6 = columns_of_x(perm_ptr, c + 6, w_mask, HAS_PERM)
-    s7, m7 = columns_of_x(perm_ptr, c + 7, w_mask, HAS_PERM)
-    x0 = tl.load(x_row_ptr + s0, mask=m0, other=0.0).to(tl.float32)
-    x1 = tl.load(x_row_ptr + s1, mask=m1, other=0.0).to(tl.float32)
-    x2 = tl.load(x_row_ptr + s2, mask=m2, other=0.0).to(tl.float32)
-    x3 = tl.load(x_row_ptr + s3, mask=m3, other=0.0).to(tl.float32)
-    x4 = tl.load(x_row_ptr + s4, mask=m4, other=0.0).to(tl.float32)
-    x5 = tl.load(x_row_ptr + s5, mask=m5, other=0.0).to(tl.float32)
-    x6 = tl.load(x_row_ptr + s6, mask=m6, other=0.0).to(tl.float32)
-    x7 = tl.load(x_row_ptr + s7, mask=m7, other=0.0).to(tl.float32)
-    total = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))
-    return (x0, x1, x2, x3, x4, x5, x6, x7, total)
+    if WIDE_X:
+        # a word's 8 columns of 16-bit x in two 8-byte loads: the L1 serves a warp's load by
+        # the cache lines it touches, and 8 2-byte loads a word touched each line 4x as often
+        # (ncu: the L1 77% busy, the DRAM 35%)
+        bf16: tl.constexpr = x_row_ptr.dtype.element_ty == tl.bfloat16
+        x_pairs = x_row_ptr.to(tl.pointer_type(tl.uint64)) + 2 * words
+        lo = tl.load(x_pairs)
+        hi = tl.load(x_pairs + 1)
+        x0, x1 = _halves(lo.to(tl.uint32), bf16)
+        x2, x3 = _halves((lo >> 32).to(tl.uint32), bf16)
+        x4, x5 = _halves(hi.to(tl.uint32), bf16)
+        x6, x7 = _halves((hi >> 32).to(tl.uint32), bf16)
+    elif EVEN:  # no padding, no perm: every column read
+        x0 = tl.load(x_row_ptr + c).to(tl.float32)
+        x1 = tl.load(x_row_ptr + c + 1).to(tl.float32)
+        x2 = tl.load(x_row_ptr + c + 2).to(tl.float32)
+        x3 = tl.load(x_row_ptr + c + 3).to(tl.float32)
+        x4 = tl.load(x_row_ptr + c + 4).to(tl.float32)
+        x5 = tl.load(x_row_ptr + c + 5).to(tl.float32)
+        x6 = tl.load(x_row_ptr + c + 6).to(tl.float32)
+        x7 = tl.load(x_row_ptr + c + 7).to(tl.float32)
+    else:
+        s0, m0 = columns_of_x(perm_ptr, c, w_mask, HAS_PERM)
+        s1, m1 = columns_of_x(perm_ptr, c + 1, w_mask, HAS_PERM)
+        s2, m2 = columns_of_x(perm_ptr, c + 2, w_mask, HAS_PERM)
+        s3, m3 = columns_of_x(perm_ptr, c + 3, w_mask, HAS_PERM)
+        s4, m4 = columns_of_x(perm_ptr, c + 4, w_mask, HAS_PERM)
+        s5, m5 = columns_of_x(perm_ptr, c + 5, w_mask, HAS_PERM)
+        s6, m6 = columns_of_x(perm_ptr, c + 6, w_mask, HAS_PERM)
+        s7, m7 = columns_of_x(perm_ptr, c + 7, w_mask, HAS_PERM)
+        x0 = tl.load(x_row_ptr + s0, mask=m0, other=0.0).to(tl.float32)
+        x1 = tl.load(x_row_ptr + s1, mask=m1, other=0.0).to(tl.float32)
+        x2 = tl.load(x_row_ptr + s2, mask=m2, other=0.0).to(tl.float32)
+        x3 = tl.load(x_row_ptr + s3, mask=m3, other=0.0).to(tl.float32)
+        x4 = tl.load(x_row_ptr + s4, mask=m4, other=0.0).to(tl.float32)
+        x5 = tl.load(x_row_ptr + s5, mask=m5, other=0.0).to(tl.float32)
+        x6 = tl.load(x_row_ptr + s6, mask=m6, other=0.0).to(tl.float32)
+        x7 = tl.load(x_row_ptr + s7, mask=m7, other=0.0).to(tl.float32)
+    total = tl.sum(((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)), axis=1)
+    return (
+        x0 * 2.0**X_EXP,
+        x1 * 2.0 ** (X_EXP - 4),
+        x2 * 2.0 ** (X_EXP - 8),
+        x3 * 2.0 ** (X_EXP - 12),
+        x4 * 2.0 ** (X_EXP - 16),
+        x5 * 2.0 ** (X_EXP - 8),
+        x6 * 2.0 ** (X_EXP - 12),
+        x7 * 2.0 ** (X_EXP - 16),
+        total * 2.0 ** (X_EXP - 149),
+    )
 
 
 @triton.jit
-def _word_dot(lo, hi, xs):
-    """sum_j q_j x_j over a word's 8 nibbles, [BLOCK_W] (lo: the word, hi: it >> 12)."""
-    p = _nibble(lo, 0) * xs[0]
-    p += _nibble(lo, 4) * xs[1]
-    p += _nibble(lo, 8) * xs[2]
-    p += _nibble(lo, 12) * xs[3]
-    p += _nibble(lo, 16) * xs[4]
+def _word_dot(q, xs):
+    """2^(X_EXP - 149) sum_j q_j x_j over each word's 8 nibbles, summed over a thread's V
+    words: [T]. Nibbles 5 to 7 are first shifted down 12 bits (once per word) so that no
+    nibble reaches the exponent."""
+    hi = q >> 12
+    p = _nibble(q, 0) * xs[0]
+    p += _nibble(q, 4) * xs[1]
+    p += _nibble(q, 8) * xs[2]
+    p += _nibble(q, 12) * xs[3]
+    p += _nibble(q, 16) * xs[4]
     p += _nibble(hi, 8) * xs[5]
     p += _nibble(hi, 12) * xs[6]
     p += _nibble(hi, 16) * xs[7]
-    return p
+    return tl.sum(p, axis=1)
 
 
 @triton.jit
 def _row_step(
-    qw_ptr, s_ptr, z_ptr, n, N, words, w_mask, stride_qn, stride_sn, stride_zn,
-    xs0, xs1, xs2, xs3, acc, M: tl.constexpr, GROUP: tl.constexpr,
+    qw_ptr, s_ptr, z_ptr, n, N, words, w_mask, groups, g_mask, stride_qn, stride_sn, stride_zn,
+    xs0, xs1, xs2, xs3, acc, M: tl.constexpr, EVEN: tl.constexpr,
 ):  # fmt: skip
-    """One weight row's step: its BLOCK_W words against each row of x, added to `acc` (a
-    tuple of MAX_M [BLOCK_W] partial sums, one per row of x; those past M untouched)."""
-    mask = w_mask & ((n + 0 * words) < N)  # a vector: the interpreter takes no scalar masks
-    q, s, z = load_words(
-        qw_ptr, s_ptr, z_ptr, n.to(tl.int64), words, mask, stride_qn, stride_sn, stride_zn, GROUP
-    )
+    """One weight row's step: its words ([T, V]) against each row of x, added to `acc` (a
+    tuple of MAX_M [T] partial sums, one per row of x; those past M untouched). A thread's V
+    words lie in one group (`groups`, [T]): its scale and zero point are loaded once."""
+    row = n.to(tl.int64)
+    if EVEN:  # every row and word in range: no masks, no predicated loads
+        q = tl.load(qw_ptr + row * stride_qn + words)
+        s = tl.load(s_ptr + row * stride_sn + groups).to(tl.float32)
+        z = tl.load(z_ptr + row * stride_zn + groups).to(tl.float32)
+    else:  # masks as vectors: the interpreter takes no scalar masks
+        q = tl.load(qw_ptr + row * stride_qn + words, mask=w_mask & (n + 0 * words < N), other=0)
+        g_ok = g_mask & (n + 0 * groups < N)
+        s = tl.load(s_ptr + row * stride_sn + groups, mask=g_ok, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + row * stride_zn + groups, mask=g_ok, other=0).to(tl.float32)
     q = q.to(tl.uint32, bitcast=True)  # logical shifts: no sign to extend
-    hi = q >> 12
-    a0 = acc[0] + s * (_word_dot(q, hi, xs0) - z * xs0[8])
+    # sum_j (q_j - z) x_j = sum_j q_j x_j - z sum_j x_j, all times 2^(X_EXP - 149)
+    a0 = acc[0] + s * (_word_dot(q, xs0) - z * xs0[8])
     a1 = acc[1]
     a2 = acc[2]
     a3 = acc[3]
     if M > 1:
-        a1 += s * (_word_dot(q, hi, xs1) - z * xs1[8])
+        a1 += s * (_word_dot(q, xs1) - z * xs1[8])
     if M > 2:
-        a2 += s * (_word_dot(q, hi, xs2) - z * xs2[8])
+        a2 += s * (_word_dot(q, xs2) - z * xs2[8])
     if M > 3:
-        a3 += s * (_word_dot(q, hi, xs3) - z * xs3[8])
+        a3 += s * (_word_dot(q, xs3) - z * xs3[8])
     return (a0, a1, a2, a3)
 
 
 @triton.jit
 def _store_row(out_ptr, stride_om, n, N, acc, M: tl.constexpr):
-    """out[:M, n] = the sums of a weight row's partials, rounded to out's dtype."""
+    """out[:M, n] = the sums of a weight row's partials, scaled back by 2^(149 - X_EXP)
+    (exact) and rounded to out's dtype."""
     dtype = out_ptr.dtype.element_ty
     ok = n < N
-    tl.store(out_ptr + n, tl.sum(acc[0], axis=0).to(dtype), mask=ok)
+    unscale: tl.constexpr = 2.0 ** (149 - X_EXP)
+    tl.store(out_ptr + n, (tl.sum(acc[0], axis=0) * unscale).to(dtype), mask=ok)
     if M > 1:
-        tl.store(out_ptr + stride_om + n, tl.sum(acc[1], axis=0).to(dtype), mask=ok)
+        tl.store(out_ptr + stride_om + n, (tl.sum(acc[1], axis=0) * unscale).to(dtype), mask=ok)
     if M > 2:
-        tl.store(out_ptr + 2 * stride_om + n, tl.sum(acc[2], axis=0).to(dtype), mask=ok)
+        out2 = (tl.sum(acc[2], axis=0) * unscale).to(dtype)
+        tl.store(out_ptr + 2 * stride_om + n, out2, mask=ok)
     if M > 3:
-        tl.store(out_ptr + 3 * stride_om + n, tl.sum(acc[3], axis=0).to(dtype), mask=ok)
+        out3 = (tl.sum(acc[3], axis=0) * unscale).to(dtype)
+        tl.store(out_ptr + 3 * stride_om + n, out3, mask=ok)
 
 
 @triton.jit
@@ -142,12 +215,16 @@ def _w4a16_gemv_kernel(
     GROUP: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_W: tl.constexpr,
+    V: tl.constexpr,  # words per thread row: consecutive, in one group
+    EVEN: tl.constexpr,  # N % BLOCK_N == 0, NUM_WORDS % BLOCK_W == 0 and no perm
+    WIDE_X: tl.constexpr,  # EVEN, x 16-bit with 8-byte aligned rows: read 8 bytes a load
     PDL: tl.constexpr,
 ):
     pdl_prologue(PDL)
     n0 = tl.program_id(0) * BLOCK_N
-    offs_w = tl.arange(0, BLOCK_W)
-    zero = tl.zeros([BLOCK_W], dtype=tl.float32)
+    T: tl.constexpr = BLOCK_W // V
+    offs_w = tl.arange(0, T)[:, None] * V + tl.arange(0, V)[None, :]  # [T, V]
+    zero = tl.zeros([T], dtype=tl.float32)
     acc0 = (zero, zero, zero, zero)
     acc1 = acc0
     acc2 = acc0
@@ -158,51 +235,54 @@ def _w4a16_gemv_kernel(
     acc7 = acc0
     for w0 in range(0, NUM_WORDS, BLOCK_W):
         words = w0 + offs_w
-        w_mask = words < NUM_WORDS
-        xs0 = _x_columns(x_ptr, perm_ptr, words, w_mask, HAS_PERM)
+        first = w0 + tl.arange(0, T) * V  # each thread row's first word
+        groups = first // (GROUP // 8)
+        w_mask = words < NUM_WORDS  # not read where EVEN
+        g_mask = first < NUM_WORDS
+        xs0 = _x_columns(x_ptr, perm_ptr, words, w_mask, HAS_PERM, EVEN, WIDE_X)
         xs1 = xs0
         xs2 = xs0
         xs3 = xs0
         if M > 1:
-            xs1 = _x_columns(x_ptr + stride_xm, perm_ptr, words, w_mask, HAS_PERM)
+            xs1 = _x_columns(x_ptr + stride_xm, perm_ptr, words, w_mask, HAS_PERM, EVEN, WIDE_X)
         if M > 2:
-            xs2 = _x_columns(x_ptr + 2 * stride_xm, perm_ptr, words, w_mask, HAS_PERM)
+            xs2 = _x_columns(x_ptr + 2 * stride_xm, perm_ptr, words, w_mask, HAS_PERM, EVEN, WIDE_X)
         if M > 3:
-            xs3 = _x_columns(x_ptr + 3 * stride_xm, perm_ptr, words, w_mask, HAS_PERM)
+            xs3 = _x_columns(x_ptr + 3 * stride_xm, perm_ptr, words, w_mask, HAS_PERM, EVEN, WIDE_X)
         acc0 = _row_step(
-            qw_ptr, s_ptr, z_ptr, n0, N, words, w_mask, stride_qn, stride_sn, stride_zn,
-            xs0, xs1, xs2, xs3, acc0, M, GROUP,
+            qw_ptr, s_ptr, z_ptr, n0, N, words, w_mask, groups, g_mask, stride_qn, stride_sn,
+            stride_zn, xs0, xs1, xs2, xs3, acc0, M, EVEN,
         )  # fmt: skip
         if BLOCK_N > 1:
             acc1 = _row_step(
-                qw_ptr, s_ptr, z_ptr, n0 + 1, N, words, w_mask, stride_qn, stride_sn, stride_zn,
-                xs0, xs1, xs2, xs3, acc1, M, GROUP,
+                qw_ptr, s_ptr, z_ptr, n0 + 1, N, words, w_mask, groups, g_mask, stride_qn,
+                stride_sn, stride_zn, xs0, xs1, xs2, xs3, acc1, M, EVEN,
             )  # fmt: skip
         if BLOCK_N > 2:
             acc2 = _row_step(
-                qw_ptr, s_ptr, z_ptr, n0 + 2, N, words, w_mask, stride_qn, stride_sn, stride_zn,
-                xs0, xs1, xs2, xs3, acc2, M, GROUP,
+                qw_ptr, s_ptr, z_ptr, n0 + 2, N, words, w_mask, groups, g_mask, stride_qn,
+                stride_sn, stride_zn, xs0, xs1, xs2, xs3, acc2, M, EVEN,
             )  # fmt: skip
             acc3 = _row_step(
-                qw_ptr, s_ptr, z_ptr, n0 + 3, N, words, w_mask, stride_qn, stride_sn, stride_zn,
-                xs0, xs1, xs2, xs3, acc3, M, GROUP,
+                qw_ptr, s_ptr, z_ptr, n0 + 3, N, words, w_mask, groups, g_mask, stride_qn,
+                stride_sn, stride_zn, xs0, xs1, xs2, xs3, acc3, M, EVEN,
             )  # fmt: skip
         if BLOCK_N > 4:
             acc4 = _row_step(
-                qw_ptr, s_ptr, z_ptr, n0 + 4, N, words, w_mask, stride_qn, stride_sn, stride_zn,
-                xs0, xs1, xs2, xs3, acc4, M, GROUP,
+                qw_ptr, s_ptr, z_ptr, n0 + 4, N, words, w_mask, groups, g_mask, stride_qn,
+                stride_sn, stride_zn, xs0, xs1, xs2, xs3, acc4, M, EVEN,
             )  # fmt: skip
             acc5 = _row_step(
-                qw_ptr, s_ptr, z_ptr, n0 + 5, N, words, w_mask, stride_qn, stride_sn, stride_zn,
-                xs0, xs1, xs2, xs3, acc5, M, GROUP,
+                qw_ptr, s_ptr, z_ptr, n0 + 5, N, words, w_mask, groups, g_mask, stride_qn,
+                stride_sn, stride_zn, xs0, xs1, xs2, xs3, acc5, M, EVEN,
             )  # fmt: skip
             acc6 = _row_step(
-                qw_ptr, s_ptr, z_ptr, n0 + 6, N, words, w_mask, stride_qn, stride_sn, stride_zn,
-                xs0, xs1, xs2, xs3, acc6, M, GROUP,
+                qw_ptr, s_ptr, z_ptr, n0 + 6, N, words, w_mask, groups, g_mask, stride_qn,
+                stride_sn, stride_zn, xs0, xs1, xs2, xs3, acc6, M, EVEN,
             )  # fmt: skip
             acc7 = _row_step(
-                qw_ptr, s_ptr, z_ptr, n0 + 7, N, words, w_mask, stride_qn, stride_sn, stride_zn,
-                xs0, xs1, xs2, xs3, acc7, M, GROUP,
+                qw_ptr, s_ptr, z_ptr, n0 + 7, N, words, w_mask, groups, g_mask, stride_qn,
+                stride_sn, stride_zn, xs0, xs1, xs2, xs3, acc7, M, EVEN,
             )  # fmt: skip
     _store_row(out_ptr, stride_om, n0, N, acc0, M)
     if BLOCK_N > 1:
@@ -252,6 +332,7 @@ def w4a16_gemv(
     check_launch(op, num_warps, num_stages)
     if n == 0:
         return out
+    even = n % block_n == 0 and (k // PACK) % (block_k // PACK) == 0 and perm is None
     _w4a16_gemv_kernel[(triton.cdiv(n, block_n),)](
         x,
         qweight,
@@ -271,6 +352,9 @@ def w4a16_gemv(
         GROUP=group_size,
         BLOCK_N=block_n,
         BLOCK_W=block_k // PACK,
+        V=min(WORDS_PER_THREAD, block_k // PACK, group_size // PACK),
+        EVEN=even,
+        WIDE_X=even and x.element_size() == 2 and x.data_ptr() % 8 == 0 and x.stride(0) % 4 == 0,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(x.device),

@@ -354,6 +354,7 @@ def _cases() -> list[Case]:
         ("fp8_block_gemm/fp16", partial(_fp8_block_gemm, FP16)),
         ("w4a16_gemv/bf16-m1", partial(_w4a16, False, BF16, 128, False, 1)),
         ("w4a16_gemv/fp16-m4-act-order", partial(_w4a16, False, FP16, 32, True, 4)),
+        ("w4a16_gemv/fp16-m2", partial(_w4a16, False, FP16, 128, False, 2)),
         ("w4a16_gemm/bf16-group-128", partial(_w4a16, True, BF16, 128, False, 64)),
         ("w4a16_gemm/fp16-group-32-act-order", partial(_w4a16, True, FP16, 32, True, 64)),
         ("w4a16_dequant/bf16", partial(_w4a16_dequant, BF16, False)),

@@ -130,6 +130,40 @@ def test_every_configuration_choose_gemv_may_pick() -> None:
         torch.testing.assert_close(got, w.ref(x), atol=1e-4, rtol=1e-4, msg=str(c))
 
 
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("m", [1, 3])
+def test_gemv_whole_tiles(m: int, dtype: torch.dtype) -> None:
+    """Rows a multiple of block_n and words of the step, no perm: the launch without masks
+    (16-bit x read 8 bytes a load), for every configuration the start-up timing may pick
+    (K = 4,096 in one or more steps); x's rows strided as a slice of a wider tensor."""
+    from services.executor.quant.int4_linear import INT4_CANDIDATES
+
+    gen = torch.Generator().manual_seed(40 + m)
+    w = W4(16, 4096, 128, gen)
+    x = randn(m, 4096 + 64, dtype=dtype, gen=gen)[:, 32 : 32 + 4096]
+    tol = ROUNDING[dtype]
+    for c in INT4_CANDIDATES:
+        got = w4a16_gemv(
+            x, w.qweight, w.scales, w.zeros, group_size=128, block_n=c.block_n,
+            block_k=c.block_k, num_warps=c.num_warps, num_stages=c.num_stages,
+        )  # fmt: skip
+        torch.testing.assert_close(got, w.ref(x), atol=tol, rtol=tol, msg=str(c))
+
+
+@pytest.mark.parametrize("magnitude", [1e-12, 1e-3, 3e4, 1e12])
+def test_gemv_keeps_x_of_any_size(magnitude: float) -> None:
+    """The nibbles are multiplied as subnormal floats against x scaled up by up to 2^80:
+    x from 1e-12 to 1e12 gives the reference's products to fp32 rounding, with no overflow
+    and no flushed subnormals."""
+    gen = torch.Generator().manual_seed(7)
+    w = W4(8, 1024, 128, gen)
+    x = randn(2, 1024, dtype=torch.float32, gen=gen) * magnitude
+    got = w4a16_gemv(x, w.qweight, w.scales, w.zeros, group_size=128, block_k=1024, num_warps=1)
+    want = w.ref(x)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, atol=1e-4 * magnitude, rtol=1e-4)
+
+
 @pytest.mark.parametrize("dtype", DOT_DTYPES)
 @pytest.mark.parametrize(
     ("m", "n", "k", "group_size", "block_k", "act_order"),

@@ -103,18 +103,18 @@ def _copy(param: torch.Tensor, dim: int, start: int, end: int, t: torch.Tensor) 
     param.narrow(dim, start, end - start).copy_(t)
 
 
-# The GEMV's fastest launches at Llama-3.1-8B's shapes on an H200 (2026-11-27, timed alone
-# over 4 or 8 rows, 512 to 2,048 columns a step, 1 to 4 warps): 8 x 512 over 2 warps for qkv
-# and gate_up, 4 x 512 for o, 4 x 1,024 for down; the rest are near neighbours for other
-# shapes and GPUs.
+# The GEMV's launches: each thread reads 4 consecutive words of a row a step (one 16-byte
+# load), so a step's columns are at least 32 x 32 x warps (fewer would split a thread's words
+# across threads and add shuffles); 2 to 8 rows a program, 1 to 4 warps. The start-up timing
+# picks one per shape and row count.
 INT4_CANDIDATES = (
-    GemvConfig(8, 512, 2, 3),
-    GemvConfig(4, 512, 2, 3),
-    GemvConfig(4, 1024, 2, 3),
-    GemvConfig(8, 1024, 2, 3),
     GemvConfig(8, 2048, 2, 3),
-    GemvConfig(4, 2048, 4, 3),
-    GemvConfig(2, 1024, 2, 3),
+    GemvConfig(8, 4096, 4, 3),
+    GemvConfig(8, 1024, 1, 3),
+    GemvConfig(4, 2048, 2, 3),
+    GemvConfig(4, 4096, 4, 3),
+    GemvConfig(4, 1024, 1, 3),
+    GemvConfig(2, 2048, 2, 3),
 )
 
 
