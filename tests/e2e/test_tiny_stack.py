@@ -226,7 +226,6 @@ def test_stop_string_ends_the_output(
             {"model": "tiny-llama-11", "prompt": "hi", "max_tokens": 99999},
             "max_tokens",
         ),
-        ("/v1/completions", {"model": "nope", "prompt": "hi"}, "model"),
         ("/v1/chat/completions", {"model": "tiny-llama-11", "messages": []}, "messages"),
         (
             "/v1/completions",
@@ -249,6 +248,16 @@ def test_bad_input_is_a_400_naming_the_field(
     assert status == 400, data
     assert data["error"]["param"] == param, data
     assert data["error"]["message"]
+
+
+def test_an_unknown_model_is_a_404(tiny_stack: Stack) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=f"{tiny_stack.base_url}/v1", api_key="unused")
+    with pytest.raises(openai.NotFoundError) as refused:
+        client.completions.create(model="nope", prompt="hi", max_tokens=2)
+    assert refused.value.status_code == 404 and refused.value.param == "model"
+    assert "tiny-llama-11" in refused.value.message
 
 
 def test_openai_client(tiny_stack: Stack, tiny_hf: torch.nn.Module, tiny_tokenizer: Any) -> None:

@@ -347,7 +347,6 @@ BAD_INPUT = [
     ("/v1/chat/completions", {"messages": OK_MSG, "top_p": 1.5}, "top_p", "(0, 1]"),
     ("/v1/completions", {"prompt": "hi", "top_k": 0}, "top_k", "-1"),
     ("/v1/completions", {"prompt": "hi", "min_p": 2}, "min_p", "[0, 1]"),
-    ("/v1/completions", {"prompt": "hi", "model": "gpt-4"}, "model", "not served here"),
     ("/v1/chat/completions", {"messages": OK_MSG, "n": 17}, "n", "between 1 and 16"),
     ("/v1/completions", {"prompt": "hi", "n": 0}, "n", "between 1 and 16"),
     ("/v1/completions", {"prompt": "hi", "foo": 1}, "foo", "unknown field `foo`"),
@@ -457,6 +456,24 @@ BAD_INPUT = [
     ),
     ("/generate", {"text": "a", "rid": "has space"}, "rid", "rid must be"),
 ]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"prompt": "hi", "model": "gpt-4"}),
+        ("/v1/chat/completions", {"messages": OK_MSG, "model": "gpt-4"}),
+    ],
+)
+async def test_an_unknown_model_is_404(gw: Running, backend: FakeBackend, http, path, body) -> None:
+    """As OpenAI and vLLM answer it: the `openai` client raises NotFoundError."""
+    async with http.post(f"{gw.url}{path}", json=body) as r:
+        assert r.status == 404
+        error = (await r.json())["error"]
+    assert error["param"] == "model" and error["code"] == 404, error
+    assert "'gpt-4' does not exist" in error["message"] and MODEL in error["message"]
+    assert error["type"] == "not_found_error"
+    assert backend.requests == []
 
 
 @pytest.mark.parametrize(("path", "body", "param", "fragment"), BAD_INPUT)
@@ -592,9 +609,9 @@ async def test_openai_client(gw: Running) -> None:
     assert "".join([c.choices[0].text async for c in text_stream]) == "Hello world!"
 
     assert [m.id async for m in client.models.list()] == [MODEL]
-    with pytest.raises(openai.BadRequestError) as bad:
+    with pytest.raises(openai.NotFoundError) as bad:
         await client.completions.create(model="other", prompt="hi")
-    assert bad.value.status_code == 400 and bad.value.param == "model"
+    assert bad.value.status_code == 404 and bad.value.param == "model"
     await client.close()
 
 

@@ -146,7 +146,6 @@ async def test_a_refusal_before_the_stream_is_an_http_error(gw: Running) -> None
         ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
         ({"text": {"format": {"type": "yaml"}}}, "text.format.type"),
         ({"background": True}, "background"),
-        ({"model": "other"}, "model"),
         ({"temperature": -1}, "temperature"),
         ({"frobnicate": 1}, "frobnicate"),
     ],
@@ -160,6 +159,14 @@ async def test_bad_requests_are_a_400_naming_the_field(
     error = refused.value.body
     assert isinstance(error, dict)
     assert param in (error.get("param") or "") + error.get("message", ""), error
+
+
+async def test_an_unknown_model_is_not_found(gw: Running) -> None:
+    body = {"model": "other", "input": "hello"}
+    with pytest.raises(openai.NotFoundError) as refused:
+        await client(gw).post("/responses", cast_to=object, body=body)
+    error = refused.value.body
+    assert isinstance(error, dict) and error.get("param") == "model", error
 
 
 # -- function tools ---------------------------------------------------------------------------

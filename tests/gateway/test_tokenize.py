@@ -44,7 +44,6 @@ async def test_detokenize(gw: Running, http) -> None:
         ("/tokenize", {"text": "a", "messages": []}, "text", "got text and messages"),
         ("/tokenize", {"messages": []}, "messages", "must not be empty"),
         ("/tokenize", {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", ""),
-        ("/tokenize", {"text": "a", "model": "other"}, "model", "not served here"),
         ("/tokenize", {"text": 5}, "text", "Expected `str | null`"),
         ("/detokenize", {}, "tokens", "missing required field"),
         ("/detokenize", {"tokens": [1, -2]}, "tokens[1]", "must be a token id"),
@@ -58,6 +57,12 @@ async def test_bad_input_is_400_naming_the_field(
     status, error = await post(http, gw, path, body)
     assert status == 400, error
     assert error["error"]["param"] == param and words in error["error"]["message"]
+
+
+async def test_an_unknown_model_is_404(gw: Running, http) -> None:
+    status, error = await post(http, gw, "/tokenize", {"text": "a", "model": "other"})
+    assert status == 404 and error["error"]["param"] == "model"
+    assert "'other' does not exist" in error["error"]["message"]
 
 
 async def test_no_answer_is_a_504(start_gateway: Callable[..., Awaitable[Running]], http) -> None:

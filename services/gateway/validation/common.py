@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from services.gateway.errors import from_decode_error, invalid
+from services.gateway.errors import ApiError, from_decode_error, invalid
 from services.gateway.validation.limits import RID_PATTERN
 from services.gateway.validation.tools import ToolPlan
 from shared.messages.common import Constraint, SamplingParams
@@ -90,9 +90,13 @@ def token_ids(ids: Sequence[Any], param: str) -> list[int]:
 
 
 def check_model(model: str | None, served_model: str) -> None:
+    """A 404 for a model this server does not serve, as OpenAI and vLLM answer it (the
+    `openai` client raises NotFoundError); no model named is the served one."""
     if model is not None and model != served_model:
-        raise invalid(
-            f"model {model!r} is not served here; this server serves {served_model!r}", "model"
+        raise ApiError(
+            404,
+            f"model {model!r} does not exist: this server serves {served_model!r}",
+            "model",
         )
 
 
