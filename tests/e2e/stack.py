@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -114,9 +115,42 @@ class Stack:
         try:
             return self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+            kill_tree(self.proc)
             raise AssertionError(f"serve did not stop on Ctrl-C\n{self.log_tail()}") from None
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (Linux /proc), children before their own children."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])  # the name in (...) may hold spaces
+        children.setdefault(ppid, []).append(int(entry.name))
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def kill_tree(proc: subprocess.Popen[Any]) -> None:
+    """SIGKILL serve and everything it started (services, its Redis, tensor-parallel ranks,
+    some in sessions of their own): a serve that would not stop must not leave services
+    running and retrying Redis into the next tests. Serve is stopped (SIGSTOP) first, so
+    that its supervisor restarts nothing while its children are killed."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGSTOP)
+    for pid in [*descendants(proc.pid), proc.pid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
 
 
 def with_sigint_ignored(command: list[str]) -> list[str]:
@@ -175,7 +209,7 @@ def start_stack(
             except OSError:
                 pass
         time.sleep(0.2)
-    proc.kill()
+    kill_tree(proc)
     raise AssertionError(f"serve not ready in {timeout}s\n{stack.log_tail()}")
 
 

@@ -4,13 +4,15 @@ raises no KeyboardInterrupt for it."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.stack import start_stack, with_sigint_ignored
+from tests.e2e.stack import descendants, kill_tree, start_stack, with_sigint_ignored
 
 pytestmark = [pytest.mark.slow]
 
@@ -35,3 +37,38 @@ def test_the_harness_starts_serve_with_sigint_ignored(tmp_path: Path) -> None:
     command = with_sigint_ignored([sys.executable, "-c", probe])
     out = subprocess.run(command, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"
+
+
+def test_kill_tree_reaches_children_in_their_own_sessions() -> None:
+    """A serve that does not stop is killed with what it started: here a parent that keeps
+    a child and a grandchild in a session of its own (as serve starts its Redis) and prints
+    their pids once both exist."""
+    script = (
+        "import subprocess, sys, time\n"
+        "grand = 'import subprocess, sys, time; "
+        'p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]); '
+        "print(p.pid, flush=True); time.sleep(600)'\n"
+        "c = subprocess.Popen([sys.executable, '-c', grand], stdout=subprocess.PIPE,"
+        " start_new_session=True, text=True)\n"
+        "print(c.pid, c.stdout.readline().strip(), flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    pids = [int(p) for p in parent.stdout.readline().split()]
+    assert len(pids) == 2 and set(pids) <= set(descendants(parent.pid))
+    kill_tree(parent)
+    assert parent.returncode == -signal.SIGKILL
+    for pid in pids:  # killed; reaped by init once orphaned, so wait until /proc drops them
+        deadline = time.monotonic() + 10
+        while _alive(pid):
+            assert time.monotonic() < deadline, f"pid {pid} still alive"
+            time.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie is dead, waiting for its parent to reap it
