@@ -67,6 +67,7 @@ BUSY = {
     504: "timed out",
 }
 STARTING_OR_BUS = "the bus is unreachable, or the server is still starting"
+UNKNOWN_MODEL = {404: "`model` names a model this server does not serve"}
 OPERATIONS = [
     Operation(
         "post",
@@ -74,7 +75,7 @@ OPERATIONS = [
         "OpenAI completions",
         "a completion, or SSE chunks ending with `data: [DONE]`",
         CompletionBody,
-        {**BAD, **BUSY},
+        {**BAD, **UNKNOWN_MODEL, **BUSY},
         streams=True,
     ),
     Operation(
@@ -83,7 +84,7 @@ OPERATIONS = [
         "OpenAI chat completions, through the model's chat template",
         "a chat completion, or SSE chunks ending with `data: [DONE]`",
         ChatBody,
-        {**BAD, **BUSY},
+        {**BAD, **UNKNOWN_MODEL, **BUSY},
         streams=True,
     ),
     Operation(
@@ -93,7 +94,7 @@ OPERATIONS = [
         "with function tools",
         "a Response, or SSE Responses events (`event:` and `data:`) ending with response.completed",
         ResponsesBody,
-        {**BAD, **BUSY},
+        {**BAD, **UNKNOWN_MODEL, **BUSY},
         streams=True,
     ),
     Operation(
@@ -102,7 +103,7 @@ OPERATIONS = [
         "OpenAI embeddings of strings or token ids (a server started with --is-embedding)",
         "a list of embeddings (floats, or base64 of float32 little-endian) with usage",
         EmbeddingBody,
-        {**BAD, **BUSY},
+        {**BAD, **UNKNOWN_MODEL, **BUSY},
     ),
     Operation("get", "/v1/models", "the served model (OpenAI list)", "a model list"),
     Operation(
@@ -131,7 +132,7 @@ OPERATIONS = [
         "the token ids of a text, or of chat messages through the chat template",
         '`{"tokens": [...], "count": N, "max_model_len": M}`',
         TokenizeBody,
-        {**BAD, 503: STARTING_OR_BUS, 504: "no tokenizer answered"},
+        {**BAD, **UNKNOWN_MODEL, 503: STARTING_OR_BUS, 504: "no tokenizer answered"},
     ),
     Operation(
         "post",
@@ -139,7 +140,7 @@ OPERATIONS = [
         "the text of token ids",
         '`{"text": "..."}`',
         DetokenizeBody,
-        {**BAD, 503: STARTING_OR_BUS, 504: "no tokenizer answered"},
+        {**BAD, **UNKNOWN_MODEL, 503: STARTING_OR_BUS, 504: "no tokenizer answered"},
     ),
     Operation(
         "get",
