@@ -20,7 +20,7 @@ That is about two instructions per weight (AND, FMA) for the first row of x and 
 each further row. Rows of the tile are separate values, not a tensor dimension, and the
 words a [T, V] tile whose V lies in one thread, which keeps every tensor in the one layout of
 the packed words' loads (no shared memory, no barriers in the loop). Launches whose rows and
-steps are whole (no act-order perm) read without masks.
+steps are whole (no act-order perm) read their words without masks.
 
 Grid: (cdiv(N, BLOCK_N),); accumulation in fp32, one rounding to x's dtype.
 """
@@ -67,10 +67,7 @@ def _halves(pair, BF16: tl.constexpr):
 
 
 @triton.jit
-def _x_columns(
-    x_row_ptr, perm_ptr, words, w_mask,
-    HAS_PERM: tl.constexpr, EVEN: tl.constexpr, WIDE_X: tl.constexpr,
-):  # fmt: skip
+def _x_columns(x_row_ptr, perm_ptr, words, w_mask, HAS_PERM: tl.constexpr, WIDE_X: tl.constexpr):
     """The 8 columns of x each word ([T, V]) multiplies, in fp32 times 2^(X_EXP - BIT) for
     the bit BIT its nibble has in _word_dot (undoing the nibble's 2^(BIT - 149)), and per
     thread row t the sum of its 8V columns times 2^(X_EXP - 149): [T]."""
@@ -87,16 +84,7 @@ def _x_columns(
         x2, x3 = _halves((lo >> 32).to(tl.uint32), bf16)
         x4, x5 = _halves(hi.to(tl.uint32), bf16)
         x6, x7 = _halves((hi >> 32).to(tl.uint32), bf16)
-    elif EVEN:  # no padding, no perm: every column read
-        x0 = tl.load(x_row_ptr + c).to(tl.float32)
-        x1 = tl.load(x_row_ptr + c + 1).to(tl.float32)
-        x2 = tl.load(x_row_ptr + c + 2).to(tl.float32)
-        x3 = tl.load(x_row_ptr + c + 3).to(tl.float32)
-        x4 = tl.load(x_row_ptr + c + 4).to(tl.float32)
-        x5 = tl.load(x_row_ptr + c + 5).to(tl.float32)
-        x6 = tl.load(x_row_ptr + c + 6).to(tl.float32)
-        x7 = tl.load(x_row_ptr + c + 7).to(tl.float32)
-    else:
+    else:  # column by column (fp32 x, rows not 8-byte aligned, a perm, a partial step)
         s0, m0 = columns_of_x(perm_ptr, c, w_mask, HAS_PERM)
         s1, m1 = columns_of_x(perm_ptr, c + 1, w_mask, HAS_PERM)
         s2, m2 = columns_of_x(perm_ptr, c + 2, w_mask, HAS_PERM)
@@ -237,18 +225,18 @@ def _w4a16_gemv_kernel(
         words = w0 + offs_w
         first = w0 + tl.arange(0, T) * V  # each thread row's first word
         groups = first // (GROUP // 8)
-        w_mask = words < NUM_WORDS  # not read where EVEN
+        w_mask = words < NUM_WORDS
         g_mask = first < NUM_WORDS
-        xs0 = _x_columns(x_ptr, perm_ptr, words, w_mask, HAS_PERM, EVEN, WIDE_X)
+        xs0 = _x_columns(x_ptr, perm_ptr, words, w_mask, HAS_PERM, WIDE_X)
         xs1 = xs0
         xs2 = xs0
         xs3 = xs0
         if M > 1:
-            xs1 = _x_columns(x_ptr + stride_xm, perm_ptr, words, w_mask, HAS_PERM, EVEN, WIDE_X)
+            xs1 = _x_columns(x_ptr + stride_xm, perm_ptr, words, w_mask, HAS_PERM, WIDE_X)
         if M > 2:
-            xs2 = _x_columns(x_ptr + 2 * stride_xm, perm_ptr, words, w_mask, HAS_PERM, EVEN, WIDE_X)
+            xs2 = _x_columns(x_ptr + 2 * stride_xm, perm_ptr, words, w_mask, HAS_PERM, WIDE_X)
         if M > 3:
-            xs3 = _x_columns(x_ptr + 3 * stride_xm, perm_ptr, words, w_mask, HAS_PERM, EVEN, WIDE_X)
+            xs3 = _x_columns(x_ptr + 3 * stride_xm, perm_ptr, words, w_mask, HAS_PERM, WIDE_X)
         acc0 = _row_step(
             qw_ptr, s_ptr, z_ptr, n0, N, words, w_mask, groups, g_mask, stride_qn, stride_sn,
             stride_zn, xs0, xs1, xs2, xs3, acc0, M, EVEN,
