@@ -32,6 +32,9 @@ from shared import constants
 from shared.config import EnvArgumentParser, add_common_flags, env_name, non_negative, positive
 from shared.model_files import ModelNotFoundError, resolve_model
 
+# serve prints it once the whole stack serves (harnesses wait for it: before it, a child that
+# exits fails the start and serve stops everything)
+READY_MESSAGE = "radixserve is serving"
 SERVICE_ORDER = ["scheduler", "detokenizer", "tokenizer", "grammar", "executor", "gateway"]
 
 
@@ -309,7 +312,7 @@ def main(argv: list[str] | None = None) -> None:
     def on_ready() -> None:
         display.end()
         print(
-            f"ready: radixserve is serving {name} at {url}{grpc} (ready in "
+            f"ready: {READY_MESSAGE} {name} at {url}{grpc} (ready in "
             f"{time.monotonic() - started:.1f}s; Ctrl-C stops it)",
             flush=True,
         )

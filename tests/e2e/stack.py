@@ -20,6 +20,7 @@ import aiohttp
 import msgspec
 import redis
 
+from radixserve.launcher import READY_MESSAGE
 from shared import constants
 from shared.messages.heartbeat import ExecutorLoad, Heartbeat
 from tests.conftest import free_port
@@ -200,7 +201,7 @@ def start_stack(
     while time.monotonic() - started < timeout:
         if proc.poll() is not None:
             raise AssertionError(f"serve exited with {proc.returncode}\n{stack.log_tail()}")
-        if "radixserve is serving" in log_path.read_text(errors="replace"):
+        if READY_MESSAGE in log_path.read_text(errors="replace"):
             try:
                 with urllib.request.urlopen(f"{base}/health", timeout=2) as resp:
                     if resp.status == 200:

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from radixserve.launcher import READY_MESSAGE
 from shared.model_files import ModelNotFoundError, default_model_path
 from tests.conftest import free_port
 
@@ -118,7 +119,7 @@ def test_startup_503_paris_then_a_killed_tokenizer_is_restarted(tmp_path: Path) 
         status, headers, body = wait_for(lambda: post(url), "an answer", proc, log, 120)
         assert status == 503, body
         assert int(headers["Retry-After"]) >= 1 and "starting" in body["error"]["message"]
-        wait_for(lambda: "ready: radixserve is serving" in log.read_text(), "ready", proc, log, 240)
+        wait_for(lambda: f"ready: {READY_MESSAGE}" in log.read_text(), "ready", proc, log, 240)
         text = log.read_text()
         assert "loading model [" in text and "weights (executor-0.0)" in text
         # Ready is printed only once /health says a request can be served end to end.
