@@ -14,6 +14,7 @@ from functools import partial
 
 import torch
 
+from kernels.argmax import finite_argmax_rows
 from kernels.bitmask import apply_token_bitmask
 from kernels.decode_attention import DecodeWorkspace, decode_attention
 from kernels.extend_attention import extend_attention
@@ -112,6 +113,10 @@ def _rmsnorm(dtype: torch.dtype, residual: bool, unit_offset: bool, rows: int = 
     x = _t(4, rows, 4096, dtype=dtype) if rows else _t(4, 4096, dtype=dtype)  # rows: summed
     res = _t(4, 4096, dtype=dtype) if residual else None
     rmsnorm(x, _t(4096, dtype=dtype), 1e-6, residual=res, unit_offset=unit_offset)
+
+
+def _argmax() -> None:
+    finite_argmax_rows(_t(1, 128256, dtype=FP32))  # Llama 3's vocabulary
 
 
 def _act(gelu: bool, dtype: torch.dtype) -> None:
@@ -368,6 +373,7 @@ def _cases() -> list[Case]:
         ("rmsnorm/bf16-residual-top8-rows", partial(_rmsnorm, BF16, True, False, 8)),
         ("gated_act/silu-bf16", partial(_act, False, BF16)),
         ("gated_act/gelu-tanh-fp16", partial(_act, True, FP16)),
+        ("argmax/fp32-llama3-vocab", _argmax),
         ("head_gemv/bf16", partial(_head_gemv, BF16)),
         ("bitmask/fp32", partial(_bitmask, FP32)),
         ("bitmask/bf16", partial(_bitmask, BF16)),
