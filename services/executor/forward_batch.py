@@ -49,6 +49,18 @@ class ForwardBatch:
     def seq_lens_cpu(self) -> list[int]:
         return [p + e for p, e in zip(self.prefix_lens_cpu, self.extend_lens_cpu, strict=True)]
 
+    def output_rows(self) -> torch.Tensor | None:
+        """The token rows whose final hidden states the model returns: each request's last
+        new token, then `extra_indices`. None where that is every row in order (decode
+        without extras), so the model skips a gather of its hidden state and residual (two
+        launches a decode step)."""
+        if self.mode is ForwardMode.DECODE and self.extra_indices is None:
+            return None
+        last = self.last_token_indices()
+        if self.extra_indices is not None:
+            last = torch.cat([last, self.extra_indices])
+        return last
+
     def last_token_indices(self) -> torch.Tensor:
         """Index along the token dimension of each request's last new token: [bs]."""
         if self.last_indices is not None:

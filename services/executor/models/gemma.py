@@ -174,10 +174,10 @@ class GemmaModel(nn.Module):
         for layer in self.layers:
             x, residual = layer(x, residual, ropes, batch)
         assert residual is not None
-        last = batch.last_token_indices()
-        if batch.extra_indices is not None:
-            last = torch.cat([last, batch.extra_indices])
-        out, _ = self.norm.add(x[last], residual[last])
+        rows = batch.output_rows()
+        if rows is not None:
+            x, residual = x[rows], residual[rows]
+        out, _ = self.norm.add(x, residual)
         return out
 
 

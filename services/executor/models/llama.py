@@ -172,10 +172,10 @@ class LlamaModel(nn.Module):
             x, residual = layer(x, residual, rope, batch)
         assert residual is not None
         # Only last tokens feed the LM head; the norm is per token, so select first.
-        last = batch.last_token_indices()
-        if batch.extra_indices is not None:
-            last = torch.cat([last, batch.extra_indices])
-        out, _ = self.norm(x[last], residual[last])
+        rows = batch.output_rows()
+        if rows is not None:
+            x, residual = x[rows], residual[rows]
+        out, _ = self.norm(x, residual)
         return out
 
 
