@@ -18,5 +18,6 @@ def add_flags(p: EnvArgumentParser) -> None:
         type=float,
         default=DEFAULT_COMPILE_TIMEOUT_S,
         check=positive,
-        help="seconds a grammar may take to compile; a slower one is refused with a 400",
+        help="seconds a grammar may take to compile once a thread takes it; a slower one is "
+        "refused with a 400 for a minute",
     )

@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -44,6 +45,9 @@ log = logging.getLogger(__name__)
 
 MAX_INFLIGHT = 64  # requests one instance handles at once (most wait on Redis, not a compile)
 SUMMARY_INTERVAL_S = 30.0
+# How long a compile's timeout refusal stays cached: retries within it are refused at once (a
+# grammar that really takes that long is not compiled again and again), later ones compile.
+TIMEOUT_REFUSAL_TTL_S = 60.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -154,6 +158,8 @@ class GrammarWorker:
         """The cache entry of `key`, compiling (once per key in this instance) on a miss."""
         self.stats.requests += 1
         cached = await self.store.get(key)
+        if isinstance(cached, GrammarErrorEntry) and cached.until and cached.until < time.time():
+            cached = None  # a timeout's refusal, lapsed: compile it again
         if cached is not None:
             self.stats.cache_hits += 1
             log.debug("grammar %s (%s): cache hit", key, cached.kind)
@@ -170,27 +176,45 @@ class GrammarWorker:
         self._compiling[key] = future
         self.book.started(key)
         try:
-            result = await self._compile_and_store(key, constraint)
+            result, timed_out = await self._compile_and_store(key, constraint)
         except BaseException as e:
             self.book.abandoned(key)
             future.set_exception(e)
             future.exception()  # retrieved: waiters re-raise it, nobody else must log it
             raise
         else:
-            self.book.finished(key, result)
+            if timed_out:  # holds TIMEOUT_REFUSAL_TTL_S (`until`); the instance forgets it
+                self.book.abandoned(key)
+            else:
+                self.book.finished(key, result)
             future.set_result(result)
             return result
         finally:
             del self._compiling[key]
 
-    async def _compile_and_store(self, key: str, constraint: Constraint) -> GrammarCacheEntry:
+    async def _compile_and_store(
+        self, key: str, constraint: Constraint
+    ) -> tuple[GrammarCacheEntry, bool]:
+        """(the entry, whether the compile timed out). The timeout counts the compile's own
+        time, from when a thread takes it: under load, compiles queue behind each other for
+        the pool's threads (60 distinct schemas at once on a 2-core machine waited past 10 s
+        while each compiled in 0.4-2 s), and waiting is no fault of the grammar."""
         loop = asyncio.get_running_loop()
-        work = loop.run_in_executor(self.pool, self.compiler.compile, constraint)
+        began: asyncio.Future[None] = loop.create_future()
+
+        def compile_now() -> GrammarCacheEntry:
+            loop.call_soon_threadsafe(_settle, began)
+            return self.compiler.compile(constraint)
+
+        work = loop.run_in_executor(self.pool, compile_now)
+        waiting: list[asyncio.Future[Any]] = [began, work]  # work: a pool shut down fails it
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        timed_out = False
         try:
             async with asyncio.timeout(self.compile_timeout_s):  # a cancel is kept (3.11)
                 result = await asyncio.shield(work)
         except TimeoutError:
-            result = self._timed_out(constraint)
+            result, timed_out = self._timed_out(constraint), True
         await self.store.put(key, result)
         self.on_compiled(result)
         if isinstance(result, CompiledGrammarEntry):
@@ -203,10 +227,10 @@ class GrammarWorker:
             )
         elif isinstance(result, GrammarErrorEntry):
             log.info("refused %s grammar %s: %s", result.kind, key, result.message)
-        return result
+        return result, timed_out
 
     def _timed_out(self, constraint: Constraint) -> GrammarErrorEntry:
-        """A compile past the timeout is refused, and the refusal cached like any other.
+        """A compile past the timeout is refused (cached for TIMEOUT_REFUSAL_TTL_S).
 
         A native compile cannot be interrupted: its thread runs on to the end. The pool is
         replaced so that the compiles after it get threads of their own, not a place behind it.
@@ -215,10 +239,18 @@ class GrammarWorker:
         self.pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="grammar")
         self.stats.compile_errors += 1
         kind = constraint_kind(constraint)
+        # A timed-out compile may have been starved of CPU rather than slow: its refusal
+        # holds a minute, not the cache's lifetime, and the grammar is tried again after.
         return GrammarErrorEntry(
             message=f"the {kind} grammar took longer than {self.compile_timeout_s:g} s to compile",
             kind=kind,
+            until=time.time() + TIMEOUT_REFUSAL_TTL_S,
         )
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _raise_failures(done: set[asyncio.Task[None]]) -> None:

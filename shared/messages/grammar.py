@@ -27,6 +27,9 @@ class GrammarErrorEntry(msgspec.Struct, tag="error", kw_only=True, frozen=True):
 
     message: str
     kind: str
+    # Unix time after which the refusal no longer holds and the grammar is compiled again
+    # (a compile's timeout, which CPU starvation can cause); 0: it holds for good.
+    until: float = 0.0
 
 
 GrammarCacheEntry = CompiledGrammarEntry | GrammarErrorEntry

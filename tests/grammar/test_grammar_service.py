@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 import xgrammar as xgr
 
 from services.grammar.core import GrammarCompiler
-from services.grammar.main import GrammarWorker
+from services.grammar.main import TIMEOUT_REFUSAL_TTL_S, GrammarWorker
 from shared import constants
 from shared.bus import publish
 from shared.grammar import GrammarTokenizer, load_compiled
@@ -317,12 +317,61 @@ async def test_a_compile_past_the_timeout_is_a_400_and_others_go_on(
         await submit(aredis, request(SCHEMA, "next"))
         out = await wait_for(aredis, constants.SCHEDULE_STREAM, ScheduleMessage, "next")
         assert isinstance(out, TokenizedRequest) and out.grammar_key
-        # And the refusal is cached: the same constraint again is refused at once.
+        # And the refusal is cached for a while: the same constraint again is refused at once.
         await submit(aredis, request(slow, "slow-again"))
         again = await wait_for(aredis, REPLY, ReplyMessage, "slow-again")
         assert isinstance(again, Failure) and again.error.message == failure.error.message
+        # Once it lapses (a slow compile may have been starved, not bad), the grammar is
+        # compiled again: the stored refusal says until when it holds.
+        key = worker.compiler.key(slow)
+        stored = await worker.store.get(key)
+        assert isinstance(stored, GrammarErrorEntry)
+        assert 0 < stored.until - time.time() <= TIMEOUT_REFUSAL_TTL_S
+        await worker.store.put(key, msgspec.structs.replace(stored, until=time.time() - 1))
+        compiler.release.set()
+        await submit(aredis, request(slow, "slow-later"))
+        later = await wait_for(aredis, constants.SCHEDULE_STREAM, ScheduleMessage, "slow-later")
+        assert isinstance(later, TokenizedRequest) and later.grammar_key
     finally:
         compiler.release.set()
+        stopping.set()
+        await asyncio.wait_for(task, 10)
+        worker.close()
+
+
+class SteadyCompiler(GrammarCompiler):
+    """Compiles like the real one, each compile taking `seconds` of its thread's time."""
+
+    def __init__(self, tok: GrammarTokenizer, seconds: float) -> None:
+        super().__init__(tok)
+        self.seconds = seconds
+
+    def compile(self, c: Constraint) -> GrammarCacheEntry:
+        time.sleep(self.seconds)  # the compile's own duration, as a slow schema's would be
+        return super().compile(c)
+
+
+async def test_compiles_waiting_for_a_thread_are_not_timed_out(
+    aredis: aioredis.Redis, tok: GrammarTokenizer
+) -> None:
+    """Six distinct grammars at once on one thread, each compiling in 0.3 s under a 0.5 s
+    timeout: the later ones wait 1.5 s for the thread, and that wait is not the grammar's
+    (it was: under load, valid schemas were refused, and the refusal cached)."""
+    worker = GrammarWorker.on(
+        aredis, SteadyCompiler(tok, 0.3), "g1", threads=1, compile_timeout_s=0.5
+    )
+    stopping = asyncio.Event()
+    task = asyncio.create_task(worker.run(stopping))
+    try:
+        reqs = [
+            request(RegexConstraint(pattern=f"a{i}+", param="regex"), f"r{i}") for i in range(6)
+        ]
+        await submit(aredis, *reqs)
+        for i in range(6):
+            out = await wait_for(aredis, constants.SCHEDULE_STREAM, ScheduleMessage, f"r{i}")
+            assert isinstance(out, TokenizedRequest) and out.grammar_key
+        assert worker.stats.compile_errors == 0
+    finally:
         stopping.set()
         await asyncio.wait_for(task, 10)
         worker.close()
