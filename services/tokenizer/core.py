@@ -31,13 +31,21 @@ NATIVE_NAMES = {
 }
 
 
+# /v1/completions takes token ids in `prompt`
+OPENAI_NAMES = {"input_ids": "prompt"}
+# /v1/responses: the conversation is `input`, the output limit `max_output_tokens`
+RESPONSES_NAMES = {"messages": "input", "max_tokens": "max_output_tokens"}
+
+
 def field_name(req: GenerateRequest, name: str) -> str:
     """`name` as the request's API spells it."""
     if req.api == "native":
         return NATIVE_NAMES.get(name, name)
-    if req.api == "embeddings":  # /v1/embeddings names its prompts `input`
-        return "input" if name == "prompt" else name
-    return name
+    if req.api == "embeddings":  # /v1/embeddings names its prompts, text or ids, `input`
+        return "input" if name in ("prompt", "input_ids") else name
+    if req.api == "responses":
+        return RESPONSES_NAMES.get(name, name)
+    return OPENAI_NAMES.get(name, name)
 
 
 class PromptError(Exception):
@@ -80,21 +88,21 @@ class Tokenization:
             has_chat_template=bool(getattr(self.tokenizer, "chat_template", None)),
         )
 
-    def encode(self, prompt: Prompt) -> tuple[list[int], str]:
-        """The prompt's token ids, and the request field they came from (for errors). No
-        length checks: `encode_prompt` adds them for generation."""
+    def encode(self, prompt: Prompt, ids_field: str = "input_ids") -> tuple[list[int], str]:
+        """The prompt's token ids, and the request field they came from (for errors; token
+        ids came in `ids_field`). No length checks: `encode_prompt` adds them for generation."""
         if isinstance(prompt, TextPrompt):
             ids = self.tokenizer.encode(prompt.text, add_special_tokens=prompt.add_special_tokens)
             return list(ids), "prompt"
         if isinstance(prompt, TokenPrompt):
-            self.check_ids(prompt.input_ids, "input_ids")
+            self.check_ids(prompt.input_ids, ids_field)
             return list(prompt.input_ids), "input_ids"
         if isinstance(prompt, ChatPrompt):
             return self.apply_chat_template(prompt), "messages"
         raise PromptError(f"unknown prompt kind {type(prompt).__name__}", "prompt")
 
     def encode_prompt(self, req: GenerateRequest) -> list[int]:
-        ids, param = self.encode(req.prompt)
+        ids, param = self.encode(req.prompt, field_name(req, "input_ids"))
         param = field_name(req, param)
         if not ids:
             raise PromptError("the prompt is empty", param)

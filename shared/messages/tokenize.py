@@ -54,7 +54,8 @@ class GenerateRequest(msgspec.Struct, tag="generate", kw_only=True, frozen=True)
     constraint: Constraint | None = None  # structured output (routed through the grammar service)
     echo: bool = False  # send the prompt's text back before the output (OpenAI `echo`)
     # whose field names a refusal uses: "openai" (max_tokens, prompt, ...), "native"
-    # (/generate's sampling_params.max_new_tokens, text, ...) or "embeddings" (input)
+    # (/generate's sampling_params.max_new_tokens, text, ...), "responses" (input,
+    # max_output_tokens) or "embeddings" (input)
     api: str = "openai"
     # --reasoning-parser, on a constrained chat request: the text that ends the model's thinking
     # part ("</think>"). Unless the rendered prompt already closed that part (Qwen3's

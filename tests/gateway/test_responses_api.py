@@ -189,6 +189,12 @@ def job_of(**body: Any) -> Any:
     return responses_job(msgspec.convert({"input": "hi", **body}, ResponsesBody), MODEL)
 
 
+def test_the_services_refusals_name_responses_fields() -> None:
+    """The tokenizer's refusals (a conversation past the context, max_output_tokens past
+    what is left) name `input` and `max_output_tokens`, not chat's `messages`."""
+    assert job_of().api == "responses"
+
+
 def test_function_tools_become_the_chat_jobs_tools() -> None:
     job = job_of(tools=[WEATHER, TIME], tool_choice=NAMED, parallel_tool_calls=True)
     # flat Responses tools -> the template's nested ones ("strict" is the request's alone)

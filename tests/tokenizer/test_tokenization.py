@@ -30,11 +30,14 @@ def tok(tmp_path_factory: pytest.TempPathFactory) -> Tokenization:
     return Tokenization(resolve_model(str(path)))
 
 
-def request(prompt: Prompt, max_new: int | None = 4, deadline: float = 1e12) -> GenerateRequest:
+def request(
+    prompt: Prompt, max_new: int | None = 4, deadline: float = 1e12, api: str = "openai"
+) -> GenerateRequest:
     return GenerateRequest(
         trace=Trace(rid="r", reply_to="rs:reply:g", deadline=deadline),
         prompt=prompt,
         sampling=SamplingParams(max_new_tokens=max_new),
+        api=api,
     )
 
 
@@ -87,19 +90,29 @@ def test_default_max_tokens_fills_the_context(tok: Tokenization) -> None:
     assert isinstance(sched, TokenizedRequest) and sched.max_new_tokens == 64 - 3
 
 
+LONG_CHAT = ChatPrompt(messages=[ChatMessage(role="user", content="x" * 80)])
+
+
 @pytest.mark.parametrize(
-    ("prompt", "max_new", "param", "words"),
+    ("prompt", "max_new", "api", "param", "words"),
     [
-        (TextPrompt(text="x" * 80), 4, "prompt", "context length"),
-        (TokenPrompt(input_ids=list(range(10))), 60, "max_tokens", "exceeds"),
-        (TokenPrompt(input_ids=[5, 9999]), 4, "input_ids[1]", "outside the vocabulary"),
-        (TextPrompt(text=""), 4, "prompt", "empty"),
+        (TextPrompt(text="x" * 80), 4, "openai", "prompt", "context length"),
+        (TokenPrompt(input_ids=list(range(10))), 60, "openai", "max_tokens", "exceeds"),
+        # /v1/completions takes token ids in `prompt`, /generate in `input_ids`
+        (TokenPrompt(input_ids=[5, 9999]), 4, "openai", "prompt[1]", "outside the vocabulary"),
+        (TokenPrompt(input_ids=[5, 9999]), 4, "native", "input_ids[1]", "outside the vocab"),
+        (TokenPrompt(input_ids=[5, 9999]), 4, "embeddings", "input[1]", "outside the vocab"),
+        (TextPrompt(text=""), 4, "openai", "prompt", "empty"),
+        (LONG_CHAT, 4, "openai", "messages", "context length"),
+        # /v1/responses: the conversation came as `input`, the limit as `max_output_tokens`
+        (LONG_CHAT, 4, "responses", "input", "context length"),
+        (TokenPrompt(input_ids=list(range(10))), 60, "responses", "max_output_tokens", "exceeds"),
     ],
 )
 def test_bad_prompts_get_a_400_naming_the_field(
-    tok: Tokenization, prompt: Prompt, max_new: int, param: str, words: str
+    tok: Tokenization, prompt: Prompt, max_new: int, api: str, param: str, words: str
 ) -> None:
-    out = handle(tok, request(prompt, max_new), 1)
+    out = handle(tok, request(prompt, max_new, api=api), 1)
     assert len(out) == 1
     stream, msg = out[0]
     assert stream == "rs:reply:g" and isinstance(msg, Failure)

@@ -14,7 +14,7 @@ starts one), a `function_call_output` item is a tool message answering its call_
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from services.gateway.errors import ApiError, invalid
@@ -116,9 +116,10 @@ def responses_job(body: ResponsesBody, served_model: str, tool_parser: str = "")
         seed=body.seed,
     )
     try:
-        return chat_job(chat, served_model, tool_parser)
+        job = chat_job(chat, served_model, tool_parser)
     except ApiError as e:
         raise renamed(e, conversation) from None
+    return replace(job, api="responses")  # the services' refusals name Responses fields
 
 
 def renamed(e: ApiError, conversation: Conversation) -> ApiError:

@@ -29,7 +29,8 @@ class Job:
     rid: str | None = None  # chosen by the client (SGLang's `rid`)
     constraint: Constraint | None = None  # structured output
     echo: bool = False  # OpenAI completions: the prompt's text comes back before the output
-    api: str = "openai"  # whose field names the services' refusals use ("openai", "native")
+    # whose field names the services' refusals use: "openai", "native", "responses", "embeddings"
+    api: str = "openai"
     tools: ToolPlan | None = None  # chat with tools: how its output is read
     embed: bool = False  # /v1/embeddings: the prompt is pooled, nothing generated
     dimensions: int = 0  # /v1/embeddings: how many values to keep (0: all)
