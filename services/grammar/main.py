@@ -45,9 +45,10 @@ log = logging.getLogger(__name__)
 
 MAX_INFLIGHT = 64  # requests one instance handles at once (most wait on Redis, not a compile)
 SUMMARY_INTERVAL_S = 30.0
-# How long a compile's timeout refusal stays cached: retries within it are refused at once (a
-# grammar that really takes that long is not compiled again and again), later ones compile.
-TIMEOUT_REFUSAL_TTL_S = 60.0
+# How long a compile's timeout refusal holds (its `until`; the entry itself stays in the cache
+# for the cache's lifetime): retries within it are refused at once (a grammar that really
+# takes that long is not compiled again and again), later ones compile it again.
+TIMEOUT_REFUSAL_HOLDS_S = 60.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -183,7 +184,7 @@ class GrammarWorker:
             future.exception()  # retrieved: waiters re-raise it, nobody else must log it
             raise
         else:
-            if timed_out:  # holds TIMEOUT_REFUSAL_TTL_S (`until`); the instance forgets it
+            if timed_out:  # holds TIMEOUT_REFUSAL_HOLDS_S (`until`); the instance forgets it
                 self.book.abandoned(key)
             else:
                 self.book.finished(key, result)
@@ -207,7 +208,8 @@ class GrammarWorker:
             return self.compiler.compile(constraint)
 
         work = loop.run_in_executor(self.pool, compile_now)
-        waiting: list[asyncio.Future[Any]] = [began, work]  # work: a pool shut down fails it
+        # work too: should its thread never begin it (a failure), that ends the wait
+        waiting: list[asyncio.Future[Any]] = [began, work]
         await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         timed_out = False
         try:
@@ -230,7 +232,7 @@ class GrammarWorker:
         return result, timed_out
 
     def _timed_out(self, constraint: Constraint) -> GrammarErrorEntry:
-        """A compile past the timeout is refused (cached for TIMEOUT_REFUSAL_TTL_S).
+        """A compile past the timeout is refused, for TIMEOUT_REFUSAL_HOLDS_S.
 
         A native compile cannot be interrupted: its thread runs on to the end. The pool is
         replaced so that the compiles after it get threads of their own, not a place behind it.
@@ -244,7 +246,7 @@ class GrammarWorker:
         return GrammarErrorEntry(
             message=f"the {kind} grammar took longer than {self.compile_timeout_s:g} s to compile",
             kind=kind,
-            until=time.time() + TIMEOUT_REFUSAL_TTL_S,
+            until=time.time() + TIMEOUT_REFUSAL_HOLDS_S,
         )
 
 

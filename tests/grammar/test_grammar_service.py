@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 import xgrammar as xgr
 
 from services.grammar.core import GrammarCompiler
-from services.grammar.main import TIMEOUT_REFUSAL_TTL_S, GrammarWorker
+from services.grammar.main import TIMEOUT_REFUSAL_HOLDS_S, GrammarWorker
 from shared import constants
 from shared.bus import publish
 from shared.grammar import GrammarTokenizer, load_compiled
@@ -326,7 +326,7 @@ async def test_a_compile_past_the_timeout_is_a_400_and_others_go_on(
         key = worker.compiler.key(slow)
         stored = await worker.store.get(key)
         assert isinstance(stored, GrammarErrorEntry)
-        assert 0 < stored.until - time.time() <= TIMEOUT_REFUSAL_TTL_S
+        assert 0 < stored.until - time.time() <= TIMEOUT_REFUSAL_HOLDS_S
         await worker.store.put(key, msgspec.structs.replace(stored, until=time.time() - 1))
         compiler.release.set()
         await submit(aredis, request(slow, "slow-later"))
