@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from kernels._checks import FLOAT_DTYPES, check_tensor
+from kernels.fp8_gemv_packed import PACKED_K, launch_packed, packed_fits
 from kernels.fp8_weights import BLOCK, FP8, dequantize
 from kernels.gemv import checked_out, launch
 
@@ -30,6 +31,7 @@ def fp8_gemv(
     block_k: int = 512,
     num_warps: int = 4,
     num_stages: int = 3,
+    packed: bool = False,
 ) -> torch.Tensor:
     """x @ (weight * scale).T for at most MAX_M rows; returns out.
 
@@ -37,7 +39,8 @@ def fp8_gemv(
     stride); scale fp32: [n, 1] per row, or with block_scales [ceil(n/128), ceil(k/128)]
     per 128x128 block. out (optional, written): [m, n] in x's dtype.
     block_n, block_k: output rows per program and weight columns per step (powers of two;
-    with block_scales block_k is a multiple of 128).
+    with block_scales block_k is a multiple of 128). packed: through the packed kernel where
+    it fits (then num_warps must be block_k / 512, the warps its step is).
     """
     op = "fp8_gemv"
     check_tensor(op, "x", x, shape=(None, None), dims="[m, k]", dtypes=FLOAT_DTYPES)
@@ -51,6 +54,18 @@ def fp8_gemv(
         op, "scale", scale, shape=shape, dims=dims, dtypes=(torch.float32,), device=x.device,
         last_contiguous=block_scales,
     )  # fmt: skip
+    if packed and num_warps * PACKED_K != block_k:
+        raise ValueError(
+            f"{op}: a packed step of block_k={block_k} columns is {block_k // PACKED_K} warps "
+            f"({PACKED_K} columns a warp), got num_warps={num_warps}"
+        )
+    if packed and packed_fits(x, weight, block_n, block_k):
+        scale_block = BLOCK if block_scales else 0
+        launch_packed(
+            x, weight, scale, out, scale_block=scale_block, block_n=block_n, block_k=block_k,
+            num_stages=num_stages,
+        )  # fmt: skip
+        return out
     launch(
         x, weight, scale, out, block_n, block_k, num_warps, num_stages,
         scale_block=BLOCK if block_scales else 0, op=op,

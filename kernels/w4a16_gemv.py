@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from kernels._checks import check_launch, check_tensor
+from kernels._math import halves_f32, zero_row_sums
 from kernels.gemv import MAX_M
 from kernels.pdl import pdl_launch, pdl_prologue
 from kernels.w4a16 import PACK, check_w4, columns_of_x
@@ -55,18 +56,6 @@ def _nibble(word, BIT: tl.constexpr):
 
 
 @triton.jit
-def _halves(pair, BF16: tl.constexpr):
-    """The two 16-bit floats (bf16, else fp16) of uint32 `pair`, low first, as fp32."""
-    if BF16:  # a bf16 is the top half of its fp32
-        return (pair << 16).to(tl.float32, bitcast=True), (pair & 0xFFFF0000).to(
-            tl.float32, bitcast=True
-        )
-    lo = (pair & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-    hi = (pair >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-    return lo, hi
-
-
-@triton.jit
 def _x_columns(x_row_ptr, perm_ptr, words, w_mask, HAS_PERM: tl.constexpr, WIDE_X: tl.constexpr):
     """The 8 columns of x each word ([T, V]) multiplies, in fp32 times 2^(X_EXP - BIT) for
     the bit BIT its nibble has in _word_dot (undoing the nibble's 2^(BIT - 149)), and per
@@ -80,10 +69,10 @@ def _x_columns(x_row_ptr, perm_ptr, words, w_mask, HAS_PERM: tl.constexpr, WIDE_
         x_pairs = x_row_ptr.to(tl.pointer_type(tl.uint64)) + 2 * words
         lo = tl.load(x_pairs)
         hi = tl.load(x_pairs + 1)
-        x0, x1 = _halves(lo.to(tl.uint32), bf16)
-        x2, x3 = _halves((lo >> 32).to(tl.uint32), bf16)
-        x4, x5 = _halves(hi.to(tl.uint32), bf16)
-        x6, x7 = _halves((hi >> 32).to(tl.uint32), bf16)
+        x0, x1 = halves_f32(lo.to(tl.uint32), bf16)
+        x2, x3 = halves_f32((lo >> 32).to(tl.uint32), bf16)
+        x4, x5 = halves_f32(hi.to(tl.uint32), bf16)
+        x6, x7 = halves_f32((hi >> 32).to(tl.uint32), bf16)
     else:  # column by column (fp32 x, rows not 8-byte aligned, a perm, a partial step)
         s0, m0 = columns_of_x(perm_ptr, c, w_mask, HAS_PERM)
         s1, m1 = columns_of_x(perm_ptr, c + 1, w_mask, HAS_PERM)
@@ -212,15 +201,7 @@ def _w4a16_gemv_kernel(
     n0 = tl.program_id(0) * BLOCK_N
     T: tl.constexpr = BLOCK_W // V
     offs_w = tl.arange(0, T)[:, None] * V + tl.arange(0, V)[None, :]  # [T, V]
-    zero = tl.zeros([T], dtype=tl.float32)
-    acc0 = (zero, zero, zero, zero)
-    acc1 = acc0
-    acc2 = acc0
-    acc3 = acc0
-    acc4 = acc0
-    acc5 = acc0
-    acc6 = acc0
-    acc7 = acc0
+    acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = zero_row_sums(T)
     for w0 in range(0, NUM_WORDS, BLOCK_W):
         words = w0 + offs_w
         first = w0 + tl.arange(0, T) * V  # each thread row's first word

@@ -42,6 +42,7 @@ from triton.runtime.jit import JITFunction, KernelInterface
 
 import kernels
 import kernels._checks
+import kernels.fp8_gemv_packed
 import kernels.fp8_widen
 import kernels.pdl
 
@@ -141,8 +142,10 @@ def install() -> None:
     # The launchers take CPU tensors only in the interpreter, and launch with PDL only on a
     # device that has it: both as on a Hopper GPU here.
     kernels._checks.interpreting = lambda: True
-    # ... while kernels/fp8_widen.py's inline PTX, refused by the interpreter, compiles here.
+    # ... while the inline PTX of kernels/fp8_widen.py and kernels/fp8_gemv_packed.py, refused
+    # by the interpreter, compiles here.
     kernels.fp8_widen.interpreting = lambda: False
+    kernels.fp8_gemv_packed.interpreting = lambda: False
     kernels.pdl.pdl_enabled = lambda device: _pdl_on
     _installed = True
 

@@ -63,10 +63,16 @@ def _gemv(dtype: torch.dtype, m: int) -> None:
     gemv(_t(m, 4096, dtype=dtype), _t(1024, 4096, dtype=dtype))
 
 
-def _fp8_gemv(block_scales: bool) -> None:
+def _fp8_gemv(
+    block_scales: bool, packed: bool = False, m: int = 2, dtype: torch.dtype = BF16
+) -> None:
     n, k = 1024, 4096
     scale = _t(n // BLOCK, k // BLOCK, dtype=FP32) if block_scales else _t(n, 1, dtype=FP32)
-    fp8_gemv(_t(2, k), _t(n, k, dtype=FP8), scale, block_scales=block_scales)
+    x, w = _t(m, k, dtype=dtype), _t(n, k, dtype=FP8)
+    if packed:  # kernels/fp8_gemv_packed
+        fp8_gemv(x, w, scale, block_scales=block_scales, block_k=1024, num_warps=2, packed=True)
+    else:
+        fp8_gemv(x, w, scale, block_scales=block_scales)
 
 
 def _quantize_act(group: int, static: bool) -> None:
@@ -352,6 +358,8 @@ def _cases() -> list[Case]:
         ("gemv/fp16-m4-nopdl", partial(_gemv, FP16, 4), False),
         ("fp8_gemv/row-scales", partial(_fp8_gemv, False)),
         ("fp8_gemv/block-scales", partial(_fp8_gemv, True)),
+        ("fp8_gemv/packed-bf16-m1", partial(_fp8_gemv, False, True, 1)),
+        ("fp8_gemv/packed-fp16-m4-blocks", partial(_fp8_gemv, True, True, 4, FP16)),
         ("fp8_act_quant/per-token", partial(_quantize_act, 0, False)),
         ("fp8_act_quant/group-128", partial(_quantize_act, BLOCK, False)),
         ("fp8_act_quant/static", partial(_quantize_act, 0, True)),

@@ -1,5 +1,7 @@
 """fp8_gemv against its torch twin: every row count, per-row and 128x128 block scales with
-partial blocks, every launch configuration choose_gemv may pick, strided rows, bad arguments."""
+partial blocks, every launch configuration choose_gemv may pick, strided rows, bad arguments;
+and its packed launches (kernels/fp8_gemv_packed.py: fp16-pair products over x scaled per
+thread): x over many orders of magnitude, zeros, infinities and NaN."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import pytest
 import torch
 
 from kernels.fp8_gemv import fp8_gemv, fp8_gemv_ref
-from kernels.fp8_weights import quantize_blocks, quantize_rows
+from kernels.fp8_weights import BLOCK, dequantize, quantize_blocks, quantize_rows
 from kernels.gemv import MAX_M
 from tests.kernels.helpers import ALL_DTYPES, DEVICE, poison, randn
 
@@ -39,18 +41,94 @@ def test_matches_reference(m: int, n: int, k: int, dtype: torch.dtype, block_sca
 
 
 @pytest.mark.parametrize("block_scales", [False, True], ids=["rows", "blocks"])
-def test_every_configuration_choose_gemv_may_pick(block_scales: bool) -> None:
+@pytest.mark.parametrize(("n", "k"), [(203, 1100), (16, 2048)], ids=["ragged", "whole-tiles"])
+def test_every_configuration_choose_gemv_may_pick(n: int, k: int, block_scales: bool) -> None:
+    """Ragged shapes: every launch (the packed ones fall back to the widening kernel); whole
+    tiles: the packed launches, which then run the packed kernel."""
     from services.executor.quant.fp8_linear import FP8_CANDIDATES
 
-    q, scale = fp8_weight(203, 1100, block_scales, seed=9)
-    x = randn(3, 1100, dtype=torch.bfloat16, gen=torch.Generator().manual_seed(2))
+    q, scale = fp8_weight(n, k, block_scales, seed=9)
+    x = randn(3, k, dtype=torch.bfloat16, gen=torch.Generator().manual_seed(2))
     want = fp8_gemv_ref(x, q, scale, block_scales=block_scales)
-    for c in FP8_CANDIDATES:
+    launches = [c for c in FP8_CANDIDATES if c.packed or n % 8]
+    assert any(c.packed for c in launches)
+    for c in launches:
         got = fp8_gemv(
             x, q, scale, block_scales=block_scales, block_n=c.block_n, block_k=c.block_k,
-            num_warps=c.num_warps, num_stages=c.num_stages,
+            num_warps=c.num_warps, num_stages=c.num_stages, packed=c.packed,
         )  # fmt: skip
         torch.testing.assert_close(got, want, atol=1.6e-2, rtol=1.6e-2, msg=str(c))
+
+
+def _packed(
+    x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, block_scales: bool = False
+) -> torch.Tensor:
+    out = poison(torch.empty(x.shape[0], q.shape[0], dtype=x.dtype, device=DEVICE))
+    got = fp8_gemv(
+        x, q, scale, block_scales=block_scales, out=out, block_n=8, block_k=512, num_warps=1,
+        packed=True,
+    )  # fmt: skip
+    assert got is out
+    return out
+
+
+# an ulp of the output's dtype, relative (the interpreter truncates fp32 to bf16: up to an ulp)
+ULP = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
+
+
+@pytest.mark.parametrize("block_scales", [False, True], ids=["rows", "blocks"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("m", range(1, MAX_M + 1))
+def test_packed_matches_reference(m: int, dtype: torch.dtype, block_scales: bool) -> None:
+    """Against the exact product: each lane sums 8 products in fp16 (a rounding of 2^-11 of
+    that partial sum each), so the error is bounded by the sum of |products|, the L1, times
+    2^-10 here (measured: 0.73 x 2^-11), plus the output's own rounding."""
+    q, scale = fp8_weight(16, 1024, block_scales, seed=m)
+    x = randn(m, 1024, dtype=dtype, gen=torch.Generator().manual_seed(m), scale=1.0)
+    w = dequantize(q, scale, BLOCK if block_scales else 0)
+    exact = x.float() @ w.T
+    l1 = x.float().abs() @ w.abs().T
+    got = _packed(x, q, scale, block_scales=block_scales).float()
+    assert bool(((got - exact).abs() <= 2.0**-10 * l1 + ULP[dtype] * exact.abs()).all())
+
+
+def test_packed_x_over_many_magnitudes() -> None:
+    """Each thread's 16 columns get their own power of two: columns of 1e-30 next to columns
+    of 1e4 (fp16's range is 6e-8 to 65,504) lose nothing the bf16 result keeps, and a row
+    whose every column is tiny is as exact as one of ordinary size."""
+    gen = torch.Generator().manual_seed(3)
+    q, scale = fp8_weight(16, 2048, False, seed=4)
+    x = randn(3, 2048, dtype=torch.float32, gen=gen)
+    x[0] *= torch.logspace(-30, 4, 2048, device=DEVICE)  # ascending: 16 columns share a size
+    x[1] *= 1e-25
+    x[2, ::2] *= 3e4  # large and ordinary columns in the same thread's 16
+    x = x.to(torch.bfloat16)
+    got = _packed(x, q, scale).float()
+    want = fp8_gemv_ref(x, q, scale).float()
+    for row in range(3):  # to bf16's rounding of each row's own size
+        size = want[row].abs().max()
+        assert size > 0
+        torch.testing.assert_close(got[row] / size, want[row] / size, atol=8e-3, rtol=0)
+
+
+def test_packed_zeros_infinities_and_nan() -> None:
+    q, scale = fp8_weight(8, 512, False, seed=5)
+    x = torch.zeros(4, 512, dtype=torch.bfloat16, device=DEVICE)
+    x[1, 7] = float("inf")
+    x[2, 300] = float("nan")
+    x[3] = 1.0
+    x[3, 17] = float("-inf")
+    got = _packed(x, q, scale)
+    want = fp8_gemv_ref(x, q, scale)
+    assert bool((got[0] == 0).all())
+    torch.testing.assert_close(got[1:], want[1:], equal_nan=True)
+
+
+def test_packed_rejects_warps_other_than_its_step() -> None:
+    q, scale = fp8_weight(8, 1024, False, seed=6)
+    x = torch.zeros(1, 1024, dtype=torch.bfloat16, device=DEVICE)
+    with pytest.raises(ValueError, match="block_k=1024 columns is 2 warps"):
+        fp8_gemv(x, q, scale, block_k=1024, num_warps=4, packed=True)
 
 
 def test_strided_rows_of_x_and_weight() -> None:
@@ -68,13 +146,26 @@ def test_strided_rows_of_x_and_weight() -> None:
 @pytest.mark.parametrize("block_scales", [False, True], ids=["rows", "blocks"])
 @pytest.mark.parametrize("m", [1, 4])
 @pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 14336), (28672, 4096)])
-def test_llama_8b_projection_shapes(m: int, n: int, k: int, block_scales: bool) -> None:
+@pytest.mark.parametrize("warps", [0, 1, 2, 4], ids=["widening", *"124"])
+def test_llama_8b_projection_shapes(m: int, n: int, k: int, block_scales: bool, warps: int) -> None:
+    """On the GPU: the widening kernel (0) to fp32's rounding; the packed one at each step
+    width within its bound (the L1 of the products times 2^-10, as above) and, over the
+    whole output, within bf16's rounding of it."""
     q, scale = fp8_weight(n, k, block_scales, seed=n + k)
     x = randn(m, k, dtype=torch.bfloat16, gen=torch.Generator().manual_seed(m))
-    want = fp8_gemv_ref(x, q, scale, block_scales=block_scales)
-    torch.testing.assert_close(
-        fp8_gemv(x, q, scale, block_scales=block_scales), want, atol=3e-2, rtol=1.6e-2
-    )
+    if not warps:
+        want = fp8_gemv_ref(x, q, scale, block_scales=block_scales)
+        got = fp8_gemv(x, q, scale, block_scales=block_scales)
+        torch.testing.assert_close(got, want, atol=3e-2, rtol=1.6e-2)
+        return
+    got = fp8_gemv(
+        x, q, scale, block_scales=block_scales, block_k=warps * 512, num_warps=warps, packed=True
+    ).float()
+    w = dequantize(q, scale, BLOCK if block_scales else 0)
+    exact = x.float() @ w.T
+    l1 = x.float().abs() @ w.abs().T
+    assert bool(((got - exact).abs() <= 2.0**-10 * l1 + ULP[torch.bfloat16] * exact.abs()).all())
+    assert (got - exact).norm() <= 2.0**-8 * exact.norm()
 
 
 @pytest.mark.parametrize(

@@ -35,6 +35,8 @@ class GemvConfig:
     block_k: int
     num_warps: int
     num_stages: int
+    # fp8 weights: kernels/fp8_gemv_packed.py (fp16x2 products) where it takes the product
+    packed: bool = False
 
     def __call__(
         self, x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None

@@ -59,8 +59,17 @@ def _rows_x(x: torch.Tensor) -> torch.Tensor:
 
 # A weight is one byte: the bf16 candidates' steps, and each widened to the bytes a bf16 step
 # reads (twice the columns), since a step of half the bytes leaves the copy engines idler.
-FP8_CANDIDATES = CANDIDATES + tuple(
-    GemvConfig(c.block_n, 2 * c.block_k, c.num_warps, c.num_stages) for c in CANDIDATES
+# Then kernels/fp8_gemv_packed's launches (products in fp16 pairs): a warp's step is 512
+# columns, 16 a thread. On an H200 (2026-11-28) they won Llama-3.1-8B's gate_up at one row of
+# x (29.3 against 30.1 us) and every projection at four (gate_up 41.4 against 64.2 us); 8 warps
+# a program lost everywhere.
+FP8_CANDIDATES = (
+    CANDIDATES
+    + tuple(GemvConfig(c.block_n, 2 * c.block_k, c.num_warps, c.num_stages) for c in CANDIDATES)
+    + tuple(
+        GemvConfig(block_n, warps * 512, warps, 3, packed=True)
+        for block_n, warps in ((8, 1), (4, 1), (8, 2), (4, 2), (2, 2), (8, 4), (4, 4))
+    )
 )
 
 
@@ -151,7 +160,7 @@ class Fp8ChannelMethod(LinearMethod):
         return fp8_gemv(
             x, layer.weight, _tensor(layer, "weight_scale"),
             block_n=cfg.block_n, block_k=cfg.block_k,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, packed=cfg.packed,
         )  # fmt: skip
 
 
@@ -217,7 +226,7 @@ class Fp8BlockMethod(LinearMethod):
         return fp8_gemv(
             x, layer.weight, self.scale(layer), block_scales=True,
             block_n=cfg.block_n, block_k=max(cfg.block_k, BLOCK),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, packed=cfg.packed,
         )  # fmt: skip
 
 
