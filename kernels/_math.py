@@ -1,5 +1,5 @@
 """Device math shared by several kernels: tanh (Triton has none of its own on every backend), a
-uint32 of two 16-bit floats widened to fp32, and the GEMVs' zeroed partial sums."""
+uint32 of two 16-bit floats widened to fp32, and the GEMVs' partial sums per weight row."""
 
 from __future__ import annotations
 
@@ -34,3 +34,22 @@ def zero_row_sums(T: tl.constexpr):
     z = tl.zeros([T], dtype=tl.float32)
     row = (z, z, z, z)
     return row, row, row, row, row, row, row, row
+
+
+@triton.jit
+def store_row_sums(
+    out_ptr, stride_om, n, s_ptr, stride_sn, acc, M: tl.constexpr, ROW_SCALES: tl.constexpr
+):
+    """out[:M, n] = the sums of a weight row's partials (`acc`, as zero_row_sums gives them),
+    times the row's scale s_ptr[n * stride_sn] with ROW_SCALES, rounded to out's dtype."""
+    dtype = out_ptr.dtype.element_ty
+    s = 1.0
+    if ROW_SCALES:
+        s = tl.load(s_ptr + n.to(tl.int64) * stride_sn)
+    tl.store(out_ptr + n, (tl.sum(acc[0], axis=0) * s).to(dtype))
+    if M > 1:
+        tl.store(out_ptr + stride_om + n, (tl.sum(acc[1], axis=0) * s).to(dtype))
+    if M > 2:
+        tl.store(out_ptr + 2 * stride_om + n, (tl.sum(acc[2], axis=0) * s).to(dtype))
+    if M > 3:
+        tl.store(out_ptr + 3 * stride_om + n, (tl.sum(acc[3], axis=0) * s).to(dtype))

@@ -29,7 +29,8 @@ import triton
 import triton.language as tl
 
 from kernels._checks import interpreting
-from kernels._math import halves_f32, zero_row_sums
+from kernels._math import halves_f32, store_row_sums, zero_row_sums
+from kernels.f16x2 import fma2, lanes_sum, pack, split4, x_scaling, zero_pair
 from kernels.pdl import pdl_launch, pdl_prologue
 
 # consecutive 4-byte words of a row a thread reads a step: 16 weights, one 16-byte load
@@ -37,34 +38,6 @@ V: tl.constexpr = tl.constexpr(4)
 BLOCK_NS = (1, 2, 4, 8)
 # columns a warp covers a step: 32 threads of 16 weights
 PACKED_K = 32 * 16
-
-
-@triton.jit
-def _r16(v):
-    """v (fp32) rounded to fp16, as fp32 (the interpreter's stand-in for an fp16 register)."""
-    return v.to(tl.float16).to(tl.float32)
-
-
-@triton.jit
-def _split4(a):
-    """The 4 columns of [T, 4] `a` (a thread's own values) as four [T] tensors."""
-    a02, a13 = tl.split(tl.reshape(a, [a.shape[0], 2, 2]))
-    a0, a2 = tl.split(a02)
-    a1, a3 = tl.split(a13)
-    return a0, a1, a2, a3
-
-
-@triton.jit
-def _pack(lo, hi, EMULATE: tl.constexpr):
-    """fp32 lo and hi rounded to an fp16 pair (a uint32, lo in the low half)."""
-    if EMULATE:
-        pair = (_r16(lo), _r16(hi))
-    else:
-        pair = tl.inline_asm_elementwise(
-            "cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [lo, hi], dtype=tl.uint32, is_pure=True,
-            pack=1,
-        )  # fmt: skip
-    return pair
 
 
 @triton.jit
@@ -86,47 +59,6 @@ def _e4m3_pairs(word, EMULATE: tl.constexpr):
 
 
 @triton.jit
-def _fma2(a, b, c, EMULATE: tl.constexpr):
-    """a * b + c on fp16 pairs, each lane rounded once."""
-    if EMULATE:
-        d = (_r16(a[0] * b[0] + c[0]), _r16(a[1] * b[1] + c[1]))
-    else:
-        d = tl.inline_asm_elementwise(
-            "fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.uint32,
-            is_pure=True, pack=1,
-        )  # fmt: skip
-    return d
-
-
-@triton.jit
-def _lanes_sum(p, EMULATE: tl.constexpr):
-    """An fp16 pair's two lanes widened to fp32 and added."""
-    if EMULATE:
-        total = p[0] + p[1]
-    else:
-        total = tl.inline_asm_elementwise(
-            "{\n.reg .b16 lo, hi;\n.reg .f32 a, b;\nmov.b32 {lo, hi}, $1;\n"
-            "cvt.f32.f16 a, lo;\ncvt.f32.f16 b, hi;\nadd.f32 $0, a, b;\n}",
-            "=f,r",
-            [p],
-            dtype=tl.float32,
-            is_pure=True,
-            pack=1,
-        )
-    return total
-
-
-@triton.jit
-def _zero_pair(T: tl.constexpr, EMULATE: tl.constexpr):
-    if EMULATE:
-        z = tl.zeros([T], dtype=tl.float32)
-        pair = (z, z)
-    else:
-        pair = tl.zeros([T], dtype=tl.uint32)
-    return pair
-
-
-@triton.jit
 def _x_step(x_row_ptr, words, EMULATE: tl.constexpr):
     """A row of x's columns for a step's words ([T, V]; word w holds columns 4w..4w+3): per
     word two fp16 pairs, (4w, 4w+1) and (4w+2, 4w+3), scaled by the thread's power of two,
@@ -136,21 +68,16 @@ def _x_step(x_row_ptr, words, EMULATE: tl.constexpr):
     x0, x1 = halves_f32(q.to(tl.uint32), bf16)
     x2, x3 = halves_f32((q >> 32).to(tl.uint32), bf16)
     big = tl.maximum(tl.maximum(tl.abs(x0), tl.abs(x1)), tl.maximum(tl.abs(x2), tl.abs(x3)))
-    # the exponent field of the largest magnitude (NaN is ignored by the max and stays in x;
-    # infinities and NaN hold 255, clamped: their products are inf or NaN as in fp32)
-    e = tl.max(big, axis=1).to(tl.int32, bitcast=True) >> 23
-    e = tl.minimum(tl.maximum(e, 4), 254)
-    scale = ((257 - e) << 23).to(tl.float32, bitcast=True)[:, None]  # 2^(130 - e)
-    unscale = ((e - 3) << 23).to(tl.float32, bitcast=True)  # 2^(e - 130)
-    a0, a1, a2, a3 = _split4(x0 * scale)
-    b0, b1, b2, b3 = _split4(x1 * scale)
-    c0, c1, c2, c3 = _split4(x2 * scale)
-    d0, d1, d2, d3 = _split4(x3 * scale)
+    scale, unscale = x_scaling(tl.max(big, axis=1))
+    a0, a1, a2, a3 = split4(x0 * scale)
+    b0, b1, b2, b3 = split4(x1 * scale)
+    c0, c1, c2, c3 = split4(x2 * scale)
+    d0, d1, d2, d3 = split4(x3 * scale)
     return (
-        _pack(a0, b0, EMULATE), _pack(c0, d0, EMULATE),
-        _pack(a1, b1, EMULATE), _pack(c1, d1, EMULATE),
-        _pack(a2, b2, EMULATE), _pack(c2, d2, EMULATE),
-        _pack(a3, b3, EMULATE), _pack(c3, d3, EMULATE),
+        pack(a0, b0, EMULATE), pack(c0, d0, EMULATE),
+        pack(a1, b1, EMULATE), pack(c1, d1, EMULATE),
+        pack(a2, b2, EMULATE), pack(c2, d2, EMULATE),
+        pack(a3, b3, EMULATE), pack(c3, d3, EMULATE),
         unscale,
     )  # fmt: skip
 
@@ -165,13 +92,13 @@ def _row_words(w_ptr, row, stride_wn, stride_ww, words, EMULATE: tl.constexpr):
         w1 = tl.load(cols + 1).to(tl.float32)
         w2 = tl.load(cols + 2).to(tl.float32)
         w3 = tl.load(cols + 3).to(tl.float32)
-        a0, a1, a2, a3 = _split4(w0)
-        b0, b1, b2, b3 = _split4(w1)
-        c0, c1, c2, c3 = _split4(w2)
-        d0, d1, d2, d3 = _split4(w3)
+        a0, a1, a2, a3 = split4(w0)
+        b0, b1, b2, b3 = split4(w1)
+        c0, c1, c2, c3 = split4(w2)
+        d0, d1, d2, d3 = split4(w3)
         ws = (a0, b0, c0, d0), (a1, b1, c1, d1), (a2, b2, c2, d2), (a3, b3, c3, d3)
     else:
-        ws = _split4(tl.load(w_ptr.to(tl.pointer_type(tl.uint32)) + row * stride_ww + words))
+        ws = split4(tl.load(w_ptr.to(tl.pointer_type(tl.uint32)) + row * stride_ww + words))
     return ws
 
 
@@ -180,12 +107,12 @@ def _words_dot(ws, xs, step_scale, acc, EMULATE: tl.constexpr):
     """acc + step_scale * (the row's V words . one row of x's pairs `xs`), the products
     summed in fp16 pairs (8 a lane), then in fp32: [T]."""
     T: tl.constexpr = acc.shape[0]
-    p = _zero_pair(T, EMULATE)
+    p = zero_pair(T, EMULATE)
     for j in tl.static_range(4):
         lo, hi = _e4m3_pairs(ws[j], EMULATE)
-        p = _fma2(lo, xs[2 * j], p, EMULATE)
-        p = _fma2(hi, xs[2 * j + 1], p, EMULATE)
-    return acc + _lanes_sum(p, EMULATE) * step_scale
+        p = fma2(lo, xs[2 * j], p, EMULATE)
+        p = fma2(hi, xs[2 * j + 1], p, EMULATE)
+    return acc + lanes_sum(p, EMULATE) * step_scale
 
 
 @triton.jit
@@ -205,23 +132,6 @@ def _row_step(w_ptr, row, stride_wn, stride_ww, words, x0, x1, x2, x3, bscale, a
     if M > 3:
         a3 = _words_dot(ws, x3, x3[8] * bscale, a3, EMULATE)
     return a0, a1, a2, a3
-
-
-@triton.jit
-def _store_row(out_ptr, stride_om, n, s_ptr, stride_sn, acc, M: tl.constexpr,
-               ROW_SCALES: tl.constexpr):  # fmt: skip
-    """out[:M, n] = the row's sums (times its scale, per-row scales)."""
-    dtype = out_ptr.dtype.element_ty
-    s = 1.0
-    if ROW_SCALES:
-        s = tl.load(s_ptr + n.to(tl.int64) * stride_sn)
-    tl.store(out_ptr + n, (tl.sum(acc[0], axis=0) * s).to(dtype))
-    if M > 1:
-        tl.store(out_ptr + stride_om + n, (tl.sum(acc[1], axis=0) * s).to(dtype))
-    if M > 2:
-        tl.store(out_ptr + 2 * stride_om + n, (tl.sum(acc[2], axis=0) * s).to(dtype))
-    if M > 3:
-        tl.store(out_ptr + 3 * stride_om + n, (tl.sum(acc[3], axis=0) * s).to(dtype))
 
 
 @triton.jit
@@ -294,17 +204,17 @@ def _fp8_gemv_packed_kernel(
                 w_ptr, r + 7, stride_wn, stride_ww, words, x0, x1, x2, x3, bscale, acc7, M, EMULATE
             )
     RS: tl.constexpr = SCALE_BLOCK == 0
-    _store_row(out_ptr, stride_om, n0, s_ptr, stride_sn, acc0, M, RS)
+    store_row_sums(out_ptr, stride_om, n0, s_ptr, stride_sn, acc0, M, RS)
     if BLOCK_N > 1:
-        _store_row(out_ptr, stride_om, n0 + 1, s_ptr, stride_sn, acc1, M, RS)
+        store_row_sums(out_ptr, stride_om, n0 + 1, s_ptr, stride_sn, acc1, M, RS)
     if BLOCK_N > 2:
-        _store_row(out_ptr, stride_om, n0 + 2, s_ptr, stride_sn, acc2, M, RS)
-        _store_row(out_ptr, stride_om, n0 + 3, s_ptr, stride_sn, acc3, M, RS)
+        store_row_sums(out_ptr, stride_om, n0 + 2, s_ptr, stride_sn, acc2, M, RS)
+        store_row_sums(out_ptr, stride_om, n0 + 3, s_ptr, stride_sn, acc3, M, RS)
     if BLOCK_N > 4:
-        _store_row(out_ptr, stride_om, n0 + 4, s_ptr, stride_sn, acc4, M, RS)
-        _store_row(out_ptr, stride_om, n0 + 5, s_ptr, stride_sn, acc5, M, RS)
-        _store_row(out_ptr, stride_om, n0 + 6, s_ptr, stride_sn, acc6, M, RS)
-        _store_row(out_ptr, stride_om, n0 + 7, s_ptr, stride_sn, acc7, M, RS)
+        store_row_sums(out_ptr, stride_om, n0 + 4, s_ptr, stride_sn, acc4, M, RS)
+        store_row_sums(out_ptr, stride_om, n0 + 5, s_ptr, stride_sn, acc5, M, RS)
+        store_row_sums(out_ptr, stride_om, n0 + 6, s_ptr, stride_sn, acc6, M, RS)
+        store_row_sums(out_ptr, stride_om, n0 + 7, s_ptr, stride_sn, acc7, M, RS)
 
 
 def packed_fits(x: torch.Tensor, weight: torch.Tensor, block_n: int, block_k: int) -> bool:
