@@ -77,8 +77,11 @@ ULP = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
 
 
 @pytest.mark.parametrize("block_scales", [False, True], ids=["rows", "blocks"])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("m", range(1, MAX_M + 1))
+@pytest.mark.parametrize(
+    ("m", "dtype"),
+    [(1, torch.bfloat16), (2, torch.float16), (3, torch.bfloat16), (4, torch.float16)],
+    ids=["m1-bf16", "m2-fp16", "m3-bf16", "m4-fp16"],
+)
 def test_packed_matches_reference(m: int, dtype: torch.dtype, block_scales: bool) -> None:
     """Against the exact product: each lane sums 8 products in fp16 (a rounding of 2^-11 of
     that partial sum each), so the error is bounded by the sum of |products|, the L1, times
