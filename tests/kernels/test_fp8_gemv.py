@@ -43,15 +43,16 @@ def test_matches_reference(m: int, n: int, k: int, dtype: torch.dtype, block_sca
 @pytest.mark.parametrize("block_scales", [False, True], ids=["rows", "blocks"])
 @pytest.mark.parametrize(("n", "k"), [(203, 1100), (16, 2048)], ids=["ragged", "whole-tiles"])
 def test_every_configuration_choose_gemv_may_pick(n: int, k: int, block_scales: bool) -> None:
-    """Ragged shapes: every launch (the packed ones fall back to the widening kernel); whole
-    tiles: the packed launches, which then run the packed kernel."""
+    """Ragged shapes: the widening kernel's launches, and a packed one, which falls back to
+    it; whole tiles: the packed launches, which then run the packed kernel."""
     from services.executor.quant.fp8_linear import FP8_CANDIDATES
 
     q, scale = fp8_weight(n, k, block_scales, seed=9)
     x = randn(3, k, dtype=torch.bfloat16, gen=torch.Generator().manual_seed(2))
     want = fp8_gemv_ref(x, q, scale, block_scales=block_scales)
-    launches = [c for c in FP8_CANDIDATES if c.packed or n % 8]
-    assert any(c.packed for c in launches)
+    packed = [c for c in FP8_CANDIDATES if c.packed]
+    launches = [c for c in FP8_CANDIDATES if not c.packed] + packed[:1] if n % 8 else packed
+    assert packed and any(c.packed for c in launches)
     for c in launches:
         got = fp8_gemv(
             x, q, scale, block_scales=block_scales, block_n=c.block_n, block_k=c.block_k,
