@@ -59,8 +59,8 @@ def fp8_gemv(
             f"{op}: a packed step of block_k={block_k} columns is {block_k // PACKED_K} warps "
             f"({PACKED_K} columns a warp), got num_warps={num_warps}"
         )
+    scale_block = BLOCK if block_scales else 0
     if packed and packed_fits(x, weight, block_n, block_k):
-        scale_block = BLOCK if block_scales else 0
         launch_packed(
             x, weight, scale, out, scale_block=scale_block, block_n=block_n, block_k=block_k,
             num_stages=num_stages,
@@ -68,7 +68,7 @@ def fp8_gemv(
         return out
     launch(
         x, weight, scale, out, block_n, block_k, num_warps, num_stages,
-        scale_block=BLOCK if block_scales else 0, op=op,
+        scale_block=scale_block, op=op,
     )  # fmt: skip
     return out
 

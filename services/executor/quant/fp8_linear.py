@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.fp8_gemv_packed import PACKED_K
 from kernels.fp8_weights import BLOCK, FP8, dequantize, quantize_blocks, quantize_rows
 from services.executor.distributed.shard import WHOLE, LoadPlan, Shard
 from services.executor.errors import ModelLoadError, UnsupportedQuantizationError
@@ -59,16 +60,17 @@ def _rows_x(x: torch.Tensor) -> torch.Tensor:
 
 # A weight is one byte: the bf16 candidates' steps, and each widened to the bytes a bf16 step
 # reads (twice the columns), since a step of half the bytes leaves the copy engines idler.
-# Then kernels/fp8_gemv_packed's launches (products in fp16 pairs): a warp's step is 512
-# columns, 16 a thread. On an H200 (2026-11-28, loadtest/results/gpu_fp8_packed_h200_run1.json)
-# they won Llama-3.1-8B's qkv and gate_up at one row of x (gate_up 28.9 against 29.9 us) and
-# every projection at two and four (gate_up at four 41.0 against 64.4 us). These five are the
-# ones that won a shape; each is a compile per row count at a cold start.
+# Then kernels/fp8_gemv_packed's launches (products in fp16 pairs): a warp's step is
+# PACKED_K (512) columns, 16 a thread. On an H200 (2026-11-28,
+# loadtest/results/gpu_fp8_packed_h200_run1.json) they won Llama-3.1-8B's qkv and gate_up at
+# one row of x (gate_up 28.9 against 29.9 us) and every projection at two and four (gate_up
+# at four 41.0 against 64.4 us). These five are the ones that won a shape; each is a compile
+# per row count at a cold start.
 FP8_CANDIDATES = (
     CANDIDATES
     + tuple(GemvConfig(c.block_n, 2 * c.block_k, c.num_warps, c.num_stages) for c in CANDIDATES)
     + tuple(
-        GemvConfig(block_n, warps * 512, warps, 3, packed=True)
+        GemvConfig(block_n, warps * PACKED_K, warps, 3, packed=True)
         for block_n, warps in ((8, 1), (4, 1), (2, 2), (8, 4), (4, 4))
     )
 )
