@@ -78,44 +78,66 @@ def generate(path: Path, tp: TPGroup) -> tuple[dict[str, list[int]], torch.Tenso
     return tokens, first[0]
 
 
-def rank_main(rank: int, addr: str, path: str, results: Any) -> None:
-    """One rank's process. It ends through `exit_rank`, as the executor's ranks do: left to
-    the interpreter's finalisation, gloo's threads aborted rank 0 at exit now and then
+def rank_main(rank: int, addr: str, models: list[tuple[str, str]], results: Any) -> None:
+    """One rank's process, for every case's model in turn in one gloo group: rank 0 sends
+    ("ok" or "error", case, result) per case and stops at the first error (rank 1 would
+    wait on it). It ends through `exit_rank`, as the executor's ranks do: left to the
+    interpreter's finalisation, gloo's threads aborted rank 0 at exit now and then
     ("terminate called without an active exception", status -6) after a correct run."""
-    code = 0
+    code, case = 0, "group"
     try:
         tp = init_group(rank, 2, addr, torch.device("cpu"))
-        if rank == 0:
-            tokens, logits = generate(Path(path), tp)
-            results.put(("ok", (tokens, logits.tolist())))  # plain values: this process ends
-        else:
-            b = build_runner(settings(Path(path)), tp=tp)
-            Follower(b.runner, tp).run()
+        for case, path in models:
+            if rank == 0:
+                tokens, logits = generate(Path(path), tp)
+                results.put(("ok", case, (tokens, logits.tolist())))  # plain values
+            else:
+                b = build_runner(settings(Path(path)), tp=tp)
+                Follower(b.runner, tp).run()
         destroy_group()
     except BaseException:
-        results.put(("error", f"rank {rank}: {traceback.format_exc()}"))
+        results.put(("error", case, f"rank {rank}: {traceback.format_exc()}"))
         code = 1
     results.close()
-    results.join_thread()  # the result is in the pipe before the process ends
+    results.join_thread()  # the results are in the pipe before the process ends
     exit_rank(code)
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_two_ranks_match_one(tmp_path: Path, case: str) -> None:
-    arch, overrides = CASES[case]
-    path = write_tiny_model(tmp_path, arch, seed=4, **overrides)
-    want_tokens, want_logits = generate(path, SINGLE)
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every case's model through one pair of rank processes, case after case: the ranks'
+    start (two spawned interpreters importing torch, and the group) is paid once, not once
+    per case. Returns case -> (status, result), "exit codes" and "paths" (case -> model)."""
+    root = tmp_path_factory.mktemp("tp")
+    models = [
+        (case, str(write_tiny_model(root / case, arch, seed=4, **overrides)))
+        for case, (arch, overrides) in CASES.items()
+    ]
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     addr = f"127.0.0.1:{free_port()}"
-    procs = [ctx.Process(target=rank_main, args=(r, addr, str(path), results)) for r in (0, 1)]
+    procs = [ctx.Process(target=rank_main, args=(r, addr, models, results)) for r in (0, 1)]
     for p in procs:
         p.start()
-    status, got = results.get(timeout=240)
+    got: dict[str, Any] = {}
+    while len(got) < len(models):
+        status, case, value = results.get(timeout=240)
+        got[case] = (status, value)
+        if status == "error":
+            break
     for p in procs:
         p.join(60)
+    got["exit codes"] = [p.exitcode for p in procs]
+    got["paths"] = dict(models)
+    return got
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_ranks_match_one(case: str, two_ranks: dict[str, Any]) -> None:
+    want_tokens, want_logits = generate(Path(two_ranks["paths"][case]), SINGLE)
+    status, got = two_ranks.get(case, ("missing", f"no result: {two_ranks}"))
     assert status == "ok", got
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    assert two_ranks["exit codes"] == [0, 0]
     tokens, logits = got
     torch.testing.assert_close(torch.tensor(logits), want_logits, atol=1e-4, rtol=1e-4)
     assert tokens == want_tokens
