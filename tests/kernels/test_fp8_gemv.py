@@ -41,14 +41,18 @@ def test_matches_reference(m: int, n: int, k: int, dtype: torch.dtype, block_sca
 
 
 @pytest.mark.parametrize("block_scales", [False, True], ids=["rows", "blocks"])
-@pytest.mark.parametrize(("n", "k"), [(203, 1100), (16, 2048)], ids=["ragged", "whole-tiles"])
+@pytest.mark.parametrize(("n", "k"), [(131, 700), (16, 2048)], ids=["ragged", "whole-tiles"])
 def test_every_configuration_choose_gemv_may_pick(n: int, k: int, block_scales: bool) -> None:
     """Ragged shapes: the widening kernel's launches, and a packed one, which falls back to
-    it; whole tiles: the packed launches, which then run the packed kernel."""
+    it; whole tiles: the packed launches, which then run the packed kernel. The ragged shape
+    is partial in every launch's rows and steps, and spans two block rows and six block
+    columns (the last partial) of 128x128 scales."""
     from services.executor.quant.fp8_linear import FP8_CANDIDATES
 
     q, scale = fp8_weight(n, k, block_scales, seed=9)
-    x = randn(3, k, dtype=torch.bfloat16, gen=torch.Generator().manual_seed(2))
+    # two rows of x: each row count's own code is test_matches_reference's and
+    # test_packed_matches_reference's; here, every launch's tiling
+    x = randn(2, k, dtype=torch.bfloat16, gen=torch.Generator().manual_seed(2))
     want = fp8_gemv_ref(x, q, scale, block_scales=block_scales)
     packed = [c for c in FP8_CANDIDATES if c.packed]
     launches = [c for c in FP8_CANDIDATES if not c.packed] + packed[:1] if n % 8 else packed
