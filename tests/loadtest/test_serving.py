@@ -45,14 +45,16 @@ async def test_metrics_agree_with_what_the_server_served(
     assert m.token_counts == "server usage"
     assert m.cache_hit_rate == pytest.approx(0.4)
     assert m.ttft is not None and m.itl is not None and m.tpot is not None and m.e2e is not None
-    # The fake's sleeps are lower bounds (a busy 2-core machine stretches them, which once
-    # made a median gap of 36 ms): each figure at least its scripted delay, in milliseconds
-    # (a unit slip or a gap not measured would be 1,000 times off, or 0).
-    assert 50 <= m.ttft.mean < 1000
-    assert 19 <= m.itl.median < 1000
-    assert 19 <= m.tpot.mean < 1000  # (e2e - ttft) / 4: the gaps
+    # The fake's sleeps are lower bounds: each figure at least its scripted delay, in
+    # milliseconds. The upper bounds catch a unit slip (seconds or microseconds read as
+    # milliseconds: 1,000 times off), not slowness: the fake shares the client's event loop
+    # in a pytest worker, where one stall (a busy 2-core machine; once every request's first
+    # token at 1.01 s against a scripted 50 ms) stretches every figure together.
+    assert 50 <= m.ttft.mean < 20_000
+    assert 19 <= m.itl.median < 10_000
+    assert 19 <= m.tpot.mean < 10_000  # (e2e - ttft) / 4: the gaps
     assert m.e2e.mean == pytest.approx(m.ttft.mean + 4 * m.tpot.mean)
-    assert 130 <= m.e2e.mean < 5000
+    assert 130 <= m.e2e.mean < 60_000
     assert m.output_throughput == pytest.approx(m.total_output_tokens / m.duration_s)
     assert m.request_throughput == pytest.approx(N / m.duration_s)
     if backend != "radixserve":
