@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -67,19 +69,26 @@ def _shared_prefix(
     return out
 
 
-def burst_section(log_dir: str) -> dict[str, Any]:
-    root = Path(tempfile.mkdtemp())
-    model = llama8b_dir(root, tokenizer="words")
-    port = 18100
-    proc = _serve(model, Path(log_dir) / "serve_burst.log", port)
+@contextmanager
+def serving_words(log: Path, port: int, *flags: str) -> Iterator[Path]:
+    """`radixserve serve` (and `flags`) on Llama-3.1-8B's shapes with dummy weights and the
+    word tokenizer, for the with-block; yields the model's directory."""
+    model = llama8b_dir(Path(tempfile.mkdtemp()), tokenizer="words")
+    proc = _serve(model, log, port, *flags)
     try:
+        yield model
+    finally:
+        stop_serve(proc)
+
+
+def burst_section(log_dir: str) -> dict[str, Any]:
+    port = 18100
+    with serving_words(Path(log_dir) / "serve_burst.log", port) as model:
         return {
             "burst_2000": _burst(port, retry=False),
             "burst_2000_retry": _burst(port, retry=True),
             "shared_prefix_256": _shared_prefix(port, model),
         }
-    finally:
-        stop_serve(proc)
 
 
 def shared_prefix_section(log_dir: str) -> dict[str, Any]:
