@@ -64,14 +64,16 @@ def _rows_x(x: torch.Tensor) -> torch.Tensor:
 # PACKED_K (512) columns, 16 a thread. On an H200 (2026-11-28,
 # loadtest/results/gpu_fp8_packed_h200_run1.json) they won Llama-3.1-8B's qkv and gate_up at
 # one row of x (gate_up 28.9 against 29.9 us) and every projection at two and four (gate_up
-# at four 41.0 against 64.4 us). These five are the ones that won a shape; each is a compile
-# per row count at a cold start.
+# at four 41.0 against 64.4 us). These are the ones that won a shape; each is a compile per
+# row count at a cold start. (2, 4) won o and down at one row in a sweep of every block_n and
+# warp count (loadtest/results/gpu_fp8_volatile_h200_run1.json, "micro_main": down 15.3 us
+# against 16.3 for the best widening launch).
 FP8_CANDIDATES = (
     CANDIDATES
     + tuple(GemvConfig(c.block_n, 2 * c.block_k, c.num_warps, c.num_stages) for c in CANDIDATES)
     + tuple(
         GemvConfig(block_n, warps * PACKED_K, warps, 3, packed=True)
-        for block_n, warps in ((8, 1), (4, 1), (2, 2), (8, 4), (4, 4))
+        for block_n, warps in ((8, 1), (4, 1), (2, 2), (8, 4), (4, 4), (2, 4))
     )
 )
 
