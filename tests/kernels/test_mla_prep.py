@@ -120,7 +120,7 @@ def test_tiny_deepseek_through_the_kernels_matches_the_torch_path(
     with monkeypatch.context() as torch_path:
         torch_path.setattr(deepseek.MLAttention, "_fused", lambda *args: False)
         model, config = load_model(path, device=DEVICE, attention_backend="triton")
-        want = greedy_with_prefix_reuse(model, config, prompts, steps=4)
+        want = greedy_with_prefix_reuse(model, config, prompts, steps=2)
     calls: list[int] = []
     original = deepseek.MLAttention._forward_fused
 
@@ -131,7 +131,7 @@ def test_tiny_deepseek_through_the_kernels_matches_the_torch_path(
     monkeypatch.setattr(deepseek.MLAttention, "_forward_fused", counted)
     kernel_device(monkeypatch, layers, deepseek)  # the Rope's kernel cache, the MLA kernels
     model, config = load_model(path, device=DEVICE, attention_backend="triton")
-    got = greedy_with_prefix_reuse(model, config, prompts, steps=4)
+    got = greedy_with_prefix_reuse(model, config, prompts, steps=2)
     assert calls  # the kernels ran
     assert got[0] == want[0]
     torch.testing.assert_close(got[1], want[1], atol=1e-4, rtol=1e-4)

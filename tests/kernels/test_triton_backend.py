@@ -280,7 +280,7 @@ def test_tiny_llama_greedy_tokens_match(tmp_path: Path) -> None:
     results = {}
     for backend in ("torch", "triton"):
         model, config = load_model(path, device=DEVICE, attention_backend=backend)
-        results[backend] = greedy_with_prefix_reuse(model, config, prompts, steps=6)
+        results[backend] = greedy_with_prefix_reuse(model, config, prompts, steps=3)
     assert results["triton"][0] == results["torch"][0]
     torch.testing.assert_close(results["triton"][1], results["torch"][1], atol=1e-4, rtol=1e-4)
 
@@ -389,7 +389,7 @@ def test_tiny_qwen3_with_the_pool_store_fused_into_rotation(
     path = write_tiny_model(tmp_path, "qwen3")
     prompts = [[5, 9, 200, 17, 3, 88, 41], [260, 72, 101, 108], [7] * 23, [1, 2]]
     model, config = load_model(path, device=DEVICE, attention_backend="torch")
-    want = greedy_with_prefix_reuse(model, config, prompts, steps=4)
+    want = greedy_with_prefix_reuse(model, config, prompts, steps=2)
     kernel_device(monkeypatch, layers)
     stores: list[int] = []
 
@@ -399,7 +399,7 @@ def test_tiny_qwen3_with_the_pool_store_fused_into_rotation(
 
     monkeypatch.setattr(triton_backend, "store_kv", no_separate_store)
     model, config = load_model(path, device=DEVICE, attention_backend="triton")
-    got = greedy_with_prefix_reuse(model, config, prompts, steps=4)
+    got = greedy_with_prefix_reuse(model, config, prompts, steps=2)
     assert stores == []  # every layer's K/V went in with its rotation
     assert got[0] == want[0]
     torch.testing.assert_close(got[1], want[1], atol=1e-4, rtol=1e-4)
