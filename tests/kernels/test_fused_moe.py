@@ -87,7 +87,7 @@ GEMV_SHAPES = [
     (1, 128, 8, 64, 32),  # Qwen3-MoE's routing: 8 of 128 experts
     (2, 8, 2, 48, 24),  # hidden and inter not multiples of the blocks
     (3, 4, 4, 32, 16),  # top_k = experts: tokens share every expert
-    (4, 16, 6, 40, 40),  # top-6 as DeepSeek-V2-Lite, inter deeper than one small K block
+    (4, 16, 6, 40, 24),  # top-6 as DeepSeek-V2-Lite, inter deeper than one small K block
 ]
 
 
