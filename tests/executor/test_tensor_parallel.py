@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -103,41 +104,54 @@ def rank_main(rank: int, addr: str, models: list[tuple[str, str]], results: Any)
     exit_rank(code)
 
 
+@dataclass
+class TwoRanks:
+    """What the pair of rank processes gave: per case ("ok", (tokens, logits)) or ("error",
+    traceback), up to the first error; the ranks' exit codes; each case's model."""
+
+    results: dict[str, tuple[str, Any]]
+    exit_codes: list[int | None]
+    paths: dict[str, Path]
+
+    def result(self, case: str) -> tuple[str, Any]:
+        errors = {c: r[1] for c, r in self.results.items() if r[0] == "error"}
+        return self.results.get(case, ("missing", f"no result; an earlier case failed: {errors}"))
+
+
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> TwoRanks:
     """Every case's model through one pair of rank processes, case after case: the ranks'
     start (two spawned interpreters importing torch, and the group) is paid once, not once
-    per case. Returns case -> (status, result), "exit codes" and "paths" (case -> model)."""
+    per case."""
     root = tmp_path_factory.mktemp("tp")
-    models = [
-        (case, str(write_tiny_model(root / case, arch, seed=4, **overrides)))
+    paths = {
+        case: write_tiny_model(root / case, arch, seed=4, **overrides)
         for case, (arch, overrides) in CASES.items()
-    ]
+    }
+    models = [(case, str(path)) for case, path in paths.items()]
     ctx = mp.get_context("spawn")
-    results = ctx.Queue()
+    queue = ctx.Queue()
     addr = f"127.0.0.1:{free_port()}"
-    procs = [ctx.Process(target=rank_main, args=(r, addr, models, results)) for r in (0, 1)]
+    procs = [ctx.Process(target=rank_main, args=(r, addr, models, queue)) for r in (0, 1)]
     for p in procs:
         p.start()
-    got: dict[str, Any] = {}
-    while len(got) < len(models):
-        status, case, value = results.get(timeout=240)
-        got[case] = (status, value)
+    results: dict[str, tuple[str, Any]] = {}
+    while len(results) < len(models):
+        status, case, value = queue.get(timeout=240)
+        results[case] = (status, value)
         if status == "error":
             break
     for p in procs:
         p.join(60)
-    got["exit codes"] = [p.exitcode for p in procs]
-    got["paths"] = dict(models)
-    return got
+    return TwoRanks(results, [p.exitcode for p in procs], paths)
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_two_ranks_match_one(case: str, two_ranks: dict[str, Any]) -> None:
-    want_tokens, want_logits = generate(Path(two_ranks["paths"][case]), SINGLE)
-    status, got = two_ranks.get(case, ("missing", f"no result: {two_ranks}"))
+def test_two_ranks_match_one(case: str, two_ranks: TwoRanks) -> None:
+    want_tokens, want_logits = generate(two_ranks.paths[case], SINGLE)
+    status, got = two_ranks.result(case)
     assert status == "ok", got
-    assert two_ranks["exit codes"] == [0, 0]
+    assert two_ranks.exit_codes == [0, 0]
     tokens, logits = got
     torch.testing.assert_close(torch.tensor(logits), want_logits, atol=1e-4, rtol=1e-4)
     assert tokens == want_tokens
