@@ -25,7 +25,9 @@ from loadtest.gpu.sections import _serve, stop_serve
 BURST_N = 2000
 
 
-def _burst(port: int, retry: bool) -> dict[str, Any]:
+def burst_2000(port: int, retry: bool) -> dict[str, Any]:
+    """BURST_N requests at once to the server on `port` (with `retry`, each 429/503 sent again
+    after its Retry-After): the burst's summary plus "lost" and the refusals without a hint."""
     from loadtest import burst
 
     p = argparse.ArgumentParser()
@@ -85,8 +87,8 @@ def burst_section(log_dir: str) -> dict[str, Any]:
     port = 18100
     with serving_words(Path(log_dir) / "serve_burst.log", port) as model:
         return {
-            "burst_2000": _burst(port, retry=False),
-            "burst_2000_retry": _burst(port, retry=True),
+            "burst_2000": burst_2000(port, retry=False),
+            "burst_2000_retry": burst_2000(port, retry=True),
             "shared_prefix_256": _shared_prefix(port, model),
         }
 

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from loadtest.gpu.burst import _burst, serving_words
+from loadtest.gpu.burst import burst_2000, serving_words
 
 MAX_TOKENS = 48
 PROMPTS = [
@@ -111,6 +111,6 @@ def serve_fp8_section(log_dir: str) -> dict[str, Any]:
         return {
             "flags": list(flags),
             "openai": _openai_checks(port),
-            "burst_2000": _burst(port, retry=False),
-            "burst_2000_retry": _burst(port, retry=True),
+            "burst_2000": burst_2000(port, retry=False),
+            "burst_2000_retry": burst_2000(port, retry=True),
         }
