@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from typing import Any
 
 import pytest
 import torch
@@ -34,11 +35,56 @@ def _reimport_for_the_interpreter() -> None:
         )
 
 
+def _patch_lang_once_per_launch() -> None:
+    """The interpreter re-patches triton.language at every call of a @jit helper (tl.sum and
+    tl.cdiv are helpers too) through `inspect.getmembers` over its modules: over two thirds
+    of an interpreted kernel's time, for patches the launch around the call has made already.
+    A helper's call now patches only the modules the launch has not; each launch still
+    patches on entry and restores everything on exit, so what runs is unchanged."""
+    from triton.runtime import interpreter
+
+    patch_lang = interpreter._patch_lang
+    langs_of: dict[object, frozenset[int]] = {}
+    patched: set[int] = set()  # ids of the modules the launch in progress has patched
+    nested: list[Any] = []  # scopes of helpers that patched more, restored with the launch
+
+    def langs(fn: Any) -> frozenset[int]:
+        if fn not in langs_of:
+            mods = (interpreter.tl, interpreter.tl.core)
+            langs_of[fn] = frozenset(id(v) for v in fn.__globals__.values() if v in mods)
+        return langs_of[fn]
+
+    class LaunchScope:
+        def __init__(self, scope: Any) -> None:
+            self.scope = scope
+
+        def restore(self) -> None:
+            while nested:
+                nested.pop().restore()
+            patched.clear()
+            self.scope.restore()
+
+    def once(fn: Any) -> Any:
+        need = langs(fn)
+        if not patched:  # a launch: GridExecutor restores what this returns
+            scope = patch_lang(fn)
+            patched.update(need)
+            return LaunchScope(scope)
+        if not need <= patched:  # a helper seeing a module the launch did not patch
+            nested.append(patch_lang(fn))
+            patched.update(need)
+        return None  # a helper's call ignores the scope
+
+    interpreter._patch_lang = once
+
+
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA and os.environ.get("TRITON_INTERPRET") != "1":
     os.environ["TRITON_INTERPRET"] = "1"
     if "triton" in sys.modules:
         _reimport_for_the_interpreter()
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _patch_lang_once_per_launch()
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
