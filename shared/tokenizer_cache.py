@@ -13,9 +13,12 @@ under the cache directory. Later loads of the same files read that copy with the
 without the config and without torch. Any other class (a model's own subclass, remote code)
 is never cached: its behaviour is more than what it saves.
 
-The entry's key hashes the model's path, the size and modification time of every file the
-tokenizer may read (every file of the directory but the weights, or the GGUF file), and the
-versions of transformers and tokenizers, so an edited file or an upgrade makes a new entry.
+The entry's key hashes what the tokenizer is built from: the name and bytes of every file of
+the directory but the weights (a file past `HASHED_BYTES`, its size and modification time),
+or a GGUF file's path, size and modification time (hashing gigabytes is not worth a
+tokenizer), and the versions of transformers and tokenizers. An edited file or an upgrade
+makes a new entry, and the same files under another path (a copy, another mount of the same
+volume) find the entry the first path saved.
 An entry appears whole (written aside, then renamed into place); processes that miss it at
 the same time take a file lock, so that one of them converts and the rest load its copy.
 Where the cache directory cannot be written, every load converts, as before.
@@ -41,6 +44,9 @@ CACHE_ENV = "RADIXSERVE_CACHE_DIR"
 # Weights and other large files no tokenizer reads: left out of the key (hashing their stat is
 # cheap, but a re-saved checkpoint should not invalidate its tokenizer).
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".ckpt")
+# Files up to this size are keyed by their bytes (Llama 3's tokenizer.json is 9 MB: hashed in
+# about 20 ms), larger ones by their size and modification time.
+HASHED_BYTES = 64 << 20
 
 
 def cache_root() -> Path:
@@ -53,16 +59,24 @@ def cache_root() -> Path:
 
 
 def entry_key(path: str, kind: str) -> str:
-    """What the tokenizer is built from: the files' names, sizes and modification times, and
-    the library versions that build it."""
+    """What the tokenizer is built from: the files' names and bytes (a GGUF file's path, size
+    and modification time), and the library versions that build it."""
     h = hashlib.sha256()
-    h.update(f"{kind}\0{os.path.abspath(path)}\0".encode())
+    h.update(f"{kind}\0".encode())
     for lib in ("transformers", "tokenizers"):
         h.update(f"{lib}={metadata.version(lib)}\0".encode())
-    files = [path] if kind == "gguf" else sorted(_tokenizer_files(path))
-    for f in files:
+    if kind == "gguf":
+        st = os.stat(path)
+        h.update(f"{os.path.abspath(path)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+        return h.hexdigest()[:32]
+    for f in sorted(_tokenizer_files(path)):
         st = os.stat(f)
-        h.update(f"{os.path.basename(f)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+        h.update(f"{os.path.basename(f)}\0{st.st_size}\0".encode())
+        if st.st_size > HASHED_BYTES:
+            h.update(f"mtime {st.st_mtime_ns}\0".encode())
+            continue
+        with open(f, "rb") as fh:
+            h.update(hashlib.file_digest(fh, "sha256").digest())
     return h.hexdigest()[:32]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -140,6 +141,25 @@ def test_an_edited_file_makes_a_new_entry(tmp_path: Path, cache_dir: Path) -> No
     (model / "model.safetensors").write_bytes((model / "model.safetensors").read_bytes())
     tokenizer_cache.load(source.path, source.kind, counting_convert(source, calls))
     assert calls == [1, 1]
+
+
+def test_the_same_files_under_another_path_load_the_saved_copy(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    model = write_tiny_model(tmp_path / "a", "llama", 4)
+    copy = Path(shutil.copytree(model, tmp_path / "b" / model.name))
+    calls: list[int] = []
+    for path in (model, copy):
+        source = resolve_model(str(path))
+        tokenizer_cache.load(source.path, source.kind, counting_convert(source, calls))
+    assert calls == [1]  # the copy converted nothing
+    # the copy edited: its own entry, the original's kept
+    (copy / "tokenizer_config.json").write_text(
+        json.dumps({**json.loads((copy / "tokenizer_config.json").read_text()), "x": 1})
+    )
+    source = resolve_model(str(copy))
+    tokenizer_cache.load(source.path, source.kind, counting_convert(source, calls))
+    assert calls == [1, 1] and len([p for p in cache_dir.iterdir() if p.is_dir()]) == 2
 
 
 def test_processes_starting_together_convert_once(tiny_dir: Path, cache_dir: Path) -> None:
