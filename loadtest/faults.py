@@ -183,25 +183,34 @@ def main(argv: list[str]) -> None:
         max_tokens=a.max_tokens,
     )
     log_dir = a.log_dir or Path(tempfile.mkdtemp(prefix="rs-faults-"))
+    rows = run_all(names, s, a.serve_args, log_dir)
+    print(table(rows))
+    if a.out is not None:
+        a.out.write_text(json.dumps(rows, indent=2) + "\n")
+        print(f"wrote {a.out}", file=sys.stderr)
+
+
+def run_all(
+    names: list[str], s: Settings, serve_args: list[str], log_dir: Path
+) -> list[dict[str, Any]]:
+    """Each scenario in turn on one stack (its own redis-server) of `radixserve serve
+    serve_args`; a row each, printed as it ends."""
     redis = RedisServer()
     redis.start()
-    stack = Stack(redis, a.serve_args, log_dir)
+    stack = Stack(redis, serve_args, log_dir)
     rows: list[dict[str, Any]] = []
     try:
         print(f"serve ready in {stack.start():.1f}s (logs in {log_dir})", file=sys.stderr)
         for name in names:
             try:
-                ready(stack, a.serve_args if name == "executor" else None)
+                ready(stack, serve_args if name == "executor" else None)
                 row = run_scenario(stack, name, s)
             except (NotServing, TimeoutError, RuntimeError) as e:
                 row = {"scenario": name, "ok": 0, "retried": 0, "failed_fast": 0, "hung": 0}
                 row["error"] = str(e)
             rows.append(row)
-            print(table(rows[-1:]).splitlines()[-1], file=sys.stderr)
+            print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     finally:
         stack.stop()
         redis.close()
-    print(table(rows))
-    if a.out is not None:
-        a.out.write_text(json.dumps(rows, indent=2) + "\n")
-        print(f"wrote {a.out}", file=sys.stderr)
+    return rows

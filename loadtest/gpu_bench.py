@@ -29,7 +29,9 @@ gpu/w4a16.py); quant_decode (batch-1 decode with bf16, fp8 per-channel, fp8 bloc
 Q4_K weights, each against its own roofline: gpu/quant.py; quant_decode_int4 the same with
 bf16, int4 AWQ and int4 GPTQ) and offline_fp8w (the 500 prompts with --quantization fp8
 weights and --kv-cache-dtype fp8_e4m3); serve_fp8 (those flags through `radixserve serve`: the
-openai client's completions and the 2,000-request bursts: gpu/serve_fp8.py).
+openai client's completions and the 2,000-request bursts: gpu/serve_fp8.py); faults (every
+service SIGKILLed mid-load, Redis restarted and hostile input, with the executor on the GPU:
+gpu/faults.py).
 """
 
 from __future__ import annotations
@@ -98,6 +100,7 @@ TIME_LIMITS = {
     "long_prefill": 420,  # one engine, four 100K-token prompts, FlashInfer's chunk kernels
     "shared_decode": 150,
     "serve_fp8": 480,  # --quantization fp8 through `radixserve serve`: openai client, bursts
+    "faults": 580,  # every service killed mid-load, Redis restarted, hostile input (gpu/faults.py)
 }
 OFFLINE_RUN_S = 130  # the 500-prompt run stops here and reports what it finished
 
@@ -230,6 +233,10 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         from loadtest.gpu.serve_fp8 import serve_fp8_section
 
         return serve_fp8_section(str(out_dir))
+    if name == "faults":
+        from loadtest.gpu.faults import gpu_faults_section
+
+        return gpu_faults_section(str(out_dir))
     if name == "offline_fp8w":
         return sections.offline_throughput(
             time_limit=OFFLINE_RUN_S, kv_cache_dtype="fp8_e4m3", quantization="fp8"
@@ -239,7 +246,7 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
     extra += ["qwen3moe_decode", "dsv2lite_decode", "scale", "gguf_kernel", "w4a16_kernel"]
     extra += ["qwen3moe_batches", "dsv2lite_batches"]
     extra += ["quant_decode", "quant_decode_int4", "offline_fp8w", "flashinfer_kernel"]
-    extra += ["shared_prefix", "long_prefill", "shared_decode", "serve_fp8"]
+    extra += ["shared_prefix", "long_prefill", "shared_decode", "serve_fp8", "faults"]
     raise SystemExit(f"unknown section {name!r}; known: {', '.join([*SECTIONS, *extra])}")
 
 
