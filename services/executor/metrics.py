@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 from services.executor.engine.loop import Engine
 from services.executor.rates import RATE_WINDOW_S, Window
 from shared.metrics.buckets import SERVICE_SECONDS
+from shared.metrics.executor_load import load_gauges
 from shared.metrics.registry import COMMON_LABELS, ServiceMetrics
 
 
@@ -45,27 +46,11 @@ class ExecutorCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         e = self.engine
         load, stats = e.load(), e.stats
-        used = load.total_kv_tokens - load.free_kv_tokens - load.evictable_tokens
         self.window.add(
             time.monotonic(), stats.generated_tokens, stats.prompt_tokens, stats.cached_tokens
         )
-        yield self._gauge(
-            "sglang:num_running_reqs", "Requests prefilling or decoding", load.running
-        )
-        yield self._gauge(
-            "sglang:num_queue_reqs", "Requests waiting for a step to admit them", load.waiting
-        )
-        yield self._gauge(
-            "sglang:num_used_tokens", "KV slots held by requests (not only by the cache)", used
-        )
-        yield self._gauge(
-            "sglang:max_total_num_tokens", "KV slots in the pool", load.total_kv_tokens
-        )
-        yield self._gauge(
-            "sglang:token_usage",
-            "Fraction of the KV pool held by requests",
-            used / load.total_kv_tokens if load.total_kv_tokens else 0.0,
-        )
+        for name, doc, value in load_gauges(load):
+            yield self._gauge(name, doc, value)
         yield self._gauge(
             "sglang:cache_hit_rate",
             f"Fraction of prompt tokens found in the radix cache (last {RATE_WINDOW_S:g} s)",
@@ -75,11 +60,6 @@ class ExecutorCollector(Collector):
             "sglang:gen_throughput",
             f"Tokens generated per second (last {RATE_WINDOW_S:g} s)",
             self.window.throughput,
-        )
-        yield self._gauge(
-            "radixserve:executor_cached_kv_tokens",
-            "KV slots the radix cache holds",
-            load.cached_tokens,
         )
         yield self._counter(
             "radixserve:executor_forward_tokens",

@@ -27,6 +27,7 @@ from services.gateway.access_policy import AccessPolicy
 from services.gateway.admission import Admission, watch_load
 from services.gateway.dispatch import Dispatcher
 from services.gateway.errors import ApiError, default_type, error_body
+from services.gateway.executor_gauges import add_executor_gauges
 from services.gateway.key_budget import KeyBudget
 from services.gateway.metrics import Buckets, GatewayMetrics, endpoint_of
 from services.gateway.openai_responses import api as openai_responses_api
@@ -109,6 +110,7 @@ async def build_app(
         tracing or Tracing("gateway", settings.instance_id),
         think_end=think_end(settings.reasoning_parser),
     )
+    add_executor_gauges(metrics, client)
     metrics.gauge_function(
         "radixserve:inflight_requests",
         "Generations this gateway is waiting on",
