@@ -196,7 +196,8 @@ OPERATIONS = [
     Operation(
         "get",
         "/metrics",
-        "Prometheus metrics of this gateway (every service also serves its own on --metrics-port)",
+        "Prometheus metrics of this gateway, and the gauges of executors without a "
+        "--metrics-port of their own (every service serves its own on --metrics-port)",
         "Prometheus text exposition format",
         content_type="text/plain",
     ),
