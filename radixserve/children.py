@@ -7,21 +7,41 @@ never collide with what its dead predecessor left in Redis.
 
 from __future__ import annotations
 
+import ctypes
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+PR_SET_PDEATHSIG = 1
+
+
+def _load_prctl() -> Callable[..., Any] | None:
+    """libc's prctl, looked up once in the parent: between fork and exec a child of a
+    process with threads must not import or dlopen anything (another thread may have held
+    the loader's or the allocator's lock at the fork, which the child then waits on or
+    aborts over)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl: Callable[..., Any] = ctypes.CDLL(None, use_errno=True).prctl
+        return prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()
 
 
 def die_with_parent() -> None:
     """In each child, before exec: get SIGTERM when the launcher dies, however it dies
-    (Linux), so no service outlives `radixserve serve`."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    (Linux), so no service outlives `radixserve serve`. One call of the function the parent
+    looked up: nothing is imported or loaded after the fork."""
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import itertools
 import os
 import signal
 import stat
+import subprocess
 import sys
 import threading
 import time
@@ -130,3 +131,40 @@ def test_the_private_redis_is_private_and_restarted_on_the_same_socket(tmp_path:
         client.close()
     assert result == [0] and server.exit_code() is not None
     assert not os.path.exists(server.workdir)
+
+
+_PARENT = """
+import subprocess, sys, time
+from radixserve.children import die_with_parent
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                         preexec_fn=die_with_parent)
+print(child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_child_dies_with_its_killed_parent() -> None:
+    """The launcher SIGKILLed (no handler runs): its children get SIGTERM from the kernel,
+    through the prctl looked up before the fork."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _PARENT], stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    assert _running(child)
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 30
+    while _running(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(child), "the child outlived its SIGKILLed parent"
