@@ -105,7 +105,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--tp-size {a.tp_size} needs {a.tp_size} GPUs; this machine has {gpus}")
     a.executor_devices = executor_devices(a.device, a.dp_size, gpus, a.tp_size // a.nnodes)
     cuda = [
-        f"cuda:{int(d.partition(':')[2]) + r}"
+        f"cuda:{device_index(d) + r}"
         for d in a.executor_devices
         if d.startswith("cuda")
         for r in range(a.tp_size // a.nnodes)
@@ -130,6 +130,12 @@ def _gpu_count(device: str) -> int:
     return torch.cuda.device_count()
 
 
+def device_index(device: str) -> int:
+    """The GPU index of "cuda:K" (K), or 0 for a device that names none ("cuda", "auto")."""
+    index = device.partition(":")[2]
+    return int(index) if index.isdigit() else 0
+
+
 def executor_devices(device: str, dp_size: int, gpu_count: int, tp_per_node: int = 1) -> list[str]:
     """The --device of each of `dp_size` executors: on CUDA its first GPU, from --device's
     index up, each executor taking `tp_per_node` GPUs (its tensor-parallel ranks on this node:
@@ -137,8 +143,7 @@ def executor_devices(device: str, dp_size: int, gpu_count: int, tp_per_node: int
     otherwise (the CPU, or no GPU) `device` for all."""
     if device == "cpu" or gpu_count == 0 or not device.startswith(("cuda", "auto")):
         return [device] * dp_size
-    index = device.partition(":")[2]
-    base = int(index) if index.isdigit() else 0
+    base = device_index(device)
     span = max(1, (gpu_count - base) // tp_per_node)  # whole groups from the base up
     return [f"cuda:{base + (i % span) * tp_per_node}" for i in range(dp_size)]
 

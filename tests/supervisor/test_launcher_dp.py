@@ -39,6 +39,13 @@ def test_dp_size_starts_that_many_executors_with_their_devices() -> None:
     assert single.argv[-1] == "executor"
 
 
+@pytest.mark.parametrize("device", ["cuda", "auto", "cuda:1"])
+def test_a_device_with_or_without_an_index_is_accepted(device: str) -> None:
+    """`--device cuda` (no index) once failed parsing its index for the GPU-sharing check."""
+    a = launcher.parse_args(["--device", device])
+    assert a.executor_devices == [device]
+
+
 def test_executors_sharing_a_gpu_need_their_pool_sizes(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
