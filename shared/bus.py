@@ -4,7 +4,10 @@ Each entry holds one msgpack-encoded message in field `m`. Two readers:
 
 - `GroupConsumer`: a work queue read through a consumer group. Entries are acked by the
   caller after its side effect; entries another consumer left pending longer than
-  `claim_idle_ms` are taken over with XAUTOCLAIM, so a crashed replica loses nothing.
+  `claim_idle_ms` are taken over with XAUTOCLAIM, so a crashed replica loses nothing. Given
+  the consumers' service, a consumer whose liveness key is gone (deleted by the supervisor
+  when the process exits, or expired) is known dead: its entries are taken over within
+  DEAD_CHECK_S, without waiting for `claim_idle_ms`.
 - `StreamReader`: a per-instance stream with exactly one reader (XREAD from the last id seen).
 
 Both survive a Redis restart or a dropped connection: reads retry with exponential backoff and
@@ -41,6 +44,9 @@ T = TypeVar("T")
 FIELD = b"m"
 # How often a StreamReader with trim_consumed trims what it has read (one XTRIM per interval).
 TRIM_INTERVAL_S = 0.5
+# How often a GroupConsumer given its service looks for dead consumers' entries: one XPENDING
+# summary (and an EXISTS per consumer holding entries) a second.
+DEAD_CHECK_S = 1.0
 TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionResetError, OSError)
 
 
@@ -279,10 +285,13 @@ class GroupConsumer(_Reader[T]):
         consumer: str,
         type_: Any,
         claim_idle_ms: int = constants.CLAIM_IDLE_MS,
+        service: str | None = None,
     ) -> None:
         super().__init__(r, stream, type_)
         self.group, self.consumer, self.claim_idle_ms = group, consumer, claim_idle_ms
+        self.service = service  # the consumers' liveness keys: rs:live:{service}:{consumer}
         self._last_claim = 0.0
+        self._last_dead_check = 0.0
 
     async def ensure_group(self) -> None:
         try:
@@ -307,13 +316,43 @@ class GroupConsumer(_Reader[T]):
             if start in (b"0-0", "0-0"):
                 return claimed
 
+    async def claim_from_dead(self) -> list[Entry[T]]:
+        """Take over, whatever their idle time, the entries of consumers whose liveness key
+        is gone. A live consumer's entries are never taken here, however long they wait: a
+        busy replica is not a dead one (claim_stale covers one that hangs)."""
+        if self.service is None:
+            return []
+        summary = await self.r.xpending(self.stream, self.group)
+        claimed: list[Entry[T]] = []
+        for c in summary.get("consumers") or []:
+            name = c["name"].decode() if isinstance(c["name"], bytes) else str(c["name"])
+            if name == self.consumer or await self.r.exists(constants.live_key(self.service, name)):
+                continue
+            pending = await self.r.xpending_range(
+                self.stream, self.group, "-", "+", int(c["pending"]), consumername=name
+            )
+            ids = [p["message_id"] for p in pending]
+            if not ids:
+                continue
+            raw = await self.r.xclaim(self.stream, self.group, self.consumer, 0, ids)
+            good, bad = self._decode_entries([e for e in raw if e is not None])
+            if bad:
+                await self.ack(bad)
+            if good:
+                log.info("took over %d entries of %s, which is gone", len(good), name)
+            claimed += good
+        return claimed
+
     async def read(self, count: int = 64, block_ms: int = 1000) -> list[Entry[T]]:
-        """New entries for this consumer (plus stale ones claimed from dead consumers)."""
+        """New entries for this consumer (plus those claimed from dead consumers)."""
         while True:
             try:
                 entries: list[Entry[T]] = []
                 now = time.monotonic()
-                if now - self._last_claim > self.claim_idle_ms / 2000:
+                if self.service is not None and now - self._last_dead_check > DEAD_CHECK_S:
+                    self._last_dead_check = now
+                    entries = await self.claim_from_dead()
+                if not entries and now - self._last_claim > self.claim_idle_ms / 2000:
                     self._last_claim = now
                     entries = await self.claim_stale()
                 if entries:

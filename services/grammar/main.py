@@ -89,7 +89,12 @@ class GrammarWorker:
     ) -> GrammarWorker:
         """A worker reading rs:grammar as `consumer_name`, storing in Redis `r`."""
         consumer: GroupConsumer[GrammarMessage] = GroupConsumer(
-            r, constants.GRAMMAR_STREAM, constants.GRAMMAR_GROUP, consumer_name, GrammarMessage
+            r,
+            constants.GRAMMAR_STREAM,
+            constants.GRAMMAR_GROUP,
+            consumer_name,
+            GrammarMessage,
+            service="grammar",  # a dead replica's compiles are taken over at once
         )
         return cls(GrammarStore(r, cache_ttl_s), consumer, compiler, threads, compile_timeout_s)
 

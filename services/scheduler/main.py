@@ -121,6 +121,7 @@ async def serve(a: argparse.Namespace) -> None:
         svc.instance,
         ScheduleMessage,
         claim_idle_ms=2000,
+        service="scheduler",
     )
     svc.watch("schedule", consumer)
     scheduler_metrics(svc.metrics, router)

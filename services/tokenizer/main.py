@@ -44,7 +44,12 @@ async def serve(a: argparse.Namespace) -> None:
     svc = service_from_flags("tokenizer", a, source.name, model=tok.model_info())
     metrics = TokenizerMetrics(svc.metrics, svc.tracing)
     consumer: GroupConsumer[TokenizeMessage] = GroupConsumer(
-        svc.r, constants.TOKENIZE_STREAM, constants.TOKENIZE_GROUP, svc.instance, TokenizeMessage
+        svc.r,
+        constants.TOKENIZE_STREAM,
+        constants.TOKENIZE_GROUP,
+        svc.instance,
+        TokenizeMessage,
+        service="tokenizer",  # a dead replica's entries are taken over at once
     )
     svc.watch("tokenize", consumer)
     pool = ThreadPoolExecutor(max_workers=a.threads)

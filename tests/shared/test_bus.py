@@ -8,6 +8,7 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 
+from shared import constants
 from shared.bus import FIELD, GroupConsumer, StreamReader, publish, publish_many
 from shared.messages.common import AbortRequest
 from shared.messages.tokenize import TokenizeMessage
@@ -55,6 +56,32 @@ async def test_fresh_entries_are_not_stolen_before_idle(aredis: aioredis.Redis) 
     await publish(aredis, "s", AbortRequest(rid="x"))
     assert len(await a.read(block_ms=100)) == 1
     assert await b.read(block_ms=50) == []
+
+
+async def test_a_dead_consumers_entries_are_taken_at_once_a_live_ones_never(
+    aredis: aioredis.Redis,
+) -> None:
+    """Given the consumers' service, entries of a consumer whose liveness key is gone move to
+    the next reader at once (the claim_idle_ms here is a minute); a live one keeps its own."""
+
+    def worker(name: str) -> GroupConsumer[object]:
+        return GroupConsumer(
+            aredis, "s", "g", name, TokenizeMessage, claim_idle_ms=60_000, service="tok"
+        )
+
+    busy, gone, taker = worker("busy"), worker("gone"), worker("taker")
+    await busy.ensure_group()
+    for name, w in (("busy", busy), ("gone", gone)):
+        await aredis.set(constants.live_key("tok", name), b"beat")
+        await publish(aredis, "s", AbortRequest(rid=name))
+        assert len(await w.read(count=1, block_ms=100)) == 1  # read, never acked
+    assert await taker.read(block_ms=50) == []  # both alive: nothing moves
+    await aredis.delete(constants.live_key("tok", "gone"))  # as the supervisor does at exit
+    taker._last_dead_check = 0.0  # the next read looks (it does so once a second)
+    claimed = await taker.read(block_ms=50)
+    assert [e.message for e in claimed] == [AbortRequest(rid="gone")]
+    owners = {p["consumer"] for p in await aredis.xpending_range("s", "g", "-", "+", 10)}
+    assert owners == {b"busy", b"taker"}
 
 
 async def test_trimming_bounds_the_stream(aredis: aioredis.Redis) -> None:
