@@ -99,11 +99,13 @@ def children(pid: int) -> list[int]:
 
 
 def cmdline(pid: int) -> list[str]:
+    """A process's command line, word by word. A service forked by serve's zygote shows its
+    command as one title string (radixserve/zygote.py), so the words are split on spaces too."""
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return []
-    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+    return [w for a in raw.split(b"\0") for w in a.decode(errors="replace").split(" ") if w]
 
 
 def service_of(cmdline: list[str]) -> str | None:

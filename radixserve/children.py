@@ -14,7 +14,10 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from radixserve.spawner import AdoptedProcess, Zygote
 
 PR_SET_PDEATHSIG = 1
 
@@ -33,15 +36,15 @@ def _load_prctl() -> Callable[..., Any] | None:
         return None
 
 
-_PRCTL = _load_prctl()
+PRCTL = _load_prctl()
 
 
 def die_with_parent() -> None:
     """In each child, before exec: get SIGTERM when the launcher dies, however it dies
     (Linux), so no service outlives `radixserve serve`. One call of the function the parent
     looked up: nothing is imported or loaded after the fork."""
-    if _PRCTL is not None:
-        _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if PRCTL is not None:
+        PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ class Child:
     def __init__(self, spec: ChildSpec) -> None:
         self.spec = spec
         self.incarnation = -1
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | AdoptedProcess | None = None
         self.started_at = 0.0
         self.restart_at: float | None = None  # when a scheduled restart is due
 
@@ -70,10 +73,15 @@ class Child:
     def instance(self) -> str:
         return self.spec.instance(self.incarnation)
 
-    def start(self) -> None:
+    def start(self, zygote: Zygote | None = None) -> None:
+        """Forked by `zygote` where it can, else started from its command."""
         self.incarnation += 1
         env = {**self.spec.env, "RADIXSERVE_INSTANCE_ID": self.instance}
-        self.proc = subprocess.Popen(self.spec.argv, env=env, preexec_fn=die_with_parent)
+        self.proc = None
+        if zygote is not None and zygote.accepts(self.spec.argv, env):
+            self.proc = zygote.spawn(self.spec.argv, env)
+        if self.proc is None:
+            self.proc = subprocess.Popen(self.spec.argv, env=env, preexec_fn=die_with_parent)
         self.started_at = time.monotonic()
         self.restart_at = None
 

@@ -86,6 +86,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         check=positive,
         help="seconds over which --max-restarts counts a child's restarts",
     )
+    p.add_bool(
+        "--preload",
+        default=True,
+        help="fork the services (Linux) from one process that has imported their modules "
+        "(radixserve/zygote.py): the stack imports torch and the rest once, and a restarted "
+        "service skips its imports (seconds of CPU each). --no-preload starts every service "
+        "from its own command, as compose does",
+    )
     p.add_flag(
         "--startup-timeout",
         type=float,
@@ -343,6 +351,7 @@ def main(argv: list[str] | None = None) -> None:
         policy=RestartPolicy(max_restarts=a.max_restarts, window_s=a.restart_window),
         redis_server=redis_server,
         startup_timeout_s=a.startup_timeout,
+        preload=a.preload,
     )
     # The model check imported the executor's config code (torch with it): frozen, the
     # collector skips that heap at exit, which otherwise took most of a second of each stop.

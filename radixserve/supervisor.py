@@ -7,6 +7,9 @@
 - A dead child's liveness key is deleted at once, so routing and /health stop counting it
   without waiting for its TTL (a dead scheduler's leadership is released the same way).
 - The private redis-server, when there is one, is restarted on the same socket and password.
+- With `preload`, the `radixserve <service>` children are forked by the zygote
+  (radixserve/zygote.py) and adopted here, this process being their subreaper; the orphans
+  that adoption also brings (a dead service's own children) are reaped each tick.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import redis
 from radixserve.children import Child, ChildSpec, stop_children
 from radixserve.redis_proc import RedisServer
 from radixserve.restart import GiveUp, RestartPolicy, RestartTracker
+from radixserve.spawner import Zygote, become_subreaper, reap_orphans
 from shared import constants
 
 TICK_S = 0.1  # how often exits are noticed
@@ -44,6 +48,7 @@ class Supervisor:
         policy: RestartPolicy | None = None,
         redis_server: RedisServer | None = None,
         startup_timeout_s: float = 600.0,
+        preload: bool = False,
     ) -> None:
         self.policy = policy or RestartPolicy()
         self.children = [Child(s) for s in specs]
@@ -56,12 +61,16 @@ class Supervisor:
         self.ready = False
         self._stop = threading.Event()
         self._client: redis.Redis | None = None
+        self.preload = preload
+        self.zygote: Zygote | None = None
 
     def run(self) -> int:
         """Start every child and supervise until Ctrl-C / SIGTERM (0) or a failure (1)."""
         try:
+            if self.preload and self.children and become_subreaper():
+                self.zygote = Zygote(self.children[0].spec.env)
             for c in self.children:
-                c.start()
+                c.start(self.zygote)
             started = time.monotonic()
             while not self._stop.is_set():
                 now = time.monotonic()
@@ -76,6 +85,7 @@ class Supervisor:
                     elif now - started > self.startup_timeout_s:
                         say(f"not ready after {self.startup_timeout_s:.0f}s; stopping everything")
                         return 1
+                self._reap()
                 self.on_tick()
                 self._stop.wait(TICK_S)
         except KeyboardInterrupt:
@@ -92,6 +102,8 @@ class Supervisor:
     def _stop_all(self) -> None:
         first = [c for c in self.children if c.spec.service == "gateway"]
         stop_children(first + [c for c in self.children if c not in first])
+        if self.zygote is not None:
+            self.zygote.close()
         if self._client is not None:
             self._client.close()
         if self.redis_server is not None:
@@ -101,7 +113,7 @@ class Supervisor:
         for c in self.children:
             if c.restart_at is not None:
                 if now >= c.restart_at:
-                    c.start()
+                    c.start(self.zygote)
                     say(f"restarted {c.spec.name} as {c.instance}")
                 continue
             code = c.exit_code()
@@ -117,6 +129,18 @@ class Supervisor:
             c.restart_at = now + decision.delay_s
             say(f"{what}; restarting it in {decision.delay_s:g}s")
         return None
+
+    def _reap(self) -> None:
+        """Adopted orphans (only a subreaper has any), leaving the pids others wait for."""
+        if self.zygote is None:
+            return
+        self.zygote.poll()  # a dead zygote is reaped here, and started again when needed
+        known = [c.proc.pid for c in self.children if c.proc is not None]
+        if self.zygote.proc is not None:
+            known.append(self.zygote.proc.pid)
+        if self.redis_server is not None and self.redis_server.proc is not None:
+            known.append(self.redis_server.proc.pid)
+        reap_orphans(known)
 
     def _watch_redis(self, now: float) -> str | None:
         server = self.redis_server
