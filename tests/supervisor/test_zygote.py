@@ -61,11 +61,20 @@ class Driver:
 
 
 @pytest.fixture(scope="module")
-def driver(redis_url: str) -> Iterator[Driver]:
-    """One driver for the module: its zygote imports for seconds of CPU."""
-    d = Driver(redis_url)
-    yield d
-    d.close()
+def drivers() -> Iterator[list[Driver]]:
+    started: list[Driver] = []
+    yield started
+    for d in started:
+        d.close()
+
+
+@pytest.fixture
+def driver(drivers: list[Driver], redis_url: str) -> Driver:
+    """The module's driver while it lives (its zygote imports for seconds of CPU), else a new
+    one: a test may kill it."""
+    if not drivers or drivers[-1].proc.poll() is not None:
+        drivers.append(Driver(redis_url))
+    return drivers[-1]
 
 
 def wait_until(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
@@ -131,16 +140,6 @@ def test_services_outlive_a_killed_zygote_and_a_new_one_forks_the_next(
     assert int(str(driver.ask("zygote")["pid"])) != zygote
 
 
-def test_services_die_with_their_killed_adopter(redis_url: str) -> None:
-    r = redis.Redis.from_url(redis_url)
-    driver = Driver(redis_url)  # its own: killed here
-    pid = driver.spawn("zy-f", "scheduler")
-    wait_until(lambda: live(r, "zy-f"), "the scheduler")
-    driver.proc.kill()  # SIGKILL: nothing of the driver runs, the kernel's signal does
-    driver.proc.wait()
-    wait_until(lambda: not running(pid), "the scheduler's exit after its adopter's death")
-
-
 def test_orphans_are_reaped_and_pids_with_owners_are_left(driver: Driver) -> None:
     owned = driver.spawn("zy-g", "scheduler", "--no-such-flag")  # exits 2, not yet waited for
     wait_until(lambda: stat(owned)[0] == "Z", "the owned child's exit")
@@ -155,6 +154,15 @@ def test_orphans_are_reaped_and_pids_with_owners_are_left(driver: Driver) -> Non
     second = driver.ask(f"reap {owned}")["reaped"]
     assert [*first, *second] == [orphan]  # type: ignore[misc]
     assert stat(orphan)[0] == ""
+
+
+def test_services_die_with_their_killed_adopter(driver: Driver, redis_url: str) -> None:
+    r = redis.Redis.from_url(redis_url)
+    pid = driver.spawn("zy-f", "scheduler")
+    wait_until(lambda: live(r, "zy-f"), "the scheduler")
+    driver.proc.kill()  # SIGKILL: nothing of the driver runs, the kernel's signal does
+    driver.proc.wait()
+    wait_until(lambda: not running(pid), "the scheduler's exit after its adopter's death")
 
 
 def test_only_radixserve_services_under_the_zygotes_environment_are_forked() -> None:
