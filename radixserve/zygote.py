@@ -37,6 +37,7 @@ forking is not safe here (serve then starts every service itself).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib
 import json
@@ -87,6 +88,20 @@ def main() -> None:
     from radixserve.cli import main as cli_main
 
     cli_main(request.argv[3:])
+    _finish()
+
+
+def _finish() -> None:
+    """A forked service that stopped cleanly ends without the interpreter's teardown. It
+    carries every module the zygote imported, triton's among them, and froze its heap at
+    start (shared/service.py): at teardown triton's nanobind bindings, never freed from a
+    frozen heap, print a page of "leaked" warnings in every service, where only the executor
+    imported triton before. What teardown does that still matters: the exit handlers (logging's
+    flush among them) and the standard streams."""
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _parse_model() -> None:
