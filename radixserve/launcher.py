@@ -28,6 +28,7 @@ from radixserve.progress import ProgressDisplay, read_progress
 from radixserve.redis_proc import RedisServer
 from radixserve.restart import RestartPolicy
 from radixserve.supervisor import Supervisor
+from radixserve.teardown import exit_without_teardown
 from shared import constants
 from shared.config import EnvArgumentParser, add_common_flags, env_name, non_negative, positive
 from shared.model_files import ModelNotFoundError, resolve_model
@@ -364,3 +365,4 @@ def main(argv: list[str] | None = None) -> None:
         progress_client.close()
     if code:
         raise SystemExit(code)
+    exit_without_teardown()  # its frozen heap holds triton for a GGUF model: teardown.py

@@ -37,7 +37,6 @@ forking is not safe here (serve then starts every service itself).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import importlib
 import json
@@ -86,22 +85,11 @@ def main() -> None:
     request = _serve(sock, serve_pid, _unsafe())  # returns only in a forked service
     _become(request, serve_pid)
     from radixserve.cli import main as cli_main
+    from radixserve.teardown import exit_without_teardown
 
     cli_main(request.argv[3:])
-    _finish()
-
-
-def _finish() -> None:
-    """A forked service that stopped cleanly ends without the interpreter's teardown. It
-    carries every module the zygote imported, triton's among them, and froze its heap at
-    start (shared/service.py): at teardown triton's nanobind bindings, never freed from a
-    frozen heap, print a page of "leaked" warnings in every service, where only the executor
-    imported triton before. What teardown does that still matters: the exit handlers (logging's
-    flush among them) and the standard streams."""
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    # It carries every module imported here, triton's among them (radixserve/teardown.py)
+    exit_without_teardown()
 
 
 def _parse_model() -> None:
