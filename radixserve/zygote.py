@@ -82,6 +82,8 @@ def main() -> None:
             importlib.import_module(module)
     with contextlib.suppress(Exception):  # the services report a model they cannot read
         _parse_model()
+    with contextlib.suppress(ImportError):
+        import setproctitle  # noqa: F401 - imported once here rather than in every service
     request = _serve(sock, serve_pid, _unsafe())  # returns only in a forked service
     _become(request, serve_pid)
     from radixserve.cli import main as cli_main
@@ -174,9 +176,9 @@ def _fork_adopted(reader: BinaryIO, sock: socket.socket) -> int:
 
 def _become(request: Request, serve_pid: int) -> None:
     """Turn this fork into the process `request.argv` would have started."""
-    # Adopted when the intermediate exited: its exit closed our pipe a moment before the
-    # kernel reparented us, so the wait is at most that moment (ADOPTION_TIMEOUT_S bounds a
-    # serve that could not be made a subreaper).
+    # Adopted by serve once the intermediate has exited, which it does right after forking
+    # this process: a moment's wait (ADOPTION_TIMEOUT_S bounds a serve that could not be
+    # made a subreaper, whose orphans go to init instead).
     deadline = time.monotonic() + ADOPTION_TIMEOUT_S
     while os.getppid() != serve_pid:
         if time.monotonic() > deadline:
