@@ -27,6 +27,7 @@ from radixserve.children import ChildSpec
 from radixserve.progress import ProgressDisplay, read_progress
 from radixserve.redis_proc import RedisServer
 from radixserve.restart import RestartPolicy
+from radixserve.spawner import Zygote, zygote_supported
 from radixserve.supervisor import Supervisor
 from radixserve.teardown import exit_without_teardown
 from shared import constants
@@ -286,6 +287,11 @@ def health_ok(url: str) -> bool:
 
 def main(argv: list[str] | None = None) -> None:
     a = parse_args(argv)
+    # Started first, so that its imports (and its parse of a GGUF model) run beside the model
+    # check below; an early exit ends it through its parent-death signal.
+    zygote = Zygote(child_env(a)) if a.preload and zygote_supported() else None
+    if zygote is not None:
+        zygote.start()
     name = check_model(a)
     if a.gateway_replicas > 1 or a.reuse_port:
         for port in (a.port, a.grpc_port):
@@ -352,7 +358,7 @@ def main(argv: list[str] | None = None) -> None:
         policy=RestartPolicy(max_restarts=a.max_restarts, window_s=a.restart_window),
         redis_server=redis_server,
         startup_timeout_s=a.startup_timeout,
-        preload=a.preload,
+        zygote=zygote,
     )
     # The model check imported the executor's config code (torch with it): frozen, the
     # collector skips that heap at exit, which otherwise took most of a second of each stop.

@@ -17,9 +17,18 @@ from radixserve.children import PRCTL, die_with_parent
 from radixserve.cli import COMMANDS
 
 PR_SET_CHILD_SUBREAPER = 36
-# The only variable that differs between serve's children: everything else they share with
-# the zygote, whose imports read the environment (TRITON_INTERPRET, OMP_NUM_THREADS, ...).
-PER_CHILD_ENV = ("RADIXSERVE_INSTANCE_ID",)
+# The variables that may differ between serve's children and the zygote: everything else
+# they share with it, since its imports read the environment (TRITON_INTERPRET, ...).
+PER_CHILD_ENV = (
+    "RADIXSERVE_INSTANCE_ID",
+    # serve starts the zygote before its private Redis, whose address no import reads
+    "REDIS_URL",
+)
+
+
+def zygote_supported() -> bool:
+    """Whether services can be forked and adopted here (Linux's prctl)."""
+    return PRCTL is not None
 
 
 def become_subreaper() -> bool:

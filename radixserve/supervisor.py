@@ -7,7 +7,7 @@
 - A dead child's liveness key is deleted at once, so routing and /health stop counting it
   without waiting for its TTL (a dead scheduler's leadership is released the same way).
 - The private redis-server, when there is one, is restarted on the same socket and password.
-- With `preload`, the `radixserve <service>` children are forked by the zygote
+- Given a zygote, the `radixserve <service>` children are forked by it
   (radixserve/zygote.py) and adopted here, this process being their subreaper; the orphans
   that adoption also brings (a dead service's own children) are reaped each tick.
 """
@@ -48,7 +48,7 @@ class Supervisor:
         policy: RestartPolicy | None = None,
         redis_server: RedisServer | None = None,
         startup_timeout_s: float = 600.0,
-        preload: bool = False,
+        zygote: Zygote | None = None,
     ) -> None:
         self.policy = policy or RestartPolicy()
         self.children = [Child(s) for s in specs]
@@ -61,14 +61,14 @@ class Supervisor:
         self.ready = False
         self._stop = threading.Event()
         self._client: redis.Redis | None = None
-        self.preload = preload
-        self.zygote: Zygote | None = None
+        self.zygote = zygote
 
     def run(self) -> int:
         """Start every child and supervise until Ctrl-C / SIGTERM (0) or a failure (1)."""
         try:
-            if self.preload and self.children and become_subreaper():
-                self.zygote = Zygote(self.children[0].spec.env)
+            if self.zygote is not None and not (self.children and become_subreaper()):
+                self.zygote.close()  # it could not hand its services to this process
+                self.zygote = None
             for c in self.children:
                 c.start(self.zygote)
             started = time.monotonic()
