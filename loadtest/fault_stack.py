@@ -21,6 +21,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -106,6 +107,33 @@ def cmdline(pid: int) -> list[str]:
     except OSError:
         return []
     return [w for a in raw.split(b"\0") for w in a.decode(errors="replace").split(" ") if w]
+
+
+def tree_cpu(root: int, name_of: Callable[[int, list[str]], str]) -> dict[str, float]:
+    """CPU seconds (user + system) of `root` and its live descendants, summed by
+    name_of(pid, command words)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            raw = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = raw[raw.rindex(")") + 2 :].split()
+        parents[int(entry)] = int(fields[1])
+        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    out: dict[str, float] = {}
+    for pid, seconds in cpu.items():
+        p = pid
+        while p not in (0, 1, root) and p in parents:
+            p = parents[p]
+        if p == root:
+            name = name_of(pid, cmdline(pid))
+            out[name] = out.get(name, 0.0) + seconds
+    return out
 
 
 def service_of(cmdline: list[str]) -> str | None:

@@ -22,39 +22,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loadtest.fault_stack import RedisServer, Stack, cmdline, service_of, wait_for
+from loadtest.fault_stack import RedisServer, Stack, service_of, tree_cpu, wait_for
 
 KILLED = ("tokenizer", "grammar", "detokenizer", "scheduler", "executor")
 
 
 def tree_cpu_s(root: int) -> dict[str, float]:
-    """CPU seconds (user + system) of `root` and its live descendants, by service ("serve",
-    "zygote", "other" for the rest)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    parents: dict[int, int] = {}
-    cpu: dict[int, float] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                raw = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            fields = raw[raw.rindex(")") + 2 :].split()
-            parents[int(entry)] = int(fields[1])
-            cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
-    out: dict[str, float] = {}
-    for pid, seconds in cpu.items():
-        p = pid
-        while p not in (0, 1, root) and p in parents:
-            p = parents[p]
-        if p != root:
-            continue
-        words = cmdline(pid)
-        name = service_of(words) or (
-            "serve" if pid == root else "zygote" if "radixserve.zygote" in words else "other"
-        )
-        out[name] = round(out.get(name, 0.0) + seconds, 2)
-    return out
+    """CPU seconds of `root` and its live descendants, by service ("serve", "zygote",
+    "other" for the rest)."""
+
+    def name_of(pid: int, words: list[str]) -> str:
+        if pid == root:
+            return "serve"
+        return service_of(words) or ("zygote" if "radixserve.zygote" in words else "other")
+
+    return {k: round(v, 2) for k, v in tree_cpu(root, name_of).items()}
 
 
 def restart_s(stack: Stack, service: str, timeout: float) -> float:

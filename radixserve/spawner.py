@@ -26,6 +26,11 @@ PER_CHILD_ENV = (
 )
 
 
+def shared_env(env: dict[str, str]) -> dict[str, str]:
+    """What of a child's environment must equal the zygote's."""
+    return {k: v for k, v in env.items() if k not in PER_CHILD_ENV}
+
+
 def zygote_supported() -> bool:
     """Whether services can be forked and adopted here (Linux's prctl)."""
     return PRCTL is not None
@@ -88,7 +93,7 @@ class Zygote:
     """The zygote process, started on the first request and again after it dies."""
 
     def __init__(self, env: dict[str, str]) -> None:
-        self.env = {k: v for k, v in env.items() if k not in PER_CHILD_ENV}
+        self.env = shared_env(env)
         self.proc: subprocess.Popen[bytes] | None = None
         self.sock: socket.socket | None = None
         self._buffer = b""
@@ -102,7 +107,7 @@ class Zygote:
             and len(argv) > 3
             and argv[3] in COMMANDS
             and argv[3] != "serve"
-            and {k: v for k, v in env.items() if k not in PER_CHILD_ENV} == self.env
+            and shared_env(env) == self.env
         )
 
     def spawn(self, argv: list[str], env: dict[str, str]) -> AdoptedProcess | None:
@@ -134,7 +139,7 @@ class Zygote:
     def start(self) -> None:
         """Start the zygote unless it runs: it imports while serve goes on, and answers the
         first request once it has."""
-        if self.poll():
+        if self.running():
             return
         self.close()
         ours, theirs = socket.socketpair()
@@ -166,7 +171,7 @@ class Zygote:
         answer: dict[str, object] = json.loads(line)
         return answer
 
-    def poll(self) -> bool:
+    def running(self) -> bool:
         """Whether the zygote runs (reaping it if it died)."""
         return self.proc is not None and self.proc.poll() is None
 

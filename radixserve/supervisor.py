@@ -134,7 +134,7 @@ class Supervisor:
         """Adopted orphans (only a subreaper has any), leaving the pids others wait for."""
         if self.zygote is None:
             return
-        self.zygote.poll()  # a dead zygote is reaped here, and started again when needed
+        self.zygote.running()  # a dead zygote is reaped here, and started again when needed
         known = [c.proc.pid for c in self.children if c.proc is not None]
         if self.zygote.proc is not None:
             known.append(self.zygote.proc.pid)

@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from loadtest.fault_stack import tree_cpu as process_tree_cpu
 from loadtest.gpu.models import llama8b_dir
 from loadtest.gpu.sections import DECODE_HEAVY, _serve
 from loadtest.otlp_sink import SpanSink
@@ -50,30 +51,11 @@ HEAVY = list(DECODE_HEAVY)
 
 def tree_cpu(root: int) -> dict[str, float]:
     """CPU seconds (user + system) of `root` and its descendants, by command line."""
-    tick = os.sysconf("SC_CLK_TCK")
-    parents: dict[int, int] = {}
-    stats: dict[int, tuple[str, float]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            raw = Path(f"/proc/{entry}/stat").read_text()
-            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        fields = raw[raw.rindex(")") + 2 :].split()
-        parents[int(entry)] = int(fields[1])
-        stats[int(entry)] = (cmd, (int(fields[11]) + int(fields[12])) / tick)
-    out: dict[str, float] = {}
-    for pid, (cmd, cpu) in stats.items():
-        p = pid
-        while p not in (0, 1, root) and p in parents:
-            p = parents[p]
-        if p == root:
-            words = cmd.split()
-            name = " ".join(w for w in words[3:5] if not w.startswith("-")) or words[0]
-            out[name] = out.get(name, 0.0) + cpu
-    return out
+
+    def name_of(pid: int, words: list[str]) -> str:
+        return " ".join(w for w in words[3:5] if not w.startswith("-")) or "".join(words[:1])
+
+    return process_tree_cpu(root, name_of)
 
 
 def scrape_forever(ports: list[int], stop: threading.Event, counts: list[int]) -> None:
