@@ -98,7 +98,7 @@ def chat_model(stack: Stack, max_tokens: int = 128) -> ChatOpenAI:
         api_key=SecretStr("x"),
         model=MODEL,
         temperature=1.0,
-        max_tokens=max_tokens,  # type: ignore[call-arg]  # pydantic alias of max_completion_tokens
+        max_tokens=max_tokens,
         max_retries=0,
         timeout=30,
     )

@@ -68,7 +68,7 @@ def test_openai_client_embeddings_match_transformers(
         r = client.embeddings.create(
             model=tiny_model_dir.name,
             input=texts,
-            encoding_format=fmt,  # type: ignore[arg-type]
+            encoding_format=fmt,
         )
         assert [d.index for d in r.data] == [0, 1]
         assert r.usage.prompt_tokens == r.usage.total_tokens == sum(map(len, prompts))
