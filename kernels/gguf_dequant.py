@@ -5,6 +5,11 @@ cuBLAS's tensor-core GEMM, and the cost of first expanding the weight to bf16 (r
 blocks, write 2 bytes a weight, read them again) is paid once for all the tokens of the
 batch. kernels/gguf_matmul.py does exactly that, a slice of rows at a time.
 
+The default launch, one row of 64 scale groups a program with two warps, read and wrote 86-88%
+of an H200's copy bandwidth for Q4_K at Llama-3.1-8B's projections, 56-64% for Q6_K and
+86-90% for Q8_0, against 69-75%, 39-44% and 64-73% with the earlier 16 rows x 16 groups and
+four warps (a `.device` sweep of 12 launches, 2026-11-29).
+
 Grid: (cdiv(n, BLOCK_N), cdiv(k / GROUP, GROUPS)); program (p, q) writes rows
 p * BLOCK_N ... and scale groups q * GROUPS ... (GROUP weights each) of out.
 """
@@ -49,13 +54,14 @@ def gguf_dequantize(
     k: int,
     dtype: torch.dtype = torch.bfloat16,
     out: torch.Tensor | None = None,
-    block_n: int = 16,
-    groups: int = 16,
+    block_n: int = 1,
+    groups: int = 64,
+    num_warps: int = 2,
 ) -> torch.Tensor:
     """Weights [n, k] of `dtype` from GGUF blocks [n, row bytes] of `qtype`; returns out.
 
     out (optional, written): [n, k] of `dtype`, rows of any stride.
-    block_n, groups: rows and scale groups per program (powers of two).
+    block_n, groups: rows and scale groups per program (powers of two); num_warps: the launch's.
     """
     op = "gguf_dequantize"
     check_device(op, blocks)
@@ -84,6 +90,7 @@ def gguf_dequantize(
         GROUP=lay.group,
         BLOCK_N=block_n,
         GROUPS=groups,
+        num_warps=num_warps,
     )
     return out
 

@@ -11,9 +11,11 @@ Three regimes, by the rows m of x:
   slice goes through cuBLAS (kernels/expand_mm): cuBLAS's GEMM is the fastest there is at
   these sizes, and the expansion's extra ~4 bytes a weight, paid once for all the rows, is
   small beside the arithmetic of hundreds of rows.
-GEMM_MAX_M is where, by the arithmetic (the expansion's traffic against a dequantising GEMM at
-about half cuBLAS's throughput), the two should cross on an H100; gpu_bench's gguf_kernel
-section measures it.
+GEMM_MAX_M is where gpu_bench's gguf_kernel section finds them crossing: Q4_K's gate_up on an
+H200 (2026-11-29, `loadtest/results/gpu_dequant_h200_run1.json`), the GEMM 148 µs at 8 and
+16 rows against 153 and 154 for expanding, and from 32 rows the expansion (32: 156 against
+196; 256: 184 against 535). It was 256 before, set by arithmetic, while the same section had
+measured the crossover at 32 on 2026-11-26.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from kernels.gguf_dequant import gguf_dequantize
 from kernels.gguf_gemm import gguf_gemm
 from kernels.gguf_gemv import gguf_gemv
 
-GEMM_MAX_M = 256
+GEMM_MAX_M = 31
 
 
 def gguf_matmul(

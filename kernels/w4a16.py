@@ -76,6 +76,34 @@ def load_words(
 
 
 @triton.jit
+def _nibble(q, z, s, J: tl.constexpr):
+    """Weight J of each word (bits 4J..4J+3) as (q - z) * s in fp32: exact integers times the
+    scale, one rounding, as dequantize_w4 computes it."""
+    return (((q >> (4 * J)) & 0xF).to(tl.float32) - z) * s
+
+
+@triton.jit
+def dequantize_words(q, z, s, ROWS: tl.constexpr, WORDS: tl.constexpr):
+    """[ROWS, WORDS] packed words, with each word's zero point and scale (fp32), as the fp32
+    weights [ROWS, 8 * WORDS] in column order. tl.join stacks the 8 nibble tiles along new
+    last dimensions in the thread that holds the word (innermost nibbles j and j + 4, then
+    j + 2, then j + 1, so that the flat order is j): a word is loaded once, and no
+    shared-memory round trip reorders them (a [ROWS, WORDS, 8] tile built by broadcasting
+    the shifts went through shared memory with nine barriers a program)."""
+    w = tl.join(
+        tl.join(
+            tl.join(_nibble(q, z, s, 0), _nibble(q, z, s, 4)),
+            tl.join(_nibble(q, z, s, 2), _nibble(q, z, s, 6)),
+        ),
+        tl.join(
+            tl.join(_nibble(q, z, s, 1), _nibble(q, z, s, 5)),
+            tl.join(_nibble(q, z, s, 3), _nibble(q, z, s, 7)),
+        ),
+    )  # [ROWS, WORDS, 2, 2, 2]: element (.., a, b, c) is nibble 4a + 2b + c
+    return tl.reshape(w, [ROWS, WORDS * 8])
+
+
+@triton.jit
 def columns_of_x(perm_ptr, ks, k_mask, HAS_PERM: tl.constexpr):
     """For the weight columns `ks` (any shape), the columns of x they multiply and where x
     is read at all (past K, and at act-order padding, x counts as 0)."""

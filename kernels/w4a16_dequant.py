@@ -7,13 +7,16 @@ kernels/w4a16_matmul.py does exactly that, a slice of rows at a time, as
 kernels/gguf_matmul.py does for GGUF blocks.
 
 Each program reads a [BLOCK_N, BLOCK_W] tile of packed words, each word once, with one
-coalesced load; the 8 nibbles of every word are shifted out along a new last dimension
-([BLOCK_N, BLOCK_W, 8]: nibble j of word w is column 8w + j) and the tile is stored as
+coalesced load, expands it in registers (kernels/w4a16.dequantize_words) and stores it as
 [BLOCK_N, 8 * BLOCK_W] contiguous columns. A word's 8 columns lie in one group (group_size
->= 16), so the scales and zero points are read per word, not per weight. Compiled for sm90
-(checked without a GPU: 16 x 64 words, 4 warps, 48 registers in bf16, no spills), the words
-load as 16-byte vectors, reach the [.., 8] layout through a small shared-memory conversion,
-and the weights are stored as 16-byte vectors.
+>= 16), so the scales and zero points are read per word, not per weight.
+
+The default launch, one row of 256 words a program with one warp, read and wrote 77-90% of
+an H200's copy bandwidth at Llama-3.1-8B's projections (gpu_bench w4a16_kernel, 2026-11-29,
+`loadtest/results/gpu_dequant_h200_run1.json`: qkv 19 µs, o 11, gate_up 82, down 42). The
+kernel before it built the nibbles as a [BLOCK_N, BLOCK_W, 8] tile, which Triton moved
+through shared memory with nine barriers a program; at its default of 16 rows x 64 words it
+ran at 7-8% (gate_up 899 µs). With a perm, 2 rows x 128 words (64% against 42% for down).
 
 With an act-order perm the weight is not reordered (column k stays the weight's column k, the
 one that multiplies x[:, perm[k]]); its padding columns (perm -1) are written as 0, so that the
@@ -31,7 +34,7 @@ import triton.language as tl
 
 from kernels._checks import FLOAT_DTYPES, check_device, check_tensor
 from kernels.pdl import pdl_launch, pdl_prologue
-from kernels.w4a16 import PACK, check_weight, load_words
+from kernels.w4a16 import PACK, check_weight, dequantize_words, load_words
 
 
 @triton.jit
@@ -64,17 +67,11 @@ def _dequant_kernel(
         qw_ptr, s_ptr, z_ptr, rows[:, None], offs_w[None, :], mask,
         stride_qn, stride_sn, stride_zn, GROUP,
     )  # fmt: skip
-    j = tl.arange(0, 8)
-    nib = (q[:, :, None] >> (4 * j)[None, None, :]) & 0xF  # [BLOCK_N, BLOCK_W, 8]
-    # (q - z) * s in fp32, as dequantize_w4 computes it: exact integers times the scale, one
-    # rounding, then one more to out's dtype
-    w = (nib.to(tl.float32) - z[:, :, None]) * s[:, :, None]
-    cols = offs_w[:, None] * 8 + j[None, :]  # [BLOCK_W, 8]
+    w = dequantize_words(q, z, s, BLOCK_N, BLOCK_W)
+    cols = tl.program_id(1) * (BLOCK_W * 8) + tl.arange(0, BLOCK_W * 8)
     if HAS_PERM:
-        src = tl.load(perm_ptr + cols, mask=w_mask[:, None], other=0)
-        w = tl.where((src >= 0)[None, :, :], w, 0.0)
-    w = tl.reshape(w, [BLOCK_N, BLOCK_W * 8])
-    cols = tl.reshape(cols, [BLOCK_W * 8])
+        src = tl.load(perm_ptr + cols, mask=cols < WORDS * 8, other=0)
+        w = tl.where((src >= 0)[None, :], w, 0.0)
     out_ptrs = out_ptr + rows[:, None] * stride_on + cols[None, :]
     tl.store(out_ptrs, w.to(out_ptr.dtype.element_ty), mask=n_mask[:, None] & (cols < WORDS * 8))
 
@@ -88,16 +85,17 @@ def w4a16_dequantize(
     dtype: torch.dtype = torch.bfloat16,
     perm: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
-    block_n: int = 16,
-    block_w: int = 64,
-    num_warps: int = 4,
+    block_n: int | None = None,
+    block_w: int | None = None,
+    num_warps: int = 1,
 ) -> torch.Tensor:
     """The weight [n, k] of `dtype` from the int4 layout (kernels/w4a16.py); returns out.
 
     Column k is the weight's column k (the perm is not applied): dequantize_w4's result, with
     the perm's padding columns (-1) zero. qweight, scales, zeros, perm: the layout (contiguous
     last dimensions, any row strides). out (optional, written): [n, k] of `dtype`, rows of any
-    stride. block_n, block_w: rows and packed words (8 columns each) per program, powers of two.
+    stride. block_n, block_w: rows and packed words (8 columns each) per program, powers of two
+    (default 1 x 256, and 2 x 128 with a perm, whose entries a program then reads for two rows).
     """
     op = "w4a16_dequantize"
     n, k = check_weight(op, qweight, scales, zeros, group_size, perm)
@@ -108,6 +106,9 @@ def w4a16_dequantize(
     if out is None:
         out = torch.empty((n, k), dtype=dtype, device=device)
     check_tensor(op, "out", out, shape=(n, k), dims="[n, k]", dtypes=(dtype,), device=device)
+    default_n, default_w = (1, 256) if perm is None else (2, 128)
+    block_n = default_n if block_n is None else block_n
+    block_w = default_w if block_w is None else block_w
     for name, size in (("block_n", block_n), ("block_w", block_w)):
         if size < 1 or size & (size - 1):
             raise ValueError(f"{op}: {name} must be a power of two, got {size}")

@@ -31,12 +31,11 @@ from kernels.w4a16_gemm import w4a16_gemm
 from kernels.w4a16_gemv import w4a16_gemv
 
 # The most rows the dequantising GEMM takes; from GEMM_MAX_M + 1 rows, dequantise + cuBLAS.
-# Measured on an H200 (gpu_bench w4a16_kernel, Llama-3.1-8B's projections, 2026-11-26):
-# dequantise + cuBLAS won from 16 rows for qkv, o and down (e.g. down at 128 rows: 548 us
-# against the GEMM's 1,286), and from 512 for gate_up (at 128 rows 999 against 937 us); over
-# a layer's four projections it wins at every row count measured (128 rows: 1.9 against
-# 2.9 ms). So from 32 rows, as GGUF's Q4_K measurement (kernels/gguf_matmul) also found.
-GEMM_MAX_M = 31
+# Measured on an H200 (2026-11-29, `loadtest/results/gpu_dequant_h200_run1.json`, Llama-3.1-8B's
+# projections, µs for qkv + o + gate_up + down): at 5 to 16 rows the GEMM 301 against 328
+# (it wins gate_up and down, loses qkv and o), at 32 rows 409 against 325. Both are about
+# 2.5 times bf16 cuBLAS's 124 µs at these rows.
+GEMM_MAX_M = 16
 
 
 def w4a16_matmul(

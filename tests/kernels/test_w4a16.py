@@ -173,7 +173,7 @@ def test_gemv_keeps_x_of_any_size(magnitude: float) -> None:
 @pytest.mark.parametrize(
     ("m", "n", "k", "group_size", "block_k", "act_order"),
     [
-        (5, 8, 64, 16, 16, False),  # block inside a group
+        (5, 8, 64, 32, 32, False),  # block inside a group
         (33, 37, 200, 32, 64, True),  # blocks span two groups, K not a multiple of the block
         (20, 40, 392, 128, 32, False),  # partial last group
     ],
@@ -251,6 +251,12 @@ def test_rejects_bad_arguments(
                 group_size=group_size,
                 perm=args.get("perm"),
             )
+
+
+def test_gemm_refuses_two_words_a_row() -> None:
+    """block_k 16 miscompiled on the GPU (kernels/w4a16_gemm.py says how): refused."""
+    with pytest.raises(ValueError, match=r"block_k must be at least 32, got 16"):
+        w4a16_gemm(*_args().values(), group_size=32, block_k=16)
 
 
 def test_gemv_rejects_too_many_rows() -> None:

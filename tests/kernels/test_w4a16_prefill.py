@@ -39,11 +39,14 @@ def twin(w: W4, dtype: torch.dtype) -> torch.Tensor:
 
 # (n, k, group_size, act_order, symmetric, scale dtype, block_n, block_w): odd n over several
 # row tiles; k not a multiple of the tile (25 and 49 words) with a partial last group; tiles
-# of 4 groups, of one group, and inside one group; padding columns; sym (zero point 8)
+# of 4 groups, of one group, and inside one group; padding columns; sym (zero point 8); the
+# launcher's default tiles (None: 1 x 256 words, 2 x 128 with a perm) over 257 words
 DEQUANT_CASES = [
     (13, 200, 32, False, False, torch.float16, 8, 8),
     (8, 64, 16, False, True, torch.bfloat16, 4, 2),
     (37, 392, 128, True, False, torch.float32, 16, 4),
+    (3, 2056, 128, False, False, torch.float16, None, None),
+    (3, 2056, 64, True, False, torch.bfloat16, None, None),
 ]
 
 
@@ -61,8 +64,8 @@ def test_dequantize_matches_its_twin(
     act_order: bool,
     sym: bool,
     scale_dtype: torch.dtype,
-    block_n: int,
-    block_w: int,
+    block_n: int | None,
+    block_w: int | None,
     dtype: torch.dtype,
 ) -> None:
     gen = torch.Generator().manual_seed(n * k)
