@@ -27,7 +27,8 @@ paths' crossover: gpu/gguf_kernel.py), w4a16_kernel (the int4 GEMV, GEMM and deq
 cuBLAS at Llama-3.1-8B's projection shapes against bf16, the prefill paths' crossover:
 gpu/w4a16.py); quant_decode (batch-1 decode with bf16, fp8 per-channel, fp8 block and GGUF
 Q4_K weights, each against its own roofline: gpu/quant.py; quant_decode_int4 the same with
-bf16, int4 AWQ and int4 GPTQ) and offline_fp8w (the 500 prompts with --quantization fp8
+bf16, int4 AWQ and int4 GPTQ; quant_prefill_int4 a 4,096-token prompt's prefill with bf16,
+int4 AWQ and GGUF Q4_K weights) and offline_fp8w (the 500 prompts with --quantization fp8
 weights and --kv-cache-dtype fp8_e4m3); serve_fp8 (those flags through `radixserve serve`: the
 openai client's completions and the 2,000-request bursts: gpu/serve_fp8.py); faults (every
 service SIGKILLed mid-load, Redis restarted and hostile input, with the executor on the GPU:
@@ -58,6 +59,12 @@ SECTIONS = [
     "profile",
     "prefill",
 ]
+QUANT_SECTION_NAMES = (
+    "quant_decode",
+    "quant_decode_int4",
+    "quant_decode_batch8",
+    "quant_prefill_int4",
+)
 # Seconds per section; together they fit one ten-minute command.
 TIME_LIMITS = {
     "roofline": 30,
@@ -94,6 +101,8 @@ TIME_LIMITS = {
     # four 8B models, each loaded with dummy weights and graphed (GGUF's blocks drawn on the CPU)
     "quant_decode": 540,
     "quant_decode_int4": 420,  # bf16, int4 AWQ and int4 GPTQ 8B models
+    "quant_decode_batch8": 420,  # bf16, int4 AWQ and GGUF Q4_K, 8 requests at once
+    "quant_prefill_int4": 420,  # bf16, int4 AWQ and GGUF Q4_K: one 4,096-token prompt each
     "offline_fp8w": 260,
     "flashinfer_kernel": 540,  # FlashInfer compiles its kernels on first use
     "shared_prefix": 540,  # two servers, the workload on each
@@ -208,7 +217,7 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         from loadtest.gpu.deepseek import dsv2lite_batches_section
 
         return dsv2lite_batches_section()
-    if name in ("quant_decode", "quant_decode_int4"):
+    if name in QUANT_SECTION_NAMES:
         from loadtest.gpu.quant import SECTIONS as QUANT_SECTIONS
         from loadtest.gpu.quant import quant_decode_section
 
@@ -245,7 +254,7 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
     extra += ["tp", "tp70b", "tp_kill", "mla_kernel", "moe_kernel", "qwen3moe", "dsv2lite"]
     extra += ["qwen3moe_decode", "dsv2lite_decode", "scale", "gguf_kernel", "w4a16_kernel"]
     extra += ["qwen3moe_batches", "dsv2lite_batches"]
-    extra += ["quant_decode", "quant_decode_int4", "offline_fp8w", "flashinfer_kernel"]
+    extra += [*QUANT_SECTION_NAMES, "offline_fp8w", "flashinfer_kernel"]
     extra += ["shared_prefix", "long_prefill", "shared_decode", "serve_fp8", "faults"]
     raise SystemExit(f"unknown section {name!r}; known: {', '.join([*SECTIONS, *extra])}")
 
@@ -417,11 +426,16 @@ def table(results: dict[str, Any]) -> str:
         from loadtest.gpu.w4a16 import table_rows as w4a16_rows
 
         rows += w4a16_rows(results["w4a16_kernel"])
-    for section in ("quant_decode", "quant_decode_int4"):
+    for section in (
+        "quant_decode",
+        "quant_decode_int4",
+        "quant_decode_batch8",
+        "quant_prefill_int4",
+    ):
         if results.get(section):
             from loadtest.gpu.quant import table_rows as quant_rows
 
-            rows += quant_rows(results[section])
+            rows += quant_rows(results[section], prefill=section.startswith("quant_prefill"))
     w8 = get("offline_fp8w", "output_tok_s")
     if w8 is not None:
         rows.append(("offline 500 prompts output tok/s, fp8 weights + fp8_e4m3 KV", f"{w8:.0f}"))

@@ -12,6 +12,13 @@ weights count what the w4a16 kernels read: the packed words, fp16 scales and uin
 points of each group of 128 (the parameters after load, so the roofline is the format's
 own). Each section loads a few 8B models, bf16 first for the ratio (`SECTIONS`): all of
 them would not fit one section's time.
+
+Section quant_decode_batch8: the same decode with 8 requests at once (bf16, int4 AWQ, GGUF
+Q4_K), past the GEMV's rows. Section quant_prefill_int4: the same engine's one-prompt
+prefill (PREFILL_IN tokens, a few decode steps after it) with bf16, int4 AWQ and GGUF Q4_K
+weights, in prompt tokens a second and against bf16: prefill multiplies thousands of rows by
+each weight, where the quantized formats expand their weights for cuBLAS
+(kernels/w4a16_dequant.py, kernels/gguf_dequant.py).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from services.executor.models.llama import LlamaForCausalLM
 from services.executor.quant.fp8_checkpoint import quantization_config
 
 IN_LEN, OUT_LEN = 128, 256
+PREFILL_IN, PREFILL_OUT = 4096, 4
 
 
 class WeightFormat(NamedTuple):
@@ -60,29 +68,53 @@ FORMATS: dict[str, WeightFormat] = {
         {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True},
     ),
 }
-# gpu_bench section -> the formats it runs
-SECTIONS: dict[str, tuple[str, ...]] = {
-    "quant_decode": ("bf16", "fp8_channel", "fp8_block", "gguf_q4_k"),
-    "quant_decode_int4": ("bf16", "int4_awq", "int4_gptq"),
+
+
+class Section(NamedTuple):
+    formats: tuple[str, ...]
+    input_len: int
+    output_len: int
+    figure: str  # the result key compared with bf16's
+    batch_size: int = 1
+
+
+# gpu_bench section -> the formats it runs, and how
+SECTIONS: dict[str, Section] = {
+    "quant_decode": Section(
+        ("bf16", "fp8_channel", "fp8_block", "gguf_q4_k"), IN_LEN, OUT_LEN, "decode_tok_s"
+    ),
+    "quant_decode_int4": Section(
+        ("bf16", "int4_awq", "int4_gptq"), IN_LEN, OUT_LEN, "decode_tok_s"
+    ),
+    "quant_prefill_int4": Section(
+        ("bf16", "int4_awq", "gguf_q4_k"), PREFILL_IN, PREFILL_OUT, "prefill_tok_s"
+    ),
+    # decode batches past the GEMV's 4 rows, where the int4 and GGUF weights take the
+    # dequantising GEMM or dequantise + cuBLAS
+    "quant_decode_batch8": Section(
+        ("bf16", "int4_awq", "gguf_q4_k"), IN_LEN, OUT_LEN, "decode_tok_s", batch_size=8
+    ),
 }
 
 
-def quant_decode_section(formats: tuple[str, ...] = SECTIONS["quant_decode"]) -> dict[str, Any]:
+def quant_decode_section(section: Section = SECTIONS["quant_decode"]) -> dict[str, Any]:
     bandwidth = copy_bandwidth()
     out: dict[str, Any] = {
         "gpu": torch.cuda.get_device_name(),
         "copy_bandwidth_TBps": bandwidth / 1e12,
     }
-    for name in formats:
-        out[name] = decode_one(name, FORMATS[name], bandwidth)
-    base = out.get("bf16", {}).get("decode_tok_s")
-    for name in formats:
+    for name in section.formats:
+        out[name] = decode_one(name, FORMATS[name], bandwidth, section)
+    base = out.get("bf16", {}).get(section.figure)
+    for name in section.formats:
         if base:
-            out[name]["vs_bf16"] = out[name]["decode_tok_s"] / base
+            out[name]["vs_bf16"] = out[name][section.figure] / base
     return out
 
 
-def decode_one(name: str, fmt: WeightFormat, bandwidth: float) -> dict[str, Any]:
+def decode_one(
+    name: str, fmt: WeightFormat, bandwidth: float, section: Section = SECTIONS["quant_decode"]
+) -> dict[str, Any]:
     model = llama8b_dir(Path(tempfile.mkdtemp()))
     if fmt.quantization_config is not None:
         config = json.loads((model / "config.json").read_text())
@@ -91,16 +123,21 @@ def decode_one(name: str, fmt: WeightFormat, bandwidth: float) -> dict[str, Any]
     args = offline.parse_args(
         [
             *("latency", "--model", str(model), "--load-format", "dummy"),
-            *("--batch-size", "1", "--input-len", str(IN_LEN), "--output-len", str(OUT_LEN)),
-            *("--max-total-tokens", "8192"),  # three models in one process: small pools
+            *("--batch-size", str(section.batch_size), "--input-len", str(section.input_len)),
+            *("--output-len", str(section.output_len)),
+            # three models in one process: small pools (a prompt of PREFILL_IN fits one step)
+            *("--max-total-tokens", "8192", "--max-prefill-tokens", "8192"),
             *fmt.flags,
         ]
     )
     engine = offline.make_engine(args)
     result = offline.run_latency(engine, args)
     # the mean context of the decode steps
-    step_bytes = bytes_per_step(engine.runner.model, engine.policy.kv.dtype, IN_LEN + OUT_LEN // 2)
-    roofline = bandwidth / step_bytes
+    context = section.input_len + section.output_len // 2
+    step_bytes = bytes_per_step(
+        engine.runner.model, engine.policy.kv.dtype, context, section.batch_size
+    )
+    roofline = section.batch_size * bandwidth / step_bytes  # tokens a second
     result.update(
         format=name,
         bytes_per_step=step_bytes,
@@ -113,26 +150,38 @@ def decode_one(name: str, fmt: WeightFormat, bandwidth: float) -> dict[str, Any]
     return result
 
 
-def bytes_per_step(model: LlamaForCausalLM, kv_dtype: torch.dtype, context: int) -> int:
-    """What one batch-1 decode step reads: each parameter once (weights in their stored
-    dtype, with their scales), one row of the embedding table, and `context` tokens of KV."""
+def bytes_per_step(
+    model: LlamaForCausalLM, kv_dtype: torch.dtype, context: int, batch: int = 1
+) -> int:
+    """What one decode step of `batch` requests reads: each parameter once (weights in their
+    stored dtype, with their scales), one row of the embedding table and `context` tokens of
+    KV per request."""
     embed = model.model.embed_tokens.weight
     total = sum(p.numel() * p.element_size() for p in model.parameters() if p is not embed)
-    total += embed.shape[1] * embed.element_size()
-    return total + context * kv_bytes_per_token(model.config, kv_dtype, model.num_kv_heads)
+    total += batch * embed.shape[1] * embed.element_size()
+    kv = context * kv_bytes_per_token(model.config, kv_dtype, model.num_kv_heads)
+    return total + batch * kv
 
 
-def table_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
-    """gpu_bench's table: one row per format that ran."""
+def table_rows(result: dict[str, Any], prefill: bool = False) -> list[tuple[str, str]]:
+    """gpu_bench's table: one row per format that ran (its prefill, for a prefill section)."""
     rows = []
     for name in FORMATS:
         r = result.get(name)
         if not isinstance(r, dict) or "decode_tok_s" not in r:
             continue
         vs = f", {r['vs_bf16']:.2f}x bf16" if "vs_bf16" in r else ""
+        if prefill:
+            rows.append(
+                (
+                    f"prefill of {r['input_len']} tokens, {name} weights",
+                    f"{r['prefill_tok_s']:.0f} tok/s ({1000 * r['prefill_s']:.1f} ms){vs}",
+                )
+            )
+            continue
         rows.append(
             (
-                f"batch-1 decode tok/s, {name} weights",
+                f"batch-{r['batch_size']} decode tok/s, {name} weights",
                 f"{r['decode_tok_s']:.1f} = {100 * r['share_of_roofline']:.0f}% of its roofline "
                 f"{r['roofline_tok_s']:.0f}{vs}",
             )

@@ -38,11 +38,15 @@ GROUP = 128
 GEMV_CONFIGS = [
     (bn, bk, warps, 3) for bn in (2, 4, 8) for bk in (512, 1024, 2048) for warps in (2, 4)
 ]
-# rows of x for the prefill paths, from below GGUF's crossover (32) to a prefill chunk; all
-# multiples of 16, so that each GEMM tile compiles once (Triton specialises on it)
-PREFILL_ROWS = (16, 32, 128, 512, 2048)
-# kernels/w4a16_dequant's (block_n, block_w, num_warps); the launcher's default first
-DEQUANT_CONFIGS = [(16, 64, 4), (16, 32, 4), (32, 32, 4), (32, 64, 8), (8, 128, 4), (64, 16, 4)]
+# rows of x for the prefill paths: just past the GEMV's rows (8) to a prefill chunk; the GEMM
+# tiles compile once per row count that is not a multiple of 16 (Triton specialises on it)
+PREFILL_ROWS = (8, 16, 32, 128, 512, 2048)
+# kernels/w4a16_dequant's (block_n, block_w, num_warps); the launcher's default first, the
+# old default (16 rows x 64 words, 4 warps) last
+DEQUANT_CONFIGS = [
+    (1, 256, 1), (1, 128, 1), (1, 512, 1), (1, 512, 2), (2, 256, 2), (2, 128, 1), (4, 256, 4),
+    (16, 64, 4),
+]  # fmt: skip
 # (block_m, block_n, block_k, num_warps, num_stages)
 GEMM_CONFIGS = [
     (64, 64, 64, 4, 3),
