@@ -2,6 +2,16 @@
 # The test command: lint, types, then every test (Redis is started by the test fixtures).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Every kernel compiled for an sm_90 GPU on this machine without one
+# (tests/kernels/native_compile.py): about three CPU-minutes of Triton's compiler, started
+# first at the lowest priority so that it runs in what the rest leaves idle (mypy holds one
+# core; the test workers wait on their stacks' processes). Its result is checked at the end.
+compile_log=$(mktemp)
+compile_cache=$(mktemp -d)
+env -u TRITON_INTERPRET TRITON_CACHE_DIR="$compile_cache" \
+  nice -n 19 python3 -m tests.kernels.native_compile >"$compile_log" 2>&1 &
+compile_pid=$!
+trap 'kill "$compile_pid" 2>/dev/null || true; rm -rf "$compile_log" "$compile_cache"' EXIT
 ruff check .
 ruff format --check .
 mypy
@@ -9,4 +19,13 @@ mypy
 # failure. Two workers, each test file on one of them, and the files of the session-wide
 # tiny stack together (tests/conftest.py groups them): a stack's start waits on its processes
 # much of the time, which the other worker's tests fill. Each worker has its own redis-server.
-python3 -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup "$@"
+# tests/kernels/test_native_compile.py leaves the compile above to this script
+# (RADIXSERVE_NATIVE_COMPILE_BESIDE).
+RADIXSERVE_NATIVE_COMPILE_BESIDE=1 \
+  python3 -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup "$@"
+if ! wait "$compile_pid"; then
+  echo "FAILED: the sm_90 compile of kernels/ (python -m tests.kernels.native_compile):"
+  grep -v '^ok ' "$compile_log"
+  exit 1
+fi
+tail -n 1 "$compile_log"

@@ -43,6 +43,10 @@ def _compile(args: list[str], cache: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.skipif(
+    os.environ.get("RADIXSERVE_NATIVE_COMPILE_BESIDE") == "1",
+    reason="scripts/check.sh runs this compile itself, beside the tests, at low priority",
+)
 def test_every_kernel_compiles_for_sm90(tmp_path: Path) -> None:
     proc = _compile(["-m", "tests.kernels.native_compile"], tmp_path)
     lines = proc.stdout.splitlines()
