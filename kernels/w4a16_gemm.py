@@ -1,4 +1,5 @@
-"""Dequantising matmul for prefill: out = x @ w.T, w int4 in the layout of kernels/w4a16.py.
+"""Dequantising matmul for a few rows (decode batches past the GEMV's, short extends): out = x @
+w.T, w int4 in the layout of kernels/w4a16.py.
 
 Each program computes a BLOCK_M x BLOCK_N tile of out. Per BLOCK_K step it loads x's tile
 (through the act-order perm when there is one) and the [BLOCK_N, BLOCK_K / 8] packed words
