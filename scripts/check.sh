@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The test command: lint, types, then every test (Redis is started by the test fixtures).
+# The test command: lint, then the tests with the type check and every kernel's sm_90 compile
+# beside them (Redis is started by the test fixtures).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Every kernel compiled for an sm_90 GPU on this machine without one
 # (tests/kernels/native_compile.py): about three CPU-minutes of Triton's compiler, started
-# first at the lowest priority so that it runs in what the rest leaves idle (mypy holds one
-# core; the test workers wait on their stacks' processes). Its result is checked at the end.
+# first at the lowest priority so that it runs in what the rest leaves idle (the test workers
+# wait on their stacks' processes much of the time). Its result is checked at the end.
 compile_log=$(mktemp)
 compile_cache=$(mktemp -d)
 env -u TRITON_INTERPRET TRITON_CACHE_DIR="$compile_cache" \
@@ -14,7 +15,12 @@ compile_pid=$!
 trap 'kill "$compile_pid" 2>/dev/null || true; rm -rf "$compile_log" "$compile_cache"' EXIT
 ruff check .
 ruff format --check .
-mypy
+# mypy (about 45 s of one core in a fresh clone) beside the tests too, at the same low
+# priority; its result is checked at the end with the compile's.
+mypy_log=$(mktemp)
+nice -n 19 mypy >"$mypy_log" 2>&1 &
+mypy_pid=$!
+trap 'kill "$compile_pid" "$mypy_pid" 2>/dev/null || true; rm -rf "$compile_log" "$compile_cache" "$mypy_log"' EXIT
 # pytest exits 5 when no test ran (with workers too); that fails this script like any other
 # failure. Two workers, each test file on one of them, and the files of the session-wide
 # tiny stack together (tests/conftest.py groups them): a stack's start waits on its processes
@@ -23,6 +29,12 @@ mypy
 # (RADIXSERVE_NATIVE_COMPILE_BESIDE).
 RADIXSERVE_NATIVE_COMPILE_BESIDE=1 \
   python3 -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup "$@"
+if ! wait "$mypy_pid"; then
+  echo "FAILED: mypy"
+  cat "$mypy_log"
+  exit 1
+fi
+tail -n 1 "$mypy_log"
 if ! wait "$compile_pid"; then
   echo "FAILED: the sm_90 compile of kernels/ (python -m tests.kernels.native_compile):"
   grep -v '^ok ' "$compile_log"
