@@ -426,12 +426,7 @@ def table(results: dict[str, Any]) -> str:
         from loadtest.gpu.w4a16 import table_rows as w4a16_rows
 
         rows += w4a16_rows(results["w4a16_kernel"])
-    for section in (
-        "quant_decode",
-        "quant_decode_int4",
-        "quant_decode_batch8",
-        "quant_prefill_int4",
-    ):
+    for section in QUANT_SECTION_NAMES:
         if results.get(section):
             from loadtest.gpu.quant import table_rows as quant_rows
 

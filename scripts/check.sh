@@ -12,15 +12,14 @@ compile_cache=$(mktemp -d)
 env -u TRITON_INTERPRET TRITON_CACHE_DIR="$compile_cache" \
   nice -n 19 python3 -m tests.kernels.native_compile >"$compile_log" 2>&1 &
 compile_pid=$!
-trap 'kill "$compile_pid" 2>/dev/null || true; rm -rf "$compile_log" "$compile_cache"' EXIT
-ruff check .
-ruff format --check .
-# mypy (about 45 s of one core in a fresh clone) beside the tests too, at the same low
-# priority; its result is checked at the end with the compile's.
+# mypy (about 45 s of one core in a fresh clone) beside them too, at the same low priority;
+# its result is checked at the end with the compile's.
 mypy_log=$(mktemp)
 nice -n 19 mypy >"$mypy_log" 2>&1 &
 mypy_pid=$!
 trap 'kill "$compile_pid" "$mypy_pid" 2>/dev/null || true; rm -rf "$compile_log" "$compile_cache" "$mypy_log"' EXIT
+ruff check .
+ruff format --check .
 # pytest exits 5 when no test ran (with workers too); that fails this script like any other
 # failure. Two workers, each test file on one of them, and the files of the session-wide
 # tiny stack together (tests/conftest.py groups them): a stack's start waits on its processes
