@@ -121,9 +121,10 @@ def test_a_killed_executors_requests_resume_elsewhere_with_the_same_text(
         pids = stack.pids("executor")
         assert len(pids) == 2
         wait_for(lambda: set(pids) <= set(executor_pids(stack)), 120, "both heartbeats")
-        # Until the scheduler routes to both (it learns of executors every 0.2 s).
+        # Until the scheduler routes to both (it learns of executors every 0.2 s); a request
+        # of two tokens puts its prompt in the cache that has_served reads.
         for _ in range(20):
-            asyncio.run(run_all(stack, model))
+            asyncio.run(run_all(stack, model, max_tokens=2))
             if all(has_served(stack, p) for p in pids):
                 break
         assert all(has_served(stack, p) for p in pids)
