@@ -27,13 +27,16 @@ trap 'kill "$compile_pid" "$mypy_pid" 2>/dev/null || true; rm -rf "$compile_log"
 ruff check .
 ruff format --check .
 # pytest exits 5 when no test ran (with workers too); that fails this script like any other
-# failure. Two workers, each test file on one of them, and the files of the session-wide
-# tiny stack together (tests/conftest.py groups them): a stack's start waits on its processes
-# much of the time, which the other worker's tests fill. Each worker has its own redis-server.
+# failure. Three workers on the two cores, each test file on one of them, and the files of
+# the session-wide tiny stack together (tests/conftest.py groups them). A test that starts a
+# stack waits on its processes, a fault test on a timeout, much of the time: with two
+# workers the tests took 2,100 s of wall time for 1,520 s of CPU (theirs and their stacks'),
+# and a third worker's tests fill those waits (the cores were idle 1 s of a 12-minute run).
+# Each worker has its own redis-server.
 # tests/kernels/test_native_compile.py leaves the compile above to this script
 # (RADIXSERVE_NATIVE_COMPILE_BESIDE).
 RADIXSERVE_NATIVE_COMPILE_BESIDE=1 \
-  python3 -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup "$@"
+  python3 -m pytest -q -p no:cacheprovider -n 3 --dist loadgroup "$@"
 if ! wait "$mypy_pid"; then
   echo "FAILED: mypy"
   cat "$mypy_log"

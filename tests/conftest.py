@@ -41,7 +41,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (scripts/check.sh: `-n 2 --dist loadgroup`) a group runs on one
+    """Under pytest-xdist (scripts/check.sh: `-n 3 --dist loadgroup`) a group runs on one
     worker: each file is a group (its module fixtures, such as a stack, start once), and every
     file that uses the session-wide tiny stack joins one group, so that stack starts once
     rather than on each worker (about 25 s of CPU). First among the hooks: xdist's worker
