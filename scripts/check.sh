@@ -3,8 +3,8 @@
 # beside them (Redis is started by the test fixtures).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# One OpenMP thread a process. The two test workers (and the services of the stacks they
-# start) fill the two cores between them; with torch's default of a thread per core, each
+# One OpenMP thread a process. The test workers (and the services of the stacks they start)
+# fill the two cores between them; with torch's default of a thread per core, each
 # process's idle OpenMP threads spin waiting for work the other processes' cores are busy
 # with. Measured on the 2-core CI machine: the executor, model and kernel tests took 256
 # CPU-seconds with the default against 176 with one thread, and 181 s of wall time against 131.
