@@ -33,10 +33,10 @@ DATASETS_STUB = (
 # `python -m sglang.bench_serving` once per backend, in one interpreter: each run executes
 # the unmodified module as its own __main__ (runpy), and only the imports it shares with the
 # others (torch and transformers: about 10 s of CPU a process) are done once. A run that
-# exits nonzero stops the driver with that status.
+# exits nonzero stops the driver with that status. Its argument: each run's argv, in JSON.
 DRIVER = (
-    "import runpy, sys\n"
-    "for argv in map(str.split, sys.argv[1:]):\n"
+    "import json, runpy, sys\n"
+    "for argv in json.loads(sys.argv[1]):\n"
     "    sys.argv = ['bench_serving', *argv]\n"
     "    try:\n"
     "        runpy.run_module('sglang.bench_serving', run_name='__main__', alter_sys=True)\n"
@@ -60,17 +60,20 @@ def bench_results(
     (tmp / "datasets" / "__init__.py").write_text(DATASETS_STUB)
     path = os.pathsep.join(p for p in (str(tmp), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}
-    runs = []
+    runs: list[list[str]] = []
     for backend in BACKENDS:
         args = ["--backend", backend, "--base-url", tiny_stack.base_url]
         args += ["--tokenizer", str(tiny_model_dir), "--dataset-name", "random-ids"]
         args += ["--num-prompts", str(PROMPTS), "--random-input-len", "24"]
         args += ["--random-output-len", "6", "--seed", "3"]
         args += ["--output-file", str(tmp / f"{backend}.jsonl"), "--disable-tqdm"]
-        assert not any(" " in a for a in args)  # the driver splits each run's words on spaces
-        runs.append(" ".join(args))
+        runs.append(args)
     proc = subprocess.run(
-        [sys.executable, "-c", DRIVER, *runs], env=env, capture_output=True, text=True, timeout=360
+        [sys.executable, "-c", DRIVER, json.dumps(runs)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=360,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return {
