@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.compile_ahead import compile_ahead
 from services.executor.distributed.shard import WHOLE, LoadPlan
 from services.executor.quant.base import LinearMethod
 
@@ -158,6 +159,27 @@ def _time_us(fn: Callable[[], object], reps: int = 20) -> float:
     return sorted(times)[1]
 
 
+def _launches(layer: Linear, act_dtype: torch.dtype | None) -> list[Callable[[], object]]:
+    """Every product `_plan` times for `layer`, once each, for compile_ahead: its gemv
+    candidates at each row count, and its dense product where that is a Triton kernel too (a
+    quantized format's; the unquantized ones are cuBLAS, with nothing to compile)."""
+    from kernels.gemv import MAX_M
+
+    method, w = layer.method, layer.weight
+    dtype = act_dtype or w.dtype
+
+    def call(m: int, cfg: GemvConfig | None) -> None:
+        x = torch.randn(m, layer.in_features, dtype=dtype, device=w.device)
+        if cfg is None:
+            method.dense(layer, x, None)
+        else:
+            method.gemv(layer, x, cfg)
+
+    dense: list[GemvConfig | None] = [] if isinstance(method, Unquantized) else [None]
+    cfgs = [*dense, *method.gemv_candidates()]
+    return [partial(call, m, cfg) for m in range(1, MAX_M + 1) for cfg in cfgs]
+
+
 def _plan(layer: Linear, dtype: torch.dtype) -> tuple[dict[int, GemvConfig], float]:
     """The faster gemv configuration per row count, where one beats the layer's dense
     product, and the microseconds saved over row counts 1 to MAX_M; x in `dtype`."""
@@ -195,17 +217,22 @@ def choose_gemv(model: nn.Module, act_dtype: torch.dtype | None = None) -> dict[
     which a quantized format's weight is not)."""
     from kernels.gemv import MAX_M
 
+    layers = [layer for layer in planned_layers(model) if layer.weight.is_cuda]
+    shapes: dict[tuple[int, int, torch.dtype, str], Linear] = {}
+    for layer in layers:
+        w = layer.weight
+        shapes.setdefault((w.shape[0], w.shape[1], w.dtype, layer.method.name), layer)
+    if shapes:
+        calls = [c for layer in shapes.values() for c in _launches(layer, act_dtype)]
+        compile_ahead(calls, next(iter(shapes.values())).weight.device)
     plans: dict[tuple[int, int, torch.dtype, str], dict[int, GemvConfig]] = {}
     saved: dict[str, float] = {}
-    for layer in planned_layers(model):
-        if not layer.weight.is_cuda:
-            continue
+    for key, layer in shapes.items():
+        label = f"{key[0]}x{key[1]}" + ("" if key[3] == UNQUANTIZED.name else f" {key[3]}")
+        plans[key], saved[label] = _plan(layer, act_dtype or layer.weight.dtype)
+    for layer in layers:
         w = layer.weight
-        key = (w.shape[0], w.shape[1], w.dtype, layer.method.name)
-        if key not in plans:
-            label = f"{key[0]}x{key[1]}" + ("" if key[3] == UNQUANTIZED.name else f" {key[3]}")
-            plans[key], saved[label] = _plan(layer, act_dtype or w.dtype)
-        layer.gemv_plan = dict(plans[key])
+        layer.gemv_plan = dict(plans[(w.shape[0], w.shape[1], w.dtype, layer.method.name)])
     for shape, us in saved.items():
         log.info("gemv for %s: %.1f us saved per call over row counts 1-%d", shape, us, MAX_M)
     return saved
