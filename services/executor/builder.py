@@ -261,6 +261,7 @@ def build_runner(
         jump_extend_min=JUMP_EXTEND_MIN if graphed else 0.0,
     )
     if device.type == "cuda" and dtype != torch.float32:
+        progress("kernel timing", 0.0)  # a first start compiles every candidate here
         choose_gemv(model, dtype)  # before graphs capture the projections' kernels
     graphs = None
     if graphed:

@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 PHASES = {
     "tokenizer": (0.0, 0.05),
     "weights": (0.05, 0.85),
-    "kv pool": (0.85, 0.9),
+    "kv pool": (0.85, 0.86),
+    "kernel timing": (0.86, 0.9),
     "cuda graphs": (0.9, 0.97),
     "warm-up": (0.97, 1.0),
 }

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import io
+import re
+from pathlib import Path
 
 import pytest
 import redis
 
 from radixserve.progress import ProgressDisplay, read_progress
-from services.executor.load_progress import ProgressReporter
+from services.executor.load_progress import PHASES, ProgressReporter
 from shared.messages.progress import LoadProgress
 
 
@@ -37,3 +39,16 @@ def test_a_log_gets_a_line_per_phase_and_tenth_not_per_update() -> None:
     assert len(lines) == 3, lines
     assert lines[0] == "loading model [##----------------------------]   5% weights (e)"
     assert lines[1].endswith(" 12% weights (e)") and lines[2].endswith(" 13% kv pool (e)")
+
+
+def test_every_phase_the_executor_reports_has_a_share() -> None:
+    """The builder's and the executor's progress phases are PHASES' keys: the reporter looks
+    each one up, so a phase without a share would stop the load with a KeyError."""
+    root = Path(__file__).resolve().parents[2] / "services" / "executor"
+    reported = {
+        phase
+        for name in ("builder.py", "main.py")
+        for phase in re.findall(r'progress\("([^"]+)"', (root / name).read_text())
+    }
+    assert "kernel timing" in reported
+    assert reported <= set(PHASES), reported - set(PHASES)
