@@ -49,13 +49,19 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgp
 HASHED_BYTES = 64 << 20
 
 
-def cache_root() -> Path:
-    """$RADIXSERVE_CACHE_DIR/tokenizers, else $XDG_CACHE_HOME (~/.cache)/radixserve/tokenizers."""
+def radixserve_cache() -> Path:
+    """$RADIXSERVE_CACHE_DIR, else $XDG_CACHE_HOME (~/.cache)/radixserve: where radixserve
+    keeps what later starts reuse (tokenizers here, the executor's gemv choices)."""
     base = os.environ.get(CACHE_ENV)
     if not base:
         xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         base = os.path.join(xdg, "radixserve")
-    return Path(base) / "tokenizers"
+    return Path(base)
+
+
+def cache_root() -> Path:
+    """$RADIXSERVE_CACHE_DIR/tokenizers, else $XDG_CACHE_HOME (~/.cache)/radixserve/tokenizers."""
+    return radixserve_cache() / "tokenizers"
 
 
 def entry_key(path: str, kind: str) -> str:
@@ -99,7 +105,7 @@ def load(path: str, kind: str, convert: Callable[[], Any]) -> Any:
     except OSError as e:  # no cache here (a read-only home, say): load as transformers does
         log.debug("tokenizer cache unavailable (%s): converting %s", e, path)
         return convert()
-    with _locked(root / f"{key}.lock"):
+    with locked(root / f"{key}.lock"):
         cached = _load_entry(root / key)  # another process may have saved it meanwhile
         if cached is not None:
             return cached
@@ -141,7 +147,7 @@ def _save_entry(root: Path, key: str, tokenizer: Any) -> None:
 
 
 @contextlib.contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
+def locked(lock_path: Path) -> Iterator[None]:
     """An exclusive flock on lock_path for the block; without one (a filesystem that refuses
     locks), the block runs unlocked: at worst two processes both convert."""
     try:

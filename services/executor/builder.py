@@ -24,7 +24,8 @@ from services.executor.kv_pool import ReqToTokenPool, kv_bytes_per_token, make_k
 from services.executor.memory import KVManager
 from services.executor.model_config import ModelConfig
 from services.executor.model_runner import ModelRunner
-from services.executor.models.linear import choose_gemv
+from services.executor.models.gemv_plans import PlanStore
+from services.executor.models.linear import GemvConfig, choose_gemv
 from services.executor.sampling.pooling import matryoshka_dimensions, model_pooling
 from services.executor.sampling.step import Sampler
 from services.executor.warmup import warm_up
@@ -262,7 +263,8 @@ def build_runner(
     )
     if device.type == "cuda" and dtype != torch.float32:
         progress("kernel timing", 0.0)  # a first start compiles every candidate here
-        choose_gemv(model, dtype)  # before graphs capture the projections' kernels
+        # before graphs capture the projections' kernels
+        choose_gemv(model, dtype, PlanStore.for_device(device, GemvConfig))
     graphs = None
     if graphed:
         if not hasattr(model.backend, "reserve_decode"):

@@ -4,8 +4,9 @@ it reads the weight faster than cuBLAS, and cuBLAS everywhere else.
 Which one is faster depends on the GPU and the shape, so nothing is assumed: `choose_gemv`
 times both on the device at start (before the model's CUDA graphs are captured, each inside
 a graph of its own, as decode runs them) for every projection shape of the model and every
-row count up to kernels.gemv.MAX_M, and each `Linear` keeps the winner per row count.
-Without a choice (the CPU, tests) a `Linear` is nn.Linear.
+row count up to kernels.gemv.MAX_M, and each `Linear` keeps the winner per row count. The
+executor keeps the choices between starts (gemv_plans.py), so a later start on the same GPU
+and code times nothing. Without a choice (the CPU, tests) a `Linear` is nn.Linear.
 
 What a Linear holds and how it multiplies is its `method` (quant/base.py): `UNQUANTIZED` here,
 or a quantized format's (fp8 weights and scales), given by quant/apply.py after the model is
@@ -25,6 +26,7 @@ from torch import nn
 
 from kernels.compile_ahead import compile_ahead
 from services.executor.distributed.shard import WHOLE, LoadPlan
+from services.executor.models.gemv_plans import PlanStore
 from services.executor.quant.base import LinearMethod
 
 log = logging.getLogger(__name__)
@@ -208,31 +210,71 @@ def planned_layers(model: nn.Module) -> list[Linear]:
     return [m for m in model.modules() if isinstance(m, Linear) and m.in_use]
 
 
+ShapeKey = tuple[int, int, torch.dtype, str]  # the weight's [N, K], its dtype, its format
+
+
+def _on_gpu(layer: Linear) -> bool:
+    """Whether choose_gemv times `layer` (tests replace it to run the choice on the CPU)."""
+    return layer.weight.is_cuda
+
+
+def _shape_key(layer: Linear) -> ShapeKey:
+    w = layer.weight
+    return w.shape[0], w.shape[1], w.dtype, layer.method.name
+
+
 @torch.inference_mode()
-def choose_gemv(model: nn.Module, act_dtype: torch.dtype | None = None) -> dict[str, float]:
+def choose_gemv(
+    model: nn.Module, act_dtype: torch.dtype | None = None, store: PlanStore | None = None
+) -> dict[str, float]:
     """Time the dense product and each gemv configuration for every distinct projection
     shape, weight format and row count; give each Linear the kernel where it wins. Returns
     microseconds saved per weight shape ("NxK", with the format when quantized), summed
     over row counts (for the log). act_dtype: the activations' dtype (None: the weight's,
-    which a quantized format's weight is not)."""
+    which a quantized format's weight is not). store: the choices earlier starts on this GPU
+    saved (gemv_plans.py), taken for the shapes it has and given the ones timed here; None:
+    every shape is timed."""
     from kernels.gemv import MAX_M
 
-    layers = [layer for layer in planned_layers(model) if layer.weight.is_cuda]
-    shapes: dict[tuple[int, int, torch.dtype, str], Linear] = {}
+    layers = [layer for layer in planned_layers(model) if _on_gpu(layer)]
+    shapes: dict[ShapeKey, Linear] = {}
     for layer in layers:
-        w = layer.weight
-        shapes.setdefault((w.shape[0], w.shape[1], w.dtype, layer.method.name), layer)
-    if shapes:
-        calls = [c for layer in shapes.values() for c in _launches(layer, act_dtype)]
-        compile_ahead(calls, next(iter(shapes.values())).weight.device)
-    plans: dict[tuple[int, int, torch.dtype, str], dict[int, GemvConfig]] = {}
+        shapes.setdefault(_shape_key(layer), layer)
+    plans: dict[ShapeKey, dict[int, GemvConfig]] = {}
     saved: dict[str, float] = {}
+    timed: dict[ShapeKey, Linear] = {}
     for key, layer in shapes.items():
-        label = f"{key[0]}x{key[1]}" + ("" if key[3] == UNQUANTIZED.name else f" {key[3]}")
-        plans[key], saved[label] = _plan(layer, act_dtype or layer.weight.dtype)
+        hit = store.get(_stored_label(key, act_dtype)) if store is not None else None
+        if hit is None:
+            timed[key] = layer
+        else:
+            plans[key], saved[_label(key)] = hit
+    if timed:
+        calls = [c for layer in timed.values() for c in _launches(layer, act_dtype)]
+        compile_ahead(calls, next(iter(timed.values())).weight.device)
+    for key, layer in timed.items():
+        plans[key], saved[_label(key)] = _plan(layer, act_dtype or layer.weight.dtype)
+        if store is not None:
+            store.put(_stored_label(key, act_dtype), plans[key], saved[_label(key)])
+    if store is not None:
+        store.save()
     for layer in layers:
-        w = layer.weight
-        layer.gemv_plan = dict(plans[(w.shape[0], w.shape[1], w.dtype, layer.method.name)])
-    for shape, us in saved.items():
-        log.info("gemv for %s: %.1f us saved per call over row counts 1-%d", shape, us, MAX_M)
+        layer.gemv_plan = dict(plans[_shape_key(layer)])
+    for key in shapes:
+        how = "timed" if key in timed else "saved choice"
+        log.info(
+            "gemv for %s: %.1f us saved per call over row counts 1-%d (%s)",
+            _label(key), saved[_label(key)], MAX_M, how,
+        )  # fmt: skip
     return saved
+
+
+def _label(key: ShapeKey) -> str:
+    """The log's name for a shape: NxK, with the format when quantized."""
+    return f"{key[0]}x{key[1]}" + ("" if key[3] == UNQUANTIZED.name else f" {key[3]}")
+
+
+def _stored_label(key: ShapeKey, act_dtype: torch.dtype | None) -> str:
+    """The store's name for a shape: everything its timing depended on."""
+    n, k, dtype, method = key
+    return f"{n}x{k} {method} w={dtype} x={act_dtype or dtype}"
