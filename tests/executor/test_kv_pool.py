@@ -88,3 +88,51 @@ def test_cpu_pool_gets_the_default_bytes_in_latent_rows(
     cpu = torch.device("cpu")
     assert kv_pool_tokens(s, config, fp32, fp32, cpu) == CPU_DEFAULT_KV_TOKENS
     assert kv_pool_tokens(s, config, fp32, fp8, cpu) == 4 * CPU_DEFAULT_KV_TOKENS
+
+
+def test_slots_go_out_as_one_free_list_would_hand_them() -> None:
+    """Returned slots first, the last returned first, then those never handed out in order:
+    what one list of every slot, popped from the end, gave (the reference here)."""
+    import random
+
+    from services.executor.kv_pool import KVPool
+
+    rng = random.Random(7)
+    pool = KVPool(50, 0, 1, 1, torch.float32, "cpu")
+    reference = list(range(49, -1, -1))
+    held: list[int] = []
+    for _ in range(400):
+        if held and rng.random() < 0.45:
+            back = rng.sample(held, rng.randint(1, len(held)))
+            held = [s for s in held if s not in back]
+            pool.free(back)
+            reference.extend(back)
+        else:
+            n = rng.randint(0, 8)
+            if n > len(reference):
+                with pytest.raises(MemoryError, match="free slots"):
+                    pool.allocate(n)
+                continue
+            want = reference[len(reference) - n :][::-1]
+            del reference[len(reference) - n :]
+            assert pool.allocate(n) == want
+            held.extend(want)
+        assert pool.num_free() == len(reference) and sorted(pool.free_slots()) == sorted(reference)
+        assert pool.can_allocate(len(reference)) and not pool.can_allocate(len(reference) + 1)
+
+
+def test_a_pool_of_ten_million_slots_holds_no_list_of_them() -> None:
+    """A tiny model's rows on a large GPU are hundreds of millions of slots: the pool's
+    bookkeeping must not grow with them (one list of every slot: 360 MB here)."""
+    import tracemalloc
+
+    from services.executor.kv_pool import KVPool
+
+    tracemalloc.start()
+    try:
+        pool = KVPool(10_000_000, 0, 1, 1, torch.float32, "cpu")
+        assert pool.allocate(3) == [0, 1, 2] and pool.num_free() == 9_999_997
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak

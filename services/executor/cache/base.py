@@ -113,10 +113,12 @@ class PrefixCache(Protocol):
 
 def check_pool(pool: KVPool, cached: set[int], num_cached: int, in_use: int) -> None:
     """free + cached + in_use == total, nothing freed twice, no cached slot free."""
-    free = pool._free  # a debugging check: reading the pool's free list directly is fine
+    free = pool.free_slots()
     free_set = set(free)
     if len(free_set) != len(free):
         raise AssertionError(f"{len(free) - len(free_set)} slots are in the free list twice")
+    if any(not 0 <= s < pool.num_slots for s in free):
+        raise AssertionError("a free slot is outside the pool")
     if len(cached) != num_cached:
         raise AssertionError(f"{num_cached - len(cached)} slots are held by two tree nodes")
     if cached & free_set:
