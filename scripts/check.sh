@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 # CPU-seconds with the default against 176 with one thread, and 181 s of wall time against 131.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 # Every kernel compiled for an sm_90 GPU on this machine without one
-# (tests/kernels/native_compile.py): about three CPU-minutes of Triton's compiler, started
+# (tests/kernels/native_compile.py): about 150 CPU-seconds of Triton's compiler, started
 # first at the lowest priority so that it runs in what the rest leaves idle (the test workers
 # wait on their stacks' processes much of the time). Its result is checked at the end.
 compile_log=$(mktemp)
