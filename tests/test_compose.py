@@ -14,6 +14,7 @@ import pytest
 import yaml
 from redis.connection import parse_url
 
+from services.executor.models import gemv_plans
 from shared import tokenizer_cache
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,11 +126,12 @@ def test_install_writes_the_env_the_image_runs_unprivileged_and_env_is_ignored()
     assert ignored == 0
 
 
-def test_every_service_shares_one_tokenizer_cache_the_image_user_owns(
+def test_every_service_shares_one_cache_volume_the_image_user_owns(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One named volume at the image user's default cache directory, in every radixserve
-    service: replicas and restarts load the tokenizer the first service saved."""
+    service: replicas and restarts load the tokenizer the first service saved, the gemv
+    choices the first executor timed and the kernels it compiled."""
     make_env(tmp_path / ".env")
     services = compose(read_env(tmp_path / ".env"))
     home = "/home/radixserve"
@@ -141,6 +143,11 @@ def test_every_service_shares_one_tokenizer_cache_the_image_user_owns(
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.delenv(tokenizer_cache.CACHE_ENV, raising=False)
     assert tokenizer_cache.cache_root() == Path(home, ".cache", "radixserve", "tokenizers")
+    # the executor's gemv choices and Triton's compiled kernels live on the volume as well
+    assert gemv_plans.cache_dir() == Path(home, ".cache", "radixserve", "gemv")
+    for spec in clients.values():
+        triton = Path(spec["environment"]["TRITON_CACHE_DIR"])
+        assert triton.is_relative_to(Path(home, ".cache", "radixserve"))
     # made by the image's user, so the new volume is that user's (Docker copies ownership)
     dockerfile = (ROOT / "Dockerfile").read_text().splitlines()
     made = dockerfile.index(f"RUN mkdir -p {home}/.cache/radixserve")
