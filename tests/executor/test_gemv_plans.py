@@ -136,3 +136,18 @@ def test_choose_gemv_times_only_what_no_start_saved(
     assert len(timed) == 2
     choose_gemv(model(), torch.float16)
     assert len(timed) == 4
+
+
+def test_a_failed_write_leaves_no_temporary_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(gemv_plans.json, "dump", full)
+    store = PlanStore(tmp_path / "h200.json", GemvConfig)
+    store.put("a", {1: A}, 1.0)
+    with caplog.at_level(logging.WARNING):
+        store.save()
+    assert "No space left" in caplog.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h200.lock"]

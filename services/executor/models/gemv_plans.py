@@ -4,11 +4,11 @@ Timing every launch candidate of every projection shape takes 6-12 s of a start 
 cache is full and 15-40 s of one whose cache is empty (each candidate compiles first). What
 it chooses depends only on the GPU, the projection's shape and format, the activations'
 dtype and the code of the kernels and their candidates, so the choices are saved under
-$RADIXSERVE_CACHE_DIR/gemv (or $XDG_CACHE_HOME, ~/.cache, /radixserve/gemv), one JSON file per
-GPU and code version, and a later start with the same key reads them instead of timing; only
-the kernels it chose then compile. Every candidate computes the same product, so a saved
-choice can only be slower than a fresh one, never wrong: deleting the directory (or a file)
-times again. Without a writable directory every start times, as before.
+$RADIXSERVE_CACHE_DIR/gemv (else $XDG_CACHE_HOME/radixserve/gemv, ~/.cache by default), one
+JSON file per GPU and code version, and a later start with the same key reads them instead of
+timing; only the kernels it chose then compile. Every candidate computes the same product, so
+a saved choice can only be slower than a fresh one, never wrong: deleting the directory (or a
+file) times again. Without a writable directory every start times, as before.
 """
 
 from __future__ import annotations
@@ -101,9 +101,13 @@ class PlanStore:
             with locked(self.path.with_suffix(".lock")):
                 merged = {**self._read(), **self.new}
                 fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.path.parent)
-                with os.fdopen(fd, "w") as f:
-                    json.dump({label: self._encode(*v) for label, v in merged.items()}, f)
-                os.replace(tmp, self.path)
+                try:
+                    with os.fdopen(fd, "w") as f:
+                        json.dump({label: self._encode(*v) for label, v in merged.items()}, f)
+                    os.replace(tmp, self.path)
+                except BaseException:
+                    Path(tmp).unlink(missing_ok=True)
+                    raise
         except OSError as e:
             log.warning("gemv choices not saved to %s: %s", self.path, e)
             return
