@@ -266,6 +266,12 @@ def test_the_executor_gets_a_gpu_and_time_to_load() -> None:
     assert executor["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0  # no spare GPU
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     assert mounts["models"]["mountPath"] == "/models" and mounts["models"]["readOnly"]
+    # a restarted container keeps what its start saved: the pod's volume holds the caches
+    cache = Path(mounts["cache"]["mountPath"])
+    volumes = {v["name"]: v for v in pod_spec(executor)["volumes"]}
+    assert "emptyDir" in volumes["cache"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert Path(env["TRITON_CACHE_DIR"]).is_relative_to(cache)
 
 
 def test_every_container_has_requests_and_limits() -> None:
