@@ -1,5 +1,5 @@
-"""How long an in-process `Engine` takes to start on a GPU where nothing is compiled yet, phase
-by phase, and again with Triton's cache filled by that first start.
+"""How long an in-process `Engine` takes to start on a GPU where nothing is compiled or saved
+yet, phase by phase, and again with the caches that first start filled.
 
     python -m loadtest.cold_start --kinds bf16,awq,fp8 --out loadtest/results/cold_start.json
     python -m loadtest.cold_start --model DIR --kinds bf16 --out ...
@@ -7,9 +7,10 @@ by phase, and again with Triton's cache filled by that first start.
 The kinds are a tiny random Llama (tests/executor/helpers.py) in bf16, the same weights as an
 AWQ checkpoint (group 32, the project's own quantizer), and in bf16 quantized to fp8 at load
 (`quantization="fp8"`); `--model` starts that model instead (bf16 and fp8 only). Each start
-is a process of its own on a fresh TRITON_CACHE_DIR (the warm start reuses the cold one's);
-its phases (weights, kv pool, kernel timing, cuda graphs, warm-up) are timed from the load
-progress lines it writes to stderr, as they arrive. A start ends with an 8-token greedy
+is a process of its own; a kind's first start gets an empty TRITON_CACHE_DIR and
+RADIXSERVE_CACHE_DIR (tokenizers, gemv choices), its second the same two as the first left
+them. The phases (weights, kv pool, kernel timing, cuda graphs, warm-up) are timed from the
+load progress lines a start writes to stderr, as they arrive. A start ends with an 8-token greedy
 generation, whose text the row keeps: a start that computes wrongly is seen, not only timed.
 """
 
@@ -70,9 +71,10 @@ def phases(lines: list[tuple[float, str]], started: float, ready: float) -> dict
 def one_start(
     model: Path, flags: dict[str, str], device: str, cache: Path, timeout: float
 ) -> dict[str, Any]:
-    """One start in a child process on Triton cache `cache`: its phases, seconds to ready
-    and greedy text."""
-    env = {**os.environ, "TRITON_CACHE_DIR": str(cache), "PYTHONUNBUFFERED": "1"}
+    """One start in a child process on the caches under `cache` (Triton's, radixserve's): its
+    phases, seconds to ready and greedy text."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.update(TRITON_CACHE_DIR=str(cache / "triton"), RADIXSERVE_CACHE_DIR=str(cache / "rs"))
     cmd = [sys.executable, "-m", "loadtest.cold_start", "--child", str(model), "--device", device]
     cmd += [f"--flag={k}={v}" for k, v in flags.items()]
     started = time.monotonic()
@@ -135,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     rows: dict[str, Any] = {}
     for kind in a.kinds.split(","):
         model, flags = models[kind]
-        cache = root / f"triton-{kind}"
+        cache = root / f"caches-{kind}"
         rows[kind] = {
             start: one_start(model, flags, a.device, cache, a.timeout) for start in ("cold", "warm")
         }
