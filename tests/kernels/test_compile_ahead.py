@@ -92,7 +92,6 @@ import torch
 import tests.kernels.native_compile as nc
 from triton import knobs
 from kernels.compile_ahead import compile_ahead
-from tests.kernels.test_native_compile import _compile, _why_not
 from kernels.gemv import gemv
 
 nc.install()
