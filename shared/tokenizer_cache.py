@@ -26,8 +26,6 @@ Where the cache directory cannot be written, every load converts, as before.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import logging
 import os
@@ -38,9 +36,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from shared.caches import cache_home, locked
+
 log = logging.getLogger(__name__)
 
-CACHE_ENV = "RADIXSERVE_CACHE_DIR"
 # Weights and other large files no tokenizer reads: left out of the key (hashing their stat is
 # cheap, but a re-saved checkpoint should not invalidate its tokenizer).
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".ckpt")
@@ -49,19 +48,9 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgp
 HASHED_BYTES = 64 << 20
 
 
-def radixserve_cache() -> Path:
-    """$RADIXSERVE_CACHE_DIR, else $XDG_CACHE_HOME (~/.cache)/radixserve: where radixserve
-    keeps what later starts reuse (tokenizers here, the executor's gemv choices)."""
-    base = os.environ.get(CACHE_ENV)
-    if not base:
-        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        base = os.path.join(xdg, "radixserve")
-    return Path(base)
-
-
 def cache_root() -> Path:
     """$RADIXSERVE_CACHE_DIR/tokenizers, else $XDG_CACHE_HOME (~/.cache)/radixserve/tokenizers."""
-    return radixserve_cache() / "tokenizers"
+    return cache_home() / "tokenizers"
 
 
 def entry_key(path: str, kind: str) -> str:
@@ -144,20 +133,3 @@ def _save_entry(root: Path, key: str, tokenizer: Any) -> None:
     except OSError as e:
         log.debug("tokenizer not cached (%s)", e)
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def locked(lock_path: Path) -> Iterator[None]:
-    """An exclusive flock on lock_path for the block; without one (a filesystem that refuses
-    locks), the block runs unlocked: at worst two processes both convert."""
-    try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:
-        yield
-        return
-    try:
-        with contextlib.suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock

@@ -15,7 +15,7 @@ import yaml
 from redis.connection import parse_url
 
 from services.executor.models import gemv_plans
-from shared import tokenizer_cache
+from shared import caches, tokenizer_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 _VAR = re.compile(r"\$\{(\w+)(?::([-?])([^}]*))?\}")
@@ -141,7 +141,7 @@ def test_every_service_shares_one_cache_volume_the_image_user_owns(
     assert "radixserve-cache" in yaml.safe_load((ROOT / "compose.yaml").read_text())["volumes"]
     monkeypatch.setenv("HOME", home)
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
-    monkeypatch.delenv(tokenizer_cache.CACHE_ENV, raising=False)
+    monkeypatch.delenv(caches.CACHE_ENV, raising=False)
     assert tokenizer_cache.cache_root() == Path(home, ".cache", "radixserve", "tokenizers")
     # the executor's gemv choices and Triton's compiled kernels live on the volume as well
     assert gemv_plans.cache_dir() == Path(home, ".cache", "radixserve", "gemv")

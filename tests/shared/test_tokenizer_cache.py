@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from shared import tokenizer_cache
+from shared import caches, tokenizer_cache
 from shared.model_files import (
     ModelSource,
     convert_tokenizer,
@@ -43,7 +43,7 @@ CHAT = [
 @pytest.fixture
 def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = tmp_path / "cache"
-    monkeypatch.setenv(tokenizer_cache.CACHE_ENV, str(root))
+    monkeypatch.setenv(caches.CACHE_ENV, str(root))
     return root / "tokenizers"
 
 
@@ -210,7 +210,7 @@ def test_without_a_writable_cache_every_load_converts(
 ) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    monkeypatch.setenv(tokenizer_cache.CACHE_ENV, str(blocker / "below-a-file"))
+    monkeypatch.setenv(caches.CACHE_ENV, str(blocker / "below-a-file"))
     source = resolve_model(str(tiny_dir))
     calls: list[int] = []
     for _ in range(2):

@@ -24,7 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from shared.tokenizer_cache import locked, radixserve_cache
+from shared.caches import cache_home, locked
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ CODE = ("kernels", "services/executor/models/linear.py", "services/executor/quan
 
 def cache_dir() -> Path:
     """$RADIXSERVE_CACHE_DIR/gemv, else $XDG_CACHE_HOME (~/.cache)/radixserve/gemv."""
-    return radixserve_cache() / "gemv"
+    return cache_home() / "gemv"
 
 
 def code_digest() -> str:
