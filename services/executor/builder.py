@@ -25,7 +25,7 @@ from services.executor.memory import KVManager
 from services.executor.model_config import ModelConfig
 from services.executor.model_runner import ModelRunner
 from services.executor.models.gemv_plans import PlanStore
-from services.executor.models.linear import GemvConfig, choose_gemv
+from services.executor.models.linear import choose_gemv
 from services.executor.sampling.pooling import matryoshka_dimensions, model_pooling
 from services.executor.sampling.step import Sampler
 from services.executor.warmup import warm_up
@@ -264,7 +264,7 @@ def build_runner(
     if device.type == "cuda" and dtype != torch.float32:
         progress("kernel timing", 0.0)  # a first start compiles every candidate here
         # before graphs capture the projections' kernels
-        choose_gemv(model, dtype, PlanStore.for_device(device, GemvConfig))
+        choose_gemv(model, dtype, PlanStore.for_device(device))
     graphs = None
     if graphed:
         if not hasattr(model.backend, "reserve_decode"):

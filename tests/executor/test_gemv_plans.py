@@ -21,24 +21,24 @@ A, B = CANDIDATES[0], GemvConfig(4, 1024, 2, 3, packed=True)
 
 def test_choices_read_back_in_another_store(tmp_path: Path) -> None:
     path = tmp_path / "gemv" / "h200.json"
-    store = PlanStore(path, GemvConfig)
+    store = PlanStore(path)
     assert store.get("64x32 unquantized") is None
     store.put("64x32 unquantized", {1: A, 3: B}, 12.5)
     store.put("128x64 fp8", {}, 0.0)  # the dense product won every row count
     store.save()
-    again = PlanStore(path, GemvConfig)
+    again = PlanStore(path)
     assert again.get("64x32 unquantized") == ({1: A, 3: B}, 12.5)
     assert again.get("128x64 fp8") == ({}, 0.0)
 
 
 def test_two_processes_choices_merge(tmp_path: Path) -> None:
     path = tmp_path / "h200.json"
-    first, second = PlanStore(path, GemvConfig), PlanStore(path, GemvConfig)
+    first, second = PlanStore(path), PlanStore(path)
     first.put("a", {1: A}, 1.0)
     second.put("b", {2: B}, 2.0)
     first.save()
     second.save()  # read before first saved: merges, not overwrites
-    merged = PlanStore(path, GemvConfig)
+    merged = PlanStore(path)
     assert merged.get("a") == ({1: A}, 1.0) and merged.get("b") == ({2: B}, 2.0)
 
 
@@ -48,11 +48,11 @@ def test_a_damaged_file_is_timed_again_and_replaced(
     path = tmp_path / "h200.json"
     path.write_text('{"a": {"rows": {"1": {"block_n": 8}}')  # cut short
     with caplog.at_level(logging.WARNING):
-        store = PlanStore(path, GemvConfig)
+        store = PlanStore(path)
     assert store.get("a") is None and "timing again" in caplog.text
     store.put("a", {1: A}, 1.0)
     store.save()
-    assert PlanStore(path, GemvConfig).get("a") == ({1: A}, 1.0)
+    assert PlanStore(path).get("a") == ({1: A}, 1.0)
 
 
 def test_an_unwritable_directory_only_logs(
@@ -60,7 +60,7 @@ def test_an_unwritable_directory_only_logs(
 ) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")  # a file where the directory would be
-    store = PlanStore(blocker / "gemv" / "h200.json", GemvConfig)
+    store = PlanStore(blocker / "gemv" / "h200.json")
     store.put("a", {1: A}, 1.0)
     with caplog.at_level(logging.WARNING):
         store.save()
@@ -119,7 +119,7 @@ def test_choose_gemv_times_only_what_no_start_saved(
         return torch.nn.Sequential(Linear(32, 64), Linear(32, 64), Linear(64, 16))
 
     first = model()
-    saved = choose_gemv(first, torch.float16, PlanStore(path, GemvConfig))
+    saved = choose_gemv(first, torch.float16, PlanStore(path))
     assert sorted(timed) == [(16, 64), (64, 32)] and len(compiled) == 1
     assert saved == {"64x32": 64.0, "16x64": 16.0}
     assert [m.gemv_plan for m in first] == [{1: A}, {1: A}, {2: B}]
@@ -127,12 +127,12 @@ def test_choose_gemv_times_only_what_no_start_saved(
     timed.clear()
     compiled.clear()
     second = model()
-    assert choose_gemv(second, torch.float16, PlanStore(path, GemvConfig)) == saved
+    assert choose_gemv(second, torch.float16, PlanStore(path)) == saved
     assert timed == [] and compiled == []  # nothing timed or compiled
     assert [m.gemv_plan for m in second] == [{1: A}, {1: A}, {2: B}]
 
     # other activations are another timing; without a store every start times
-    choose_gemv(model(), torch.bfloat16, PlanStore(path, GemvConfig))
+    choose_gemv(model(), torch.bfloat16, PlanStore(path))
     assert len(timed) == 2
     choose_gemv(model(), torch.float16)
     assert len(timed) == 4
@@ -145,7 +145,7 @@ def test_a_failed_write_leaves_no_temporary_file(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(gemv_plans.json, "dump", full)
-    store = PlanStore(tmp_path / "h200.json", GemvConfig)
+    store = PlanStore(tmp_path / "h200.json")
     store.put("a", {1: A}, 1.0)
     with caplog.at_level(logging.WARNING):
         store.save()

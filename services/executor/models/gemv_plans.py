@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Callable
 from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
@@ -65,14 +64,13 @@ class PlanStore:
     """The saved choices of one GPU and code version: shape labels -> (plan, microseconds
     saved), read when made and written back with what this start timed (`save`)."""
 
-    def __init__(self, path: Path, config: Callable[..., Any]) -> None:
+    def __init__(self, path: Path) -> None:
         self.path = path
-        self.config = config  # GemvConfig, passed in: models/linear.py imports this module
         self.plans: dict[str, tuple[dict[int, Any], float]] = self._read()
         self.new: dict[str, tuple[dict[int, Any], float]] = {}
 
     @classmethod
-    def for_device(cls, device: Any, config: Callable[..., Any]) -> PlanStore | None:
+    def for_device(cls, device: Any) -> PlanStore | None:
         """The store of CUDA device `device`; None where no file can be named for it."""
         import torch
 
@@ -83,7 +81,7 @@ class PlanStore:
         except (OSError, RuntimeError, metadata.PackageNotFoundError) as e:
             log.warning("gemv choices not kept between starts: %s", e)
             return None
-        return cls(cache_dir() / name, config)
+        return cls(cache_dir() / name)
 
     def get(self, label: str) -> tuple[dict[int, Any], float] | None:
         return self.plans.get(label)
@@ -128,6 +126,10 @@ class PlanStore:
     def _encode(plan: dict[int, Any], saved_us: float) -> dict[str, Any]:
         return {"rows": {str(m): asdict(cfg) for m, cfg in plan.items()}, "saved_us": saved_us}
 
-    def _decode(self, v: dict[str, Any]) -> tuple[dict[int, Any], float]:
-        plan = {int(m): self.config(**cfg) for m, cfg in v["rows"].items()}
+    @staticmethod
+    def _decode(v: dict[str, Any]) -> tuple[dict[int, Any], float]:
+        # here, not at the top: models/linear.py imports this module
+        from services.executor.models.linear import GemvConfig
+
+        plan = {int(m): GemvConfig(**cfg) for m, cfg in v["rows"].items()}
         return plan, float(v["saved_us"])
