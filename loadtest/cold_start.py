@@ -129,19 +129,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         return None
     if not a.out:
         p.error("--out is required")
-    root = Path(tempfile.mkdtemp(prefix="cold-start-"))
-    if a.model:
-        models = {"bf16": (Path(a.model), {}), "fp8": (Path(a.model), {"quantization": "fp8"})}
-    else:
-        models = tiny_models(root)
     rows: dict[str, Any] = {}
-    for kind in a.kinds.split(","):
-        model, flags = models[kind]
-        cache = root / f"caches-{kind}"
-        rows[kind] = {
-            start: one_start(model, flags, a.device, cache, a.timeout) for start in ("cold", "warm")
-        }
-        print(kind, json.dumps(rows[kind]), flush=True)
+    with tempfile.TemporaryDirectory(prefix="cold-start-") as tmp:  # models and caches
+        root = Path(tmp)
+        if a.model:
+            model = Path(a.model)
+            models = {"bf16": (model, {}), "fp8": (model, {"quantization": "fp8"})}
+        else:
+            models = tiny_models(root)
+        for kind in a.kinds.split(","):
+            model, flags = models[kind]
+            cache = root / f"caches-{kind}"
+            rows[kind] = {
+                start: one_start(model, flags, a.device, cache, a.timeout)
+                for start in ("cold", "warm")
+            }
+            print(kind, json.dumps(rows[kind]), flush=True)
     import torch
 
     result = {
