@@ -18,7 +18,7 @@ beside it. Launchers take CUDA tensors, or CPU tensors under TRITON_INTERPRET=1 
     bitmask.py           apply_token_bitmask       grammar bitmask onto logits
     w4a16.py             w4a16_ref                 the int4 weight layout, packing, torch twin
     w4a16_gemv.py        w4a16_gemv                int4-weight matmul for decode (<= MAX_M rows)
-    w4a16_gemm.py        w4a16_gemm                int4-weight matmul for prefill
+    w4a16_gemm.py        w4a16_gemm                int4-weight matmul, 5 to 32 rows (tensor cores)
 
 Not a kernel: compile_ahead.py runs launches once in threads, so that their compiles overlap.
 """

@@ -2,9 +2,8 @@
 
 Three regimes, by the rows m of x, as kernels/gguf_matmul.py has them for GGUF blocks:
 - m <= MAX_M (small decode batches): kernels/w4a16_gemv, bound by reading w.
-- m <= gemm_max_m (larger decode batches, short extends): kernels/w4a16_gemm dequantises
-  tiles of w in registers for the tensor cores, reading the packed words once per tile of
-  rows of x.
+- m <= gemm_max_m (larger decode batches, short extends): kernels/w4a16_gemm multiplies the
+  packed words' nibble planes on the tensor cores, reading them once per 16 rows of x.
 - past that (prefill): compute-bound, where the Triton GEMM runs at a small share of
   cuBLAS's speed (12 to 31 times bf16 cuBLAS's time at 128 and 2,048 rows of Llama-3.1-8B's
   projections on an H200). w is expanded to x's dtype by kernels/w4a16_dequant a slice of
@@ -30,12 +29,12 @@ from kernels.w4a16_dequant import w4a16_dequantize
 from kernels.w4a16_gemm import w4a16_gemm
 from kernels.w4a16_gemv import w4a16_gemv
 
-# The most rows the dequantising GEMM takes; from GEMM_MAX_M + 1 rows, dequantise + cuBLAS.
-# Measured on an H200 (2026-11-29, `loadtest/results/gpu_dequant_h200_run1.json`, Llama-3.1-8B's
-# projections, µs for qkv + o + gate_up + down): at 5 to 16 rows the GEMM 301 against 328
-# (it wins gate_up and down, loses qkv and o), at 32 rows 409 against 325. Both are about
-# 2.5 times bf16 cuBLAS's 124 µs at these rows.
-GEMM_MAX_M = 16
+# The most rows the tensor-core GEMM takes; from GEMM_MAX_M + 1 rows, dequantise + cuBLAS.
+# Measured on an H200 (2026-11-29, `loadtest/results/gpu_w4a16_tc_h200_run1.json`: Llama-3.1-8B's
+# four projections, cold weights, µs summed): 5 rows 140 against 287 for dequantise + cuBLAS
+# (the GEMM before this one: 305), 8 rows 142 against 286, 16 rows 150 against 287, 32 rows
+# 276 against 289 (bf16 cuBLAS 117-122 at these rows).
+GEMM_MAX_M = 32
 
 
 def w4a16_matmul(
@@ -54,7 +53,7 @@ def w4a16_matmul(
 
     x: [m, k_in], a float dtype, any row stride; qweight, scales, zeros, perm: the layout
     (kernels/w4a16.py). out (optional, written): [m, n] of x's dtype, any row stride.
-    gemm_max_m: the most rows given to the dequantising GEMM; chunk_elems: the most weights
+    gemm_max_m: the most rows given to the tensor-core GEMM; chunk_elems: the most weights
     dequantised at once past that (rounded up to one row).
     """
     if 1 <= x.shape[0] <= MAX_M:

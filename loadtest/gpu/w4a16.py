@@ -12,7 +12,7 @@ is also timed with an act-order perm.
 Then prefill (`prefill`), per projection and for down_proj with an act-order perm: the
 dequantise kernel alone (kernels/w4a16_dequant, the whole weight to bf16: the launcher's
 default tile and the best of a small grid, bytes read + written as GB/s and as a share of
-the copy bandwidth), and at PREFILL_ROWS rows the dequantising GEMM's best over its grid,
+the copy bandwidth), and at PREFILL_ROWS rows the tensor-core GEMM's best over its grid,
 dequantise + cuBLAS (kernels/w4a16_matmul past its GEMM rows: slices of the weight expanded,
 then torch.mm; with act-order, x's columns gathered too) and bf16 cuBLAS. `crossover_m` is
 the row count from which dequantise + cuBLAS beats the GEMM at every larger measured count;
@@ -47,14 +47,15 @@ DEQUANT_CONFIGS = [
     (1, 256, 1), (1, 128, 1), (1, 512, 1), (1, 512, 2), (2, 256, 2), (2, 128, 1), (4, 256, 4),
     (16, 64, 4),
 ]  # fmt: skip
-# (block_m, block_n, block_k, num_warps, num_stages)
+# (block_m, block_n, block_k, num_warps, num_stages): the launcher's default (16 x 128 x 128, 4
+# warps) first, then the runners-up of the 2026-11-29 sweep and wider tiles of rows for prefill
 GEMM_CONFIGS = [
-    (64, 64, 64, 4, 3),
-    (64, 128, 32, 4, 4),
-    (128, 128, 32, 8, 3),
-    (128, 64, 64, 4, 3),
-    (128, 256, 64, 8, 3),
+    (16, 128, 128, 4, 2),
     (16, 64, 128, 4, 3),
+    (16, 128, 128, 8, 2),
+    (32, 128, 128, 4, 2),
+    (64, 128, 128, 4, 2),
+    (64, 128, 256, 8, 2),
 ]
 
 

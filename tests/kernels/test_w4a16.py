@@ -171,34 +171,49 @@ def test_gemv_keeps_x_of_any_size(magnitude: float) -> None:
 
 @pytest.mark.parametrize("dtype", DOT_DTYPES)
 @pytest.mark.parametrize(
-    ("m", "n", "k", "group_size", "block_k", "act_order"),
+    ("m", "n", "k", "group_size", "block_k", "split", "act_order"),
     [
-        (5, 8, 64, 32, 32, False),  # block inside a group
-        (33, 37, 200, 32, 64, True),  # blocks span two groups, K not a multiple of the block
-        (20, 40, 392, 128, 32, False),  # partial last group
+        (5, 40, 512, 128, 128, 1, False),  # a step a group: the sums scaled once a step
+        (8, 64, 1024, 256, 256, 2, False),  # two steps a group, K split in two
+        (17, 20, 384, 128, 128, 2, False),  # two tiles of rows, a split with fewer steps
+        (3, 33, 200, 32, 128, 1, True),  # groups shorter than a step, K partial, act-order
+        (6, 24, 2048, 1024, 128, 4, True),  # act-order over long groups, four splits
     ],
 )
 def test_gemm_matches_reference(
-    m: int, n: int, k: int, group_size: int, block_k: int, act_order: bool, dtype: torch.dtype
+    m: int,
+    n: int,
+    k: int,
+    group_size: int,
+    block_k: int,
+    split: int,
+    act_order: bool,
+    dtype: torch.dtype,
 ) -> None:
     gen = torch.Generator().manual_seed(m + n + k)
     w = W4(n, k, group_size, gen, act_order=act_order)
     x = randn(m, w.k_in, dtype=dtype, gen=gen)
     out = poison(torch.empty(m, n, dtype=dtype, device=DEVICE))
     w4a16_gemm(
-        x,
-        w.qweight,
-        w.scales,
-        w.zeros,
-        group_size=group_size,
-        perm=w.perm,
-        out=out,
-        block_m=16,
-        block_n=16,
-        block_k=block_k,
-    )
+        x, w.qweight, w.scales, w.zeros, group_size=group_size, perm=w.perm, out=out,
+        block_m=16, block_n=16, block_k=block_k, split=split, num_warps=1,
+    )  # fmt: skip
     tol = ROUNDING[dtype]
     torch.testing.assert_close(out, w.ref(x), atol=tol, rtol=tol)
+
+
+def test_gemm_splits_sum_in_order() -> None:
+    """K split across programs: the partial sums added by a second launch in a fixed order,
+    so every call gives the same bits."""
+    gen = torch.Generator().manual_seed(12)
+    w = W4(16, 2048, 128, gen)
+    x = randn(4, 2048, dtype=torch.float32, gen=gen)
+    runs = [
+        w4a16_gemm(x, w.qweight, w.scales, w.zeros, group_size=128, block_n=16, split=8)
+        for _ in range(2)
+    ]
+    assert torch.equal(runs[0], runs[1])
+    torch.testing.assert_close(runs[0], w.ref(x), atol=1e-4, rtol=1e-4)
 
 
 def test_strided_rows_of_x_weight_and_out() -> None:
@@ -253,10 +268,23 @@ def test_rejects_bad_arguments(
             )
 
 
-def test_gemm_refuses_two_words_a_row() -> None:
-    """block_k 16 miscompiled on the GPU (kernels/w4a16_gemm.py says how): refused."""
-    with pytest.raises(ValueError, match=r"block_k must be at least 32, got 16"):
-        w4a16_gemm(*_args().values(), group_size=32, block_k=16)
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"block_k": 64}, r"block_k must be a power of two of at least 128, got 64"),
+        ({"block_n": 8}, r"block_n must be a power of two of at least 16, got 8"),
+        ({"split": 3}, r"split must be a power of two, got 3"),
+    ],
+)
+def test_gemm_refuses_bad_tiles(kwargs: dict[str, int], match: str) -> None:
+    """Each nibble plane is a tensor-core product of K = block_k / 8 (at least 16)."""
+    a = _args()
+    launch = {"block_n": 16, "block_k": 128, "split": 1, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        w4a16_gemm(
+            a["x"], a["qweight"], a["scales"], a["zeros"], group_size=32,
+            block_n=launch["block_n"], block_k=launch["block_k"], split=launch["split"],
+        )  # fmt: skip
 
 
 def test_gemv_rejects_too_many_rows() -> None:

@@ -10,7 +10,7 @@ reads a Linear's weight (choose_gemv's device and shape, the benchmark's byte co
 what the kernels read.
 
 On CUDA every product goes through kernels/w4a16_matmul: the GEMV for the few rows of
-decode, the dequantising GEMM up to its GEMM_MAX_M rows, and past that (prefill) the weight
+decode, the tensor-core GEMM up to its GEMM_MAX_M rows, and past that (prefill) the weight
 dequantized a slice at a time for cuBLAS; elsewhere (the CPU) the weight is dequantized and
 multiplied in torch.
 """
