@@ -1,21 +1,19 @@
 """x @ W.T for any number of rows, W kept as GGUF blocks (kernels/gguf_blocks.py).
 
-Three regimes, by the rows m of x:
+Two regimes, by the rows m of x:
 - m <= MAX_M (small decode batches): bound by reading W; kernels/gguf_gemv reads only its
   blocks and keeps every row's sums in registers.
-- m <= gemm_max_m (larger decode batches, short extends): still bound by reading W;
-  kernels/gguf_gemm decodes tiles of W in registers for tensor cores, reading the blocks once
-  per 16 to 64 rows of x.
-- past that (prefill): compute-bound. W is expanded to x's dtype by kernels/gguf_dequant a
-  slice of rows at a time into one scratch buffer of at most `chunk_elems` weights, and each
-  slice goes through cuBLAS (kernels/expand_mm): cuBLAS's GEMM is the fastest there is at
-  these sizes, and the expansion's extra ~4 bytes a weight, paid once for all the rows, is
-  small beside the arithmetic of hundreds of rows.
-GEMM_MAX_M is where gpu_bench's gguf_kernel section finds them crossing: Q4_K's gate_up on an
-H200 (2026-11-29, `loadtest/results/gpu_dequant_h200_run1.json`), the GEMM 148 µs at 8 and
-16 rows against 153 and 154 for expanding, and from 32 rows the expansion (32: 156 against
-196; 256: 184 against 535). It was 256 before, set by arithmetic, while the same section had
-measured the crossover at 32 on 2026-11-26.
+- past that (larger decode batches, prefill): W is expanded to x's dtype by
+  kernels/gguf_dequant a slice of rows at a time into one scratch buffer of at most
+  `chunk_elems` weights, and each slice goes through cuBLAS (kernels/expand_mm). The
+  expansion's extra ~4 bytes a weight are paid once for all the rows.
+A dequantising tensor-core GEMM took the rows from 5 to 31 until 2026-11-29, when it lost to
+expanding on every projection of Llama-3.1-8B at every row count from 4 to 32 on an H200
+(`loadtest/results/gpu_small_m_h200_run1.json`, cold weights, µs for qkv + o + gate_up +
+down, the weight expanded whole for one cuBLAS product): Q4_K 491 against 274 at 5 to 16
+rows, Q6_K 770 against 362; down alone 218 against 76 (Q4_K). Expanding in slices, as here,
+cost int4 4% more than whole in the next measurement. The GEMM had been measured on gate_up
+alone, where the two tie. It was removed.
 """
 
 from __future__ import annotations
@@ -27,10 +25,7 @@ from kernels.expand_mm import CHUNK_ELEMS, expand_mm
 from kernels.gemv import MAX_M
 from kernels.gguf_blocks import check_blocks
 from kernels.gguf_dequant import gguf_dequantize
-from kernels.gguf_gemm import gguf_gemm
 from kernels.gguf_gemv import gguf_gemv
-
-GEMM_MAX_M = 31
 
 
 def gguf_matmul(
@@ -39,14 +34,13 @@ def gguf_matmul(
     *,
     qtype: str,
     out: torch.Tensor | None = None,
-    gemm_max_m: int = GEMM_MAX_M,
     chunk_elems: int = CHUNK_ELEMS,
 ) -> torch.Tensor:
     """x @ W.T, W [n, k] given as GGUF blocks [n, row bytes] of `qtype`; returns out.
 
     x: [m, k], a float dtype (contiguous rows); out (optional, written): [m, n] of x's dtype,
-    any row stride. gemm_max_m: the most rows given to the dequantising GEMM; chunk_elems: the
-    most weights expanded at once past that (rounded up to one row).
+    any row stride. chunk_elems: the most weights expanded at once past MAX_M rows (rounded up
+    to one row).
     """
     op = "gguf_matmul"
     check_tensor(op, "x", x, shape=(None, None), dims="[m, k]", dtypes=FLOAT_DTYPES)
@@ -54,8 +48,6 @@ def gguf_matmul(
     m, k = x.shape
     if 1 <= m <= MAX_M:
         return gguf_gemv(x, blocks, qtype=qtype, out=out)
-    if m <= gemm_max_m:
-        return gguf_gemm(x, blocks, qtype=qtype, out=out)
     check_blocks(op, blocks, qtype, k, device=x.device)
     n = blocks.shape[0]
     if out is None:

@@ -22,8 +22,8 @@ MoE: the same two figures, gpu/deepseek.py); qwen3moe_decode and dsv2lite_decode
 decode half alone, qwen3moe_batches and dsv2lite_batches decode at batch 1, 4 and 8; scale
 (decode at long contexts and big batches against its roofline, the 100,000-token prefill,
 host time per step at batch 256: gpu/scale.py), gguf_kernel (GGUF
-Q8_0/Q4_K/Q6_K blocks: the decode GEMV's bandwidth at Llama-3.1-8B's shapes, the prefill
-paths' crossover: gpu/gguf_kernel.py), w4a16_kernel (the int4 GEMV, GEMM and dequantise +
+Q8_0/Q4_K/Q6_K blocks: the decode GEMV's bandwidth at Llama-3.1-8B's shapes, rows past it
+expanded for cuBLAS: gpu/gguf_kernel.py), w4a16_kernel (the int4 GEMV, GEMM and dequantise +
 cuBLAS at Llama-3.1-8B's projection shapes against bf16, the prefill paths' crossover:
 gpu/w4a16.py); quant_decode (batch-1 decode with bf16, fp8 per-channel, fp8 block and GGUF
 Q4_K weights, each against its own roofline: gpu/quant.py; quant_decode_int4 the same with

@@ -1,5 +1,5 @@
-"""GGUF blocks on the GPU (kernels/gguf_*): the decode GEMV's bandwidth and where prefill should
-leave the dequantising GEMM for expand-then-cuBLAS, at Llama-3.1-8B's projection shapes.
+"""GGUF blocks on the GPU (kernels/gguf_*): the decode GEMV's bandwidth and what rows past it
+cost (expand-then-cuBLAS), at Llama-3.1-8B's projection shapes.
 
 - gemv: per type and shape, rows 1..MAX_M: the launch configurations choose_gemv times for
   the type (quant/gguf_linear.GGUF_CANDIDATES), every one at one row (m1_us_by_config), at
@@ -9,9 +9,8 @@ leave the dequantising GEMM for expand-then-cuBLAS, at Llama-3.1-8B's projection
   `layer_*` sums one decoder layer's projections at one row: the batch-1 decode speed the
   projections alone allow, against their roofline.
 - matmul: Q4_K at the MLP's gate_up shape over row counts from a decode batch to a prefill
-  chunk: kernels/gguf_gemm against expanding the weight and cuBLAS (gguf_matmul's two paths
-  past MAX_M) and against bf16 cuBLAS; `crossover_m` is the first row count where expanding
-  wins, the figure kernels/gguf_matmul.GEMM_MAX_M should follow.
+  chunk: gguf_matmul past MAX_M (the weight expanded in slices, each through cuBLAS) against
+  bf16 cuBLAS on the same shape.
 Every timing replays a CUDA graph (gpu/mla_kernel.graph_seconds), so launch overhead is out.
 """
 
@@ -24,7 +23,6 @@ import torch.nn.functional as F
 
 from kernels.gemv import MAX_M, gemv
 from kernels.gguf_blocks import random_blocks, row_bytes
-from kernels.gguf_gemm import gguf_gemm
 from kernels.gguf_gemv import gguf_gemv
 from kernels.gguf_matmul import gguf_matmul
 from loadtest.gpu.bandwidth import copy_bandwidth
@@ -115,24 +113,16 @@ def _matmul_points(gen: torch.Generator) -> dict[str, Any]:
     blocks = random_blocks(n, k, "Q4_K", gen, "cuda")
     w = torch.randn(n, k, generator=gen).to("cuda", torch.bfloat16)
     rows: dict[str, Any] = {}
-    crossover = None
     for m in MATMUL_ROWS:
         x = torch.randn(m, k, generator=gen).to("cuda", torch.bfloat16)
-        fused = graph_seconds(lambda: gguf_gemm(x, blocks, qtype="Q4_K"), reps=5)  # noqa: B023
-        expand = graph_seconds(
-            lambda: gguf_matmul(x, blocks, qtype="Q4_K", gemm_max_m=0),  # noqa: B023
-            reps=5,
-        )
+        expand = graph_seconds(lambda: gguf_matmul(x, blocks, qtype="Q4_K"), reps=5)  # noqa: B023
         dense = graph_seconds(lambda: F.linear(x, w), reps=5)  # noqa: B023
-        if crossover is None and expand < fused:
-            crossover = m
         rows[str(m)] = {
-            "gemm_us": fused * 1e6,
             "expand_cublas_us": expand * 1e6,
             "bf16_cublas_us": dense * 1e6,
-            "gemm_TFLOPs": 2 * m * n * k / fused / 1e12,
+            "expand_over_bf16_time": expand / dense,
         }
-    return {"shape": [n, k], "rows": rows, "crossover_m": crossover}
+    return {"shape": [n, k], "rows": rows}
 
 
 def table_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
@@ -147,12 +137,11 @@ def table_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
                 f"roofline {r['projections_roofline_tok_s']:.0f}",
             )
         )
-    matmul = result.get("matmul", {})
-    if matmul:
+    for m, r in result.get("matmul", {}).get("rows", {}).items():
         rows.append(
             (
-                "GGUF Q4_K: expand + cuBLAS beats the dequantising GEMM from rows",
-                str(matmul.get("crossover_m")),
+                f"GGUF Q4_K gate_up, {m} rows: expand + cuBLAS",
+                f"{r['expand_cublas_us']:.1f} us, {r['expand_over_bf16_time']:.2f}x bf16's time",
             )
         )
     return rows

@@ -89,8 +89,8 @@ SECTIONS: dict[str, Section] = {
     "quant_prefill_int4": Section(
         ("bf16", "int4_awq", "gguf_q4_k"), PREFILL_IN, PREFILL_OUT, "prefill_tok_s"
     ),
-    # decode batches past the GEMV's 4 rows, where the int4 and GGUF weights take the
-    # dequantising GEMM or dequantise + cuBLAS
+    # decode batches past the GEMV's 4 rows: int4 weights take the tensor-core GEMM, GGUF
+    # blocks are expanded for cuBLAS
     "quant_decode_batch8": Section(
         ("bf16", "int4_awq", "gguf_q4_k"), IN_LEN, OUT_LEN, "decode_tok_s", batch_size=8
     ),

@@ -28,7 +28,6 @@ from kernels.gated_act import gelu_tanh_mul, silu_mul
 from kernels.gemv import gemv
 from kernels.gguf_blocks import LAYOUTS, row_bytes
 from kernels.gguf_dequant import gguf_dequantize
-from kernels.gguf_gemm import gguf_gemm
 from kernels.gguf_gemv import gguf_gemv
 from kernels.head_gemv import OUTPUT_TILES, QUERY_TILES, head_gemv
 from kernels.mla_decode import mla_decode
@@ -109,8 +108,6 @@ def _gguf(op: str, qtype: str, dtype: torch.dtype) -> None:
     blocks = _t(n, row_bytes(qtype, k), dtype=torch.uint8)
     if op == "gemv":
         gguf_gemv(_t(1, k, dtype=dtype), blocks, qtype=qtype)
-    elif op == "gemm":
-        gguf_gemm(_t(64, k, dtype=dtype), blocks, qtype=qtype)
     else:
         gguf_dequantize(blocks, qtype=qtype, k=k, dtype=dtype)
 
@@ -373,7 +370,6 @@ def _cases() -> list[Case]:
         ("w4a16_dequant/bf16", partial(_w4a16_dequant, BF16, False)),
         ("w4a16_dequant/fp16-act-order", partial(_w4a16_dequant, FP16, True)),
         *((f"gguf_gemv/{q}", partial(_gguf, "gemv", q, BF16)) for q in LAYOUTS),
-        *((f"gguf_gemm/{q}", partial(_gguf, "gemm", q, BF16)) for q in LAYOUTS),
         *((f"gguf_dequant/{q}", partial(_gguf, "dequant", q, FP16)) for q in LAYOUTS),
         ("rmsnorm/bf16", partial(_rmsnorm, BF16, False, False)),
         ("rmsnorm/bf16-residual-nopdl", partial(_rmsnorm, BF16, True, False), False),

@@ -19,15 +19,12 @@ from kernels import gguf_blocks
 from kernels.gemv import MAX_M
 from kernels.gguf_blocks import LAYOUTS, dequantize_ref, row_bytes
 from kernels.gguf_dequant import gguf_dequantize, gguf_dequantize_ref
-from kernels.gguf_gemm import gguf_gemm
 from kernels.gguf_gemv import gguf_gemv, gguf_gemv_ref
 from kernels.gguf_matmul import gguf_matmul
 
 from .helpers import (
     DEVICE,
-    DOT_DTYPES,
     EXACT_CAST,
-    TOLERANCES,
     assert_pdl_changes_no_bit,
     poison,
     randn,
@@ -142,68 +139,43 @@ def test_gemv_in_bf16_with_strided_x_and_out(qtype: str) -> None:
     torch.testing.assert_close(out, gguf_gemv_ref(x, blocks, qtype=qtype), atol=2e-2, rtol=2e-2)
 
 
-# (m, n, k, block_n, block_k): one tile; odd rows and outputs over several tiles of each;
-# block_k of two Q6_K groups up to one whole K-quant super-block
-GEMM_SHAPES = [(5, 16, 256, 16, 64), (17, 37, 512, 16, 32), (33, 21, 768, 32, 256)]
-
-
 @pytest.mark.parametrize("qtype", QTYPES)
-@pytest.mark.parametrize(("m", "n", "k", "block_n", "block_k"), GEMM_SHAPES)
-@pytest.mark.parametrize("dtype", DOT_DTYPES)
-def test_gemm_matches_its_twin(
-    qtype: str, m: int, n: int, k: int, block_n: int, block_k: int, dtype: torch.dtype
-) -> None:
-    gen = torch.Generator().manual_seed(m * n)
-    blocks = random_blocks(n, k, qtype, gen)
-    x = randn(m, k + 32, dtype=dtype, gen=gen)[:, :k]  # row stride k + 32
-    out = poison(torch.empty(m, n + 3, dtype=dtype, device=DEVICE))[:, :n]
-    gguf_gemm(x, blocks, qtype=qtype, out=out, block_n=block_n, block_k=block_k)
-    # the weights are rounded to x's dtype for the tensor cores: fp16's error on top of its
-    # rounded output, relative to the largest output (sums of random signs are cancellations)
-    want = gguf_gemv_ref(x, blocks, qtype=qtype).float()
-    scale = float(want.abs().amax())
-    tol = TOLERANCES[dtype]
-    torch.testing.assert_close(
-        out.float(), want, atol=tol["atol"] * scale, rtol=tol["rtol"], check_dtype=False
-    )
-
-
-@pytest.mark.parametrize("qtype", QTYPES)
-def test_matmul_past_gemm_max_m_expands_slices_of_rows(qtype: str) -> None:
+def test_matmul_past_the_gemv_expands_slices_of_rows(qtype: str) -> None:
     """chunk_elems of 5 rows: 13 outputs in slices of 5, 5 and 3."""
     gen = torch.Generator().manual_seed(5)
     n, k, m = 13, 512, MAX_M + 3
     blocks = random_blocks(n, k, qtype, gen)
     x = randn(m, k, dtype=torch.float32, gen=gen)
     out = poison(torch.empty(m, n, dtype=torch.float32, device=DEVICE))
-    gguf_matmul(x, blocks, qtype=qtype, out=out, gemm_max_m=MAX_M, chunk_elems=5 * k + 7)
+    gguf_matmul(x, blocks, qtype=qtype, out=out, chunk_elems=5 * k + 7)
     torch.testing.assert_close(out, gguf_gemv_ref(x, blocks, qtype=qtype), atol=1e-4, rtol=1e-4)
 
 
-def test_matmul_takes_the_gemv_then_the_gemm_then_cublas(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_matmul_takes_the_gemv_then_cublas(monkeypatch: pytest.MonkeyPatch) -> None:
     import kernels.gguf_matmul
 
     seen: list[tuple[str, int]] = []
 
     def counted(name: str, fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-        def wrapped(x: torch.Tensor, blocks: torch.Tensor, **kw: Any) -> torch.Tensor:
-            seen.append((name, x.shape[0]))
-            return fn(x, blocks, **kw)
+        def wrapped(*args: Any, **kw: Any) -> torch.Tensor:
+            seen.append((name, args[0].shape[0]))
+            return fn(*args, **kw)
 
         return wrapped
 
     monkeypatch.setattr(kernels.gguf_matmul, "gguf_gemv", counted("gemv", gguf_gemv))
-    monkeypatch.setattr(kernels.gguf_matmul, "gguf_gemm", counted("gemm", gguf_gemm))
+    monkeypatch.setattr(kernels.gguf_matmul, "gguf_dequantize", counted("expand", gguf_dequantize))
     gen = torch.Generator().manual_seed(6)
     blocks = random_blocks(4, 64, "Q8_0", gen)
-    for m in (1, MAX_M, MAX_M + 1, 8, 9):
+    for m in (1, MAX_M, MAX_M + 1, 8):
         x = randn(m, 64, dtype=torch.float32, gen=gen)
-        got = gguf_matmul(x, blocks, qtype="Q8_0", gemm_max_m=8)
+        got = gguf_matmul(x, blocks, qtype="Q8_0")
         # the GEMV sums x * (384 + q) and takes the offset off per block: in fp32 a few
         # bits short of the twin's exact products
         want = gguf_gemv_ref(x, blocks, qtype="Q8_0")
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-    assert seen == [("gemv", 1), ("gemv", MAX_M), ("gemm", MAX_M + 1), ("gemm", 8)]
+    # the expansion is called with the weight's blocks (4 rows, one slice a call)
+    assert seen == [("gemv", 1), ("gemv", MAX_M), ("expand", 4), ("expand", 4)]
 
 
 @pytest.mark.parametrize(
@@ -229,9 +201,9 @@ def test_rejects_bad_blocks(
 @pytest.mark.parametrize("qtype", QTYPES)
 @pytest.mark.parametrize(("n", "k"), [(4096, 4096), (1027, 14336), (6144, 4096)])
 def test_real_shapes_in_bf16(qtype: str, n: int, k: int) -> None:
-    """Llama-3.1-8B's projections (and an odd row count): every row count of the GEMV, the
-    dequantising GEMM, a prefill through cuBLAS, and the dequantised weight, each against
-    the torch twins."""
+    """Llama-3.1-8B's projections (and an odd row count): every row count of the GEMV, a
+    decode batch and a prefill through cuBLAS, and the dequantised weight, each against the
+    torch twins."""
     gen = torch.Generator().manual_seed(n + k)
     blocks = random_blocks(n, k, qtype, gen)
     want_w = gguf_dequantize_ref(blocks, qtype=qtype, dtype=torch.bfloat16)

@@ -1,7 +1,7 @@
 """GGUF block projections through the block kernels (kernels/gguf_matmul) inside a loaded
 model: the tiny mixed-type Llama of tests/executor/test_gguf_blocks.py against the same file
 dequantised at load. Natively on CUDA (gpu-marked), and once under Triton's CPU interpreter
-(an extend, whose 9 rows take the dequantising GEMM, and a decode step of 2 rows, the GEMV).
+(an extend, whose 9 rows are expanded for the matmul, and a decode step of 2 rows, the GEMV).
 
 The kernels sum in fp32 in another order than torch's matmul: logits agree to 1e-4 in fp32.
 """

@@ -2,8 +2,8 @@
 kernels/gguf_blocks.py): weight is uint8 [out, in / elems * bytes], one row of blocks per
 output feature, as the file stores it.
 
-On CUDA every product reads the blocks (kernels/gguf_matmul: the GEMV for decode, a
-dequantising GEMM for mid-sized batches, slices expanded for cuBLAS past that), and
+On CUDA every product reads the blocks (kernels/gguf_matmul: the GEMV for decode's few
+rows, slices expanded for cuBLAS past that), and
 choose_gemv may pick a GEMV launch configuration per row count. Elsewhere (the CPU) the
 weight is dequantised per call (bit-exact with the gguf package), so a CPU model computes
 what the dequantised-at-load model does.
