@@ -59,15 +59,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--scale", type=float, default=1.0, help="multiply every workload's request count"
     )
+    p.add_argument(
+        "--decode-len",
+        type=int,
+        default=WORKLOADS["decode_heavy"][3],
+        help="decode_heavy's output tokens a request",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="results/protocols.json")
 
 
 async def one_run(
-    client: Client, source: TextSource, workload: str, scale: float
+    client: Client,
+    source: TextSource,
+    workload: str,
+    scale: float,
+    decode_len: int | None = None,
 ) -> dict[str, Any]:
     n, concurrency, in_len, out_len = WORKLOADS[workload]
     n = max(1, round(n * scale))
+    if workload == "decode_heavy" and decode_len is not None:
+        out_len = decode_len
     client = dataclasses.replace(client, max_concurrency=concurrency)
     convs = datasets.random_dataset(source, random.Random(), n, in_len, out_len, 1.0)
     done = await run(client, convs, arrival_times(n, float("inf"), 0))
@@ -111,6 +123,7 @@ def _result(m: Any, n: int, concurrency: int) -> dict[str, Any]:
         "median_latency_ms": m.e2e.median,
         "p99_latency_ms": m.e2e.p99,
         "median_ttft_ms": m.ttft.median if m.ttft else None,
+        "output_tokens": m.total_output_tokens,
         "output_tok_s": m.output_throughput,
         "request_s": m.request_throughput,
     }
@@ -147,7 +160,9 @@ async def measure(a: argparse.Namespace) -> dict[str, Any]:
                     results = {}
                     for name in order:
                         source = TextSource(tok, seed + 97 * len(results))
-                        results[name] = await one_run(clients[name], source, workload, a.scale)
+                        results[name] = await one_run(
+                            clients[name], source, workload, a.scale, a.decode_len
+                        )
                 for name in order:
                     result = results[name]
                     runs.append({"round": r, "protocol": name, "workload": workload, **result})

@@ -127,6 +127,10 @@ def test_protocols_compares_http_and_grpc_on_one_server(
             "2",
             "--scale",
             "0.05",
+            # 512 tokens a request (the default) was 23 of the test's 30 s on 2 cores; the
+            # assertions hold for any length
+            "--decode-len",
+            "32",
             "--out",
             str(out),
         ]
@@ -139,6 +143,7 @@ def test_protocols_compares_http_and_grpc_on_one_server(
     assert firsts == {0: "radixserve", 1: "grpc"}
     heavy = [r for r in runs if r["workload"] == "decode_heavy"]
     assert {r["requests"] for r in heavy} == {round(64 * 0.05)}
+    assert {r["output_tokens"] for r in heavy} == {round(64 * 0.05) * 32}
     summary = record["summary"]["decode_heavy"]
     assert summary["radixserve"]["tok_s_over_http"] == 1.0
     assert set(summary) == {"radixserve", "grpc", "grpc-smg"}
