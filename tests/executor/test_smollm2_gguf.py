@@ -12,6 +12,7 @@ from typing import Any, Literal
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers.initialization import no_init_weights
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
 from services.executor.weights import load_model
@@ -37,6 +38,10 @@ def _parse_each_file_once(monkeypatch: pytest.MonkeyPatch) -> None:
     here each is built once and handed out again, so the test compares the same things."""
     import gguf
 
+    # Our loader's reader subclasses gguf.GGUFReader when first imported: imported here, before
+    # the patch (else it subclasses the function below, a TypeError when this test runs alone).
+    import shared.gguf_reader  # noqa: F401
+
     reader = gguf.GGUFReader
     readers: dict[str, Any] = {}
 
@@ -59,12 +64,16 @@ def test_smollm2_q4_1_matches_transformers(monkeypatch: pytest.MonkeyPatch) -> N
     gguf_path = os.path.join(model_dir, GGUF_NAME)
     tokenizer = AutoTokenizer.from_pretrained(model_dir, gguf_file=GGUF_NAME)
     # from_pretrained(gguf_file=...) wants `accelerate`, which we don't depend on; this is
-    # the same conversion (dequantise + Q/K un-permute) without it.
-    hf = AutoModelForCausalLM.from_config(
-        AutoConfig.from_pretrained(model_dir, gguf_file=GGUF_NAME), dtype=torch.float32
-    ).eval()
+    # the same conversion (dequantise + Q/K un-permute) without it. Built without random
+    # initialisation (3 s of CPU), as from_pretrained does: the file's weights replace it.
+    with no_init_weights():
+        hf = AutoModelForCausalLM.from_config(
+            AutoConfig.from_pretrained(model_dir, gguf_file=GGUF_NAME), dtype=torch.float32
+        ).eval()
     state = load_gguf_checkpoint(gguf_path, return_tensors=True, model_to_load=hf)["tensors"]
-    hf.load_state_dict(state, strict=False)  # lm_head is tied to embed_tokens
+    # Every weight from the file (none left uninitialised) but lm_head, tied to embed_tokens
+    loaded = hf.load_state_dict(state, strict=False)
+    assert (loaded.missing_keys, loaded.unexpected_keys) == (["lm_head.weight"], [])
     hf.tie_weights()
     del state
 
