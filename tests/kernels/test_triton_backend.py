@@ -259,18 +259,20 @@ def greedy_with_prefix_reuse(
     model: torch.nn.Module, config: ModelConfig, prompts: list[list[int]], steps: int
 ) -> tuple[list[list[int]], torch.Tensor]:
     """Prefill every prompt in two chunks (the second one attends to a cached prefix), then
-    decode greedily; returns the tokens and the first decode step's logits."""
+    decode greedily: `steps` tokens, the first from the prefill's logits, each later one from
+    a decode step's. Returns the tokens and the prefill's logits."""
     driver = BatchDriver(model, config, max_reqs=len(prompts), device=str(DEVICE))
     rows = [driver.new_request() for _ in prompts]
     driver.extend(rows, [p[: len(p) // 2] for p in prompts])
     logits = driver.extend(rows, [p[len(p) // 2 :] for p in prompts])
     first_logits = logits
     outputs: list[list[int]] = [[] for _ in prompts]
-    for _ in range(steps):
+    for step in range(steps):
         tokens = logits.argmax(-1).tolist()
         for out, t in zip(outputs, tokens, strict=True):
             out.append(t)
-        logits = driver.decode(rows, tokens)
+        if step + 1 < steps:  # the last token's decode step: logits no token is taken from
+            logits = driver.decode(rows, tokens)
     return outputs, first_logits
 
 
