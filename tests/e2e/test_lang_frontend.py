@@ -246,9 +246,9 @@ def test_run_batch_of_32_decodes_them_side_by_side(tiny_stack: Stack) -> None:
     @rl.function
     def program(s: Any, i: int) -> None:
         s += f"Story {i}:"
-        # Long enough for heartbeats (every 0.5 s) to see the batch: 1.3 s on 2 cores (400
-        # tokens took 7.9 s, each step attending over a longer context)
-        s += rl.gen("story", max_tokens=128, temperature=0, ignore_eos=True)
+        # Long enough for heartbeats (every 0.5 s) to see the batch on a faster machine too:
+        # 128 tokens took 1.3 s on 2 cores, 400 took 7.9 (each step attends over more)
+        s += rl.gen("story", max_tokens=200, temperature=0, ignore_eos=True)
 
     backend = rl.RuntimeEndpoint(tiny_stack.base_url)
     states, most_running = tiny_stack.most_running_during(

@@ -147,9 +147,9 @@ def test_run_batch_runs_the_programs_together(backend: Any, tiny_stack: Stack) -
     @sgl.function
     def program(s: Any, i: int) -> None:
         s += f"Story {i}:"
-        # Long enough for heartbeats (every 0.5 s) to see the batch: 1.3 s on 2 cores (400
-        # tokens took 7.9 s, each step attending over a longer context)
-        s += sgl.gen("story", max_tokens=128, temperature=0, ignore_eos=True)
+        # Long enough for heartbeats (every 0.5 s) to see the batch on a faster machine too:
+        # 128 tokens took 1.3 s on 2 cores, 400 took 7.9 (each step attends over more)
+        s += sgl.gen("story", max_tokens=200, temperature=0, ignore_eos=True)
 
     states, most_running = tiny_stack.most_running_during(
         lambda: program.run_batch([{"i": i} for i in range(32)], num_threads=32)
