@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import FLOAT_DTYPES, check_device, check_tensor
+from kernels._checks import FLOAT_DTYPES, check_device, check_tensor, interpreting
 from kernels.gguf_blocks import check_blocks, decode_groups, dequantize_ref
 
 
@@ -47,6 +47,11 @@ def _dequant_kernel(
     tl.store(dst, w.to(out_ptr.dtype.element_ty), mask=mask[:, :, None])
 
 
+# rows a program by default in the interpreter (a model's tests on the CPU expand every
+# projection past the GEMV's rows: one row a program took 175 s of one test)
+INTERPRETER_BLOCK_N = 64
+
+
 def gguf_dequantize(
     blocks: torch.Tensor,
     *,
@@ -54,14 +59,16 @@ def gguf_dequantize(
     k: int,
     dtype: torch.dtype = torch.bfloat16,
     out: torch.Tensor | None = None,
-    block_n: int = 1,
+    block_n: int | None = None,
     groups: int = 64,
     num_warps: int = 2,
 ) -> torch.Tensor:
     """Weights [n, k] of `dtype` from GGUF blocks [n, row bytes] of `qtype`; returns out.
 
     out (optional, written): [n, k] of `dtype`, rows of any stride.
-    block_n, groups: rows and scale groups per program (powers of two); num_warps: the launch's.
+    block_n, groups: rows and scale groups per program (powers of two; block_n None: 1, or
+    INTERPRETER_BLOCK_N in Triton's CPU interpreter, which runs programs one after another at a
+    cost that hardly depends on their size); num_warps: the launch's.
     """
     op = "gguf_dequantize"
     check_device(op, blocks)
@@ -72,6 +79,8 @@ def gguf_dequantize(
     if out is None:
         out = torch.empty((n, k), dtype=dtype, device=blocks.device)
     check_tensor(op, "out", out, shape=(n, k), dims="[n, k]", dtypes=(dtype,), device=blocks.device)
+    if block_n is None:
+        block_n = INTERPRETER_BLOCK_N if interpreting() else 1
     for name, size in (("block_n", block_n), ("groups", groups)):
         if size < 1 or size & (size - 1):
             raise ValueError(f"{op}: {name} must be a power of two, got {size}")
