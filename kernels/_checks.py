@@ -24,6 +24,13 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
+# Rows a program by default in the interpreter, for launchers whose GPU default is a row or a
+# few: it runs programs one after another, each at a cost that hardly depends on its size, so
+# fewer, wider ones (a model's tests on the CPU; the GGUF model test's expansions took 175 s
+# at one row a program, 12 s at 64)
+INTERPRETER_BLOCK_N = 64
+
+
 def check_tensor(
     op: str,
     name: str,

@@ -12,13 +12,13 @@ types decoded here (byte offsets within one block):
     Q6_K  256 weights, 210 bytes: ql[128] @0 (low 4 bits), qh[64] @128 (high 2 bits), int8
           scales[16] @192 (one per 16 weights), d fp16 @208;       w = d * scale[i // 16] * (q - 32)
 
-`decode_groups` (a Triton function the dequantise and GEMM kernels share) turns a tile of rows
-by scale groups into fp32 weights [rows, groups, group]: per-group fields (fp16 scales, packed
-6-bit scales) are read once per group, and every weight is one byte load. `dequantize_ref` is
-its torch twin, computing each weight with the same fp32 operations in the same order as the
-`gguf` package's numpy dequantisers, so the two agree bit for bit. (The decode GEMV,
-kernels/gguf_gemv.py, reads the same layouts its own way, as words and halfwords, and never
-forms the weights: it applies the scales to sums.)
+`decode_groups` (the Triton function of the dequantise kernel, kernels/gguf_dequant.py) turns
+a tile of rows by scale groups into fp32 weights [rows, groups, group]: per-group fields (fp16
+scales, packed 6-bit scales) are read once per group, and every weight is one byte load.
+`dequantize_ref` is its torch twin, computing each weight with the same fp32 operations in the
+same order as the `gguf` package's numpy dequantisers, so the two agree bit for bit. (The
+decode GEMV, kernels/gguf_gemv.py, reads the same layouts its own way, as words and
+halfwords, and never forms the weights: it applies the scales to sums.)
 """
 
 from __future__ import annotations

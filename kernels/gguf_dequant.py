@@ -20,7 +20,13 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import FLOAT_DTYPES, check_device, check_tensor, interpreting
+from kernels._checks import (
+    FLOAT_DTYPES,
+    INTERPRETER_BLOCK_N,
+    check_device,
+    check_tensor,
+    interpreting,
+)
 from kernels.gguf_blocks import check_blocks, decode_groups, dequantize_ref
 
 
@@ -45,11 +51,6 @@ def _dequant_kernel(
     cols = gi[None, :, None] * GROUP + tl.arange(0, GROUP)[None, None, :]
     dst = out_ptr + (rows * stride_on)[:, None, None] + cols
     tl.store(dst, w.to(out_ptr.dtype.element_ty), mask=mask[:, :, None])
-
-
-# rows a program by default in the interpreter (a model's tests on the CPU expand every
-# projection past the GEMV's rows: one row a program took 175 s of one test)
-INTERPRETER_BLOCK_N = 64
 
 
 def gguf_dequantize(

@@ -39,7 +39,14 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import libdevice
 
-from kernels._checks import FLOAT_DTYPES, check_device, check_launch, check_tensor, interpreting
+from kernels._checks import (
+    FLOAT_DTYPES,
+    INTERPRETER_BLOCK_N,
+    check_device,
+    check_launch,
+    check_tensor,
+    interpreting,
+)
 from kernels.gemv import MAX_M, store_rows
 from kernels.gguf_blocks import check_blocks, dequantize_ref
 from kernels.pdl import pdl_launch, pdl_prologue
@@ -481,9 +488,6 @@ def _gguf_gemv_kernel(
 # (block_n, block_k, num_warps) when not given: each type's step covers every thread of 4
 # warps once (Q4_K 8 threads a super-block, Q6_K 16, Q8_0 4 a block)
 DEFAULTS = {"Q4_K": (16, 4096, 4), "Q6_K": (8, 2048, 4), "Q8_0": (8, 1024, 4)}
-# Triton's CPU interpreter runs programs one after another, each at a cost that hardly
-# depends on its size: by default it takes fewer, wider ones (a model's tests on the CPU)
-INTERPRETER_BLOCK_N = 64
 
 
 def gguf_gemv(

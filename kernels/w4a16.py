@@ -24,8 +24,8 @@ checkpoints are converted to groups of 128 with repeated scales).
 
 Three kernels read it, routed by the rows of x in kernels/w4a16_matmul.py:
 kernels/w4a16_gemv.py for decode (1 to kernels.gemv.MAX_M rows), kernels/w4a16_gemm.py for
-short extends, and kernels/w4a16_dequant.py expanding it for cuBLAS in prefill; `w4a16_ref`
-is the twin of the products, `dequantize_w4` of the expansion.
+larger decode batches and short extends, and kernels/w4a16_dequant.py expanding it for cuBLAS
+in prefill; `w4a16_ref` is the twin of the products, `dequantize_w4` of the expansion.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import check_launch, check_tensor, dot_precision
+from kernels._checks import check_launch, check_tensor, check_tile, dot_precision
 from kernels.pdl import pdl_launch, pdl_prologue
 from kernels.w4a16 import PACK, check_w4, columns_of_x
 
@@ -195,10 +195,10 @@ def w4a16_gemm(
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     check_tensor(op, "out", out, shape=(m, n), dims="[m, n]", dtypes=(x.dtype,), device=x.device)
-    tiles = (("block_m", block_m, 16), ("block_n", block_n, 16), ("block_k", block_k, 128))
-    for name, size, least in tiles:
-        if size < least or size & (size - 1):
-            raise ValueError(f"{op}: {name} must be a power of two of at least {least}, got {size}")
+    check_tile(op, "block_m", block_m)
+    check_tile(op, "block_n", block_n)
+    if block_k < 128 or block_k & (block_k - 1):  # K = block_k / 8 a plane, as tl.dot needs
+        raise ValueError(f"{op}: block_k must be a power of two of at least 128, got {block_k}")
     check_launch(op, num_warps, num_stages)
     if m == 0 or n == 0:
         return out

@@ -272,7 +272,7 @@ def test_rejects_bad_arguments(
     ("kwargs", "match"),
     [
         ({"block_k": 64}, r"block_k must be a power of two of at least 128, got 64"),
-        ({"block_n": 8}, r"block_n must be a power of two of at least 16, got 8"),
+        ({"block_n": 8}, r"block_n must be a power of two >= 16, got 8"),
         ({"split": 3}, r"split must be a power of two, got 3"),
     ],
 )
