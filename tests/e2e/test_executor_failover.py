@@ -133,7 +133,8 @@ def test_a_killed_executors_requests_resume_elsewhere_with_the_same_text(
 
     def fault_round(target: int, before: Callable[[], object] = lambda: None) -> None:
         """Requests as in the reference; once each has streamed, `before()` and SIGKILL of
-        executor `target`, if it holds some of them then (else the round is run again)."""
+        executor `target`, if it holds some of them then (else, or when a request ended
+        before every one had streamed, the round is run again)."""
         instance = executor_beats(stack)[target].instance
         killed: list[int] = []
 
@@ -145,7 +146,7 @@ def test_a_killed_executors_requests_resume_elsewhere_with_the_same_text(
 
         for _ in range(5):
             seen = len(resumed(stack))
-            faulted = asyncio.run(run_all(stack, model, fault, MAX_TOKENS))
+            faulted = asyncio.run(run_all(stack, model, fault, MAX_TOKENS, early_ok=True))
             assert faulted == reference  # same text, same token counts; none failed or hung
             if killed:
                 # It held requests mid-generation: they went on elsewhere from their output.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 import uuid
@@ -156,6 +157,9 @@ async def test_compiles_once_then_hits_the_cache(
     ] == 0
 
 
+NO_OUTPUT_OR_CYCLE = r"accepts no output|Circular \$ref chain"
+
+
 @pytest.mark.parametrize(
     ("constraint", "reason"),
     [
@@ -168,8 +172,9 @@ async def test_compiles_once_then_hits_the_cache(
         # The crashers: xgrammar compiles each, yet no output satisfies any of them.
         (RegexConstraint(pattern="[^\\s\\S]", param="regex"), "accepts no output"),
         (EbnfConstraint(grammar="root ::= root", param="ebnf"), "accepts no output"),
-        (JsonSchemaConstraint(schema='{"$ref": "#"}', param="json_schema"), "accepts no output"),
-        (JsonSchemaConstraint(schema=MUTUAL_REFS, param="json_schema"), "accepts no output"),
+        # (xgrammar 0.2.9 refuses these two itself: "Circular $ref chain with no schema content")
+        (JsonSchemaConstraint(schema='{"$ref": "#"}', param="json_schema"), NO_OUTPUT_OR_CYCLE),
+        (JsonSchemaConstraint(schema=MUTUAL_REFS, param="json_schema"), NO_OUTPUT_OR_CYCLE),
         (JsonSchemaConstraint(schema=DEEP, param="json_schema"), "nested too deeply"),
     ],
 )
@@ -181,7 +186,7 @@ async def test_invalid_constraint_is_a_400_with_the_compiler_reason(
     failure = await wait_for(aredis, REPLY, ReplyMessage, "bad")
     assert isinstance(failure, Failure)
     assert failure.error.status == 400 and failure.error.param == constraint.param
-    assert reason in failure.error.message, failure.error.message
+    assert re.search(reason, failure.error.message), failure.error.message
     assert "/project/cpp" not in failure.error.message  # xgrammar's log prefix is gone
     dropped = await wait_for(aredis, DETOK, DetokMessage, "bad")
     assert dropped == RequestFailed(rid="bad", error=failure.error)

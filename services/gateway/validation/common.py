@@ -41,11 +41,22 @@ def decode(body: bytes, type_: type[T]) -> T:
     try:
         return msgspec.json.decode(body, type=type_)
     except msgspec.DecodeError as e:  # ValidationError is a subclass
+        # msgspec 0.23 reports a stray byte as a DecodeError (earlier versions raised
+        # UnicodeDecodeError): the same refusal, with the byte found again on this rare path
+        if not isinstance(e, msgspec.ValidationError) and "UTF-8" in str(e):
+            try:
+                body.decode("utf-8")
+            except UnicodeDecodeError as bad:
+                raise not_utf8(bad) from None
         raise from_decode_error(e) from None
     except UnicodeDecodeError as e:  # JSON is UTF-8: a stray byte is the client's error
-        raise invalid(f"the body is not valid UTF-8: byte {e.start} ({e.reason})") from None
+        raise not_utf8(e) from None
     except RecursionError:  # msgspec recurses per level: ~1,000 levels exhaust the stack
         raise invalid("the body's JSON nests too deeply") from None
+
+
+def not_utf8(e: UnicodeDecodeError) -> ApiError:
+    return invalid(f"the body is not valid UTF-8: byte {e.start} ({e.reason})")
 
 
 def convert(value: Any, type_: type[T]) -> T:
