@@ -17,9 +17,9 @@ tensor cores what one row does:
   step lying in one quantisation group: sum_k s (q_k - z) x_k = s (sum_k (OFF + q_k) x_k -
   (OFF + z) sum_k x_k). Groups shorter than a step (16 to 64 columns) dequantise each plane
   instead, (q - z) s per word;
-- K is split across SPLIT programs (default_split): a program's loop is a chain of dependent
-  loads and products, and short chains in many programs keep more loads in flight. Each
-  writes its fp32 partial sums to a workspace and a second launch adds them in order (no
+- K is split across SPLIT programs (kernels/split_k.py): a program's loop is a chain of
+  dependent loads and products, and short chains in many programs keep more loads in flight.
+  Each writes its fp32 partial sums to a workspace and a second launch adds them in order (no
   atomics: the same sums every call) and rounds to out's dtype.
 
 Grid: (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N) * SPLIT): the programs that read one tile of words
@@ -34,9 +34,8 @@ import triton.language as tl
 
 from kernels._checks import check_launch, check_tensor, check_tile, dot_precision
 from kernels.pdl import pdl_launch, pdl_prologue
+from kernels.split_k import plan, sum_splits, workspace
 from kernels.w4a16 import PACK, check_w4, columns_of_x
-
-MAX_SPLIT = 8
 
 
 @triton.jit
@@ -135,34 +134,6 @@ def _w4a16_gemm_kernel(
     tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
 
 
-@triton.jit
-def _sum_splits_kernel(
-    part_ptr, out_ptr, M, N, stride_ps, stride_om, SPLIT, BLOCK: tl.constexpr, PDL: tl.constexpr
-):
-    """out[m, n] = the sum over the splits of part[s, m, n] (part's rows N apart), in order."""
-    pdl_prologue(PDL)
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < M * N
-    acc = tl.load(part_ptr + offs, mask=mask, other=0.0)
-    for s in range(1, SPLIT):
-        acc += tl.load(part_ptr + s * stride_ps + offs, mask=mask, other=0.0)
-    m = offs // N
-    n = offs % N
-    tl.store(out_ptr + m * stride_om + n, acc.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-def default_split(k: int, block_k: int) -> int:
-    """Programs splitting K: each at least four steps, at most MAX_SPLIT of them. On an H200 at
-    5 to 16 rows of Llama-3.1-8B's projections (K = 4,096 and 14,336, 128 columns a step), 8 splits
-    beat 4 on every shape (qkv 16.7 against 23.7 µs, down 42.3 against 70.7) and 1 by 1.3x
-    (gate_up) to 6.4x (down): the loop is a chain of dependent loads and products, and
-    shorter chains in more programs keep more loads in flight."""
-    split = 1
-    while split < MAX_SPLIT and triton.cdiv(k, block_k) >= 8 * split:
-        split *= 2
-    return split
-
-
 def w4a16_gemm(
     x: torch.Tensor,
     qweight: torch.Tensor,
@@ -186,9 +157,9 @@ def w4a16_gemm(
     dtype, contiguous rows of any stride. block_m, block_n: the tile of x's rows and w's rows
     (powers of two of at least 16); block_k: weight columns a step (block_k / 8 words, a power
     of two of at least 128: each nibble plane is a product of K = block_k / 8). split: programs
-    splitting K (a power of two; None: `default_split`). The default launch, 16 x 128 x 128,
-    4 warps, 2 stages, was within 2% of the best of 16 tiles x 4 splits summed over
-    Llama-3.1-8B's four projections at 5, 8 and 16 rows on an H200.
+    splitting K (a power of two; None: kernels/split_k's `default_split`). The default
+    launch, 16 x 128 x 128, 4 warps, 2 stages, was within 2% of the best of 16 tiles x 4
+    splits summed over Llama-3.1-8B's four projections at 5, 8 and 16 rows on an H200.
     """
     op = "w4a16_gemm"
     m, n, k = check_w4(op, x, qweight, scales, zeros, group_size, perm)
@@ -203,15 +174,8 @@ def w4a16_gemm(
     if m == 0 or n == 0:
         return out
     words, block_w = k // PACK, block_k // PACK
-    steps = triton.cdiv(words, block_w)
-    if split is None:
-        split = default_split(k, block_k)
-    if split < 1 or split & (split - 1):
-        raise ValueError(f"{op}: split must be a power of two, got {split}")
-    split = min(split, steps)
-    per_split = triton.cdiv(steps, split)
-    split = triton.cdiv(steps, per_split)  # no split left without steps
-    target = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    split, per_split = plan(op, triton.cdiv(words, block_w), split)
+    target = workspace(out, split)
     pdl = pdl_launch(x.device)
     _w4a16_gemm_kernel[(triton.cdiv(m, block_m), triton.cdiv(n, block_n) * split)](
         x,
@@ -241,9 +205,5 @@ def w4a16_gemm(
         num_stages=num_stages,
         **pdl,
     )
-    if split > 1:
-        block = 1024
-        _sum_splits_kernel[(triton.cdiv(m * n, block),)](
-            target, out, m, n, target.stride(0), out.stride(0), split, BLOCK=block, **pdl
-        )
+    sum_splits(target, out, pdl)
     return out

@@ -63,6 +63,7 @@ QUANT_SECTION_NAMES = (
     "quant_decode",
     "quant_decode_int4",
     "quant_decode_batch8",
+    "quant_decode_batch8_fp8",
     "quant_prefill_int4",
 )
 # Seconds per section; together they fit one ten-minute command.
@@ -102,6 +103,7 @@ TIME_LIMITS = {
     "quant_decode": 540,
     "quant_decode_int4": 420,  # bf16, int4 AWQ and int4 GPTQ 8B models
     "quant_decode_batch8": 420,  # bf16, int4 AWQ and GGUF Q4_K, 8 requests at once
+    "quant_decode_batch8_fp8": 420,  # bf16, fp8 per channel and fp8 blocks, the same
     "quant_prefill_int4": 420,  # bf16, int4 AWQ and GGUF Q4_K: one 4,096-token prompt each
     "offline_fp8w": 260,
     "flashinfer_kernel": 540,  # FlashInfer compiles its kernels on first use

@@ -14,11 +14,11 @@ own). Each section loads a few 8B models, bf16 first for the ratio (`SECTIONS`):
 them would not fit one section's time.
 
 Section quant_decode_batch8: the same decode with 8 requests at once (bf16, int4 AWQ, GGUF
-Q4_K), past the GEMV's rows. Section quant_prefill_int4: the same engine's one-prompt
-prefill (PREFILL_IN tokens, a few decode steps after it) with bf16, int4 AWQ and GGUF Q4_K
-weights, in prompt tokens a second and against bf16: prefill multiplies thousands of rows by
-each weight, where the quantized formats expand their weights for cuBLAS
-(kernels/w4a16_dequant.py, kernels/gguf_dequant.py).
+Q4_K), past the GEMV's rows; quant_decode_batch8_fp8 the same with fp8 weights. Section
+quant_prefill_int4: the same engine's one-prompt prefill (PREFILL_IN tokens, a few decode steps
+after it) with bf16, int4 AWQ and GGUF Q4_K weights, in prompt tokens a second and against bf16:
+prefill multiplies thousands of rows by each weight, where the quantized formats expand their
+weights for cuBLAS (kernels/w4a16_dequant.py, kernels/gguf_dequant.py).
 """
 
 from __future__ import annotations
@@ -93,6 +93,11 @@ SECTIONS: dict[str, Section] = {
     # blocks are expanded for cuBLAS
     "quant_decode_batch8": Section(
         ("bf16", "int4_awq", "gguf_q4_k"), IN_LEN, OUT_LEN, "decode_tok_s", batch_size=8
+    ),
+    # fp8 weights past the GEMV's rows: torch._scaled_mm with per-token activation scales
+    # (per channel), the Triton block-scale GEMM (blocks)
+    "quant_decode_batch8_fp8": Section(
+        ("bf16", "fp8_channel", "fp8_block"), IN_LEN, OUT_LEN, "decode_tok_s", batch_size=8
     ),
 }
 

@@ -21,6 +21,7 @@ from kernels.extend_attention import extend_attention
 from kernels.flat_slots import flat_slots
 from kernels.fp8_act_quant import quantize_act
 from kernels.fp8_block_gemm import fp8_block_gemm
+from kernels.fp8_gemm import fp8_gemm
 from kernels.fp8_gemv import fp8_gemv
 from kernels.fp8_weights import BLOCK, FP8
 from kernels.fused_moe import fused_moe
@@ -83,6 +84,12 @@ def _fp8_block_gemm(out_dtype: torch.dtype) -> None:
     a, a_scale = _t(m, k, dtype=FP8), _t(m, k // BLOCK, dtype=FP32)
     w, w_scale = _t(n, k, dtype=FP8), _t(n // BLOCK, k // BLOCK, dtype=FP32)
     fp8_block_gemm(a, a_scale, w, w_scale, out_dtype=out_dtype)
+
+
+def _fp8_gemm(dtype: torch.dtype, blocks: bool) -> None:
+    n, k = 1024, 4096  # a decode batch of 8 (K split 8 ways)
+    scale = _t(-(-n // BLOCK), k // BLOCK) if blocks else _t(n, 1)
+    fp8_gemm(_t(8, k, dtype=dtype), _t(n, k, dtype=FP8), scale, block_scales=blocks)
 
 
 def _w4a16(gemm: bool, dtype: torch.dtype, group: int, act_order: bool, m: int) -> None:
@@ -361,6 +368,8 @@ def _cases() -> list[Case]:
         ("fp8_act_quant/group-128", partial(_quantize_act, BLOCK, False)),
         ("fp8_act_quant/static", partial(_quantize_act, 0, True)),
         ("fp8_block_gemm/bf16", partial(_fp8_block_gemm, BF16)),
+        ("fp8_gemm/bf16-rows", partial(_fp8_gemm, BF16, False)),
+        ("fp8_gemm/fp16-blocks", partial(_fp8_gemm, FP16, True)),
         ("fp8_block_gemm/fp16", partial(_fp8_block_gemm, FP16)),
         ("w4a16_gemv/bf16-m1", partial(_w4a16, False, BF16, 128, False, 1)),
         ("w4a16_gemv/fp16-m4-act-order", partial(_w4a16, False, FP16, 32, True, 4)),

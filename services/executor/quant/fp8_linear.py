@@ -2,10 +2,12 @@
 run as per-channel) and 128x128 block scales. Layouts: kernels/fp8_weights.py.
 
 On CUDA (compute capability 8.9+) the few-row products of decode read the fp8 weight through
-kernels/fp8_gemv (when choose_gemv finds it faster); larger ones quantize the activations per
-token (kernels/fp8_act_quant) for torch._scaled_mm with row-wise scales, or per token and
-128 columns for the block-scale GEMM (kernels/fp8_block_gemm). Elsewhere (the CPU, shapes or
-dtypes _scaled_mm refuses) the weight is dequantized and multiplied in torch.
+kernels/fp8_gemv (when choose_gemv finds it faster), decode batches up to
+kernels/fp8_gemm.GEMM_MAX_M rows through kernels/fp8_gemm (the weight widened on the tensor
+cores' side, x as it is); larger ones quantize the activations per token (kernels/fp8_act_quant)
+for torch._scaled_mm with row-wise scales, or per token and 128 columns for the block-scale GEMM
+(kernels/fp8_block_gemm). Elsewhere (the CPU, shapes or dtypes _scaled_mm refuses) the weight is
+dequantized and multiplied in torch.
 """
 
 from __future__ import annotations
@@ -56,6 +58,22 @@ def _tensor(layer: Linear, name: str) -> torch.Tensor:
 
 def _rows_x(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1])
+
+
+def _decode_batch(
+    layer: Linear, x: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, blocks: bool
+) -> torch.Tensor | None:
+    """The product through kernels/fp8_gemm for a decode batch past the GEMV's rows (None for
+    other row counts and devices)."""
+    from kernels.fp8_gemm import GEMM_MAX_M, fp8_gemm
+    from kernels.gemv import MAX_M
+
+    rows = _rows_x(x)
+    if not x.is_cuda or not MAX_M < rows.shape[0] <= GEMM_MAX_M:
+        return None
+    out = fp8_gemm(rows, layer.weight, scale, block_scales=blocks)
+    out = out.view(*x.shape[:-1], layer.out_features)
+    return out if bias is None else out + bias
 
 
 # A weight is one byte: the bf16 candidates' steps, and each widened to the bytes a bf16 step
@@ -138,6 +156,9 @@ class Fp8ChannelMethod(LinearMethod):
         return dequantize(layer.weight, _tensor(layer, "weight_scale"))
 
     def dense(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        batch = _decode_batch(layer, x, _tensor(layer, "weight_scale"), bias, blocks=False)
+        if batch is not None:
+            return batch
         n, k = layer.weight.shape
         # _scaled_mm: row-wise scales give bf16 only; both sizes multiples of 16
         if not x.is_cuda or x.dtype != torch.bfloat16 or n % 16 or k % 16:
@@ -214,6 +235,9 @@ class Fp8BlockMethod(LinearMethod):
     def dense(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if not x.is_cuda:
             return F.linear(x, self.dequantized(layer).to(x.dtype), bias)
+        batch = _decode_batch(layer, x, self.scale(layer), bias, blocks=True)
+        if batch is not None:
+            return batch
         from kernels.fp8_act_quant import quantize_act
         from kernels.fp8_block_gemm import fp8_block_gemm
 
