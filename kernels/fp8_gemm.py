@@ -32,7 +32,11 @@ from kernels.fp8_weights import BLOCK, FP8, dequantize
 from kernels.pdl import pdl_launch, pdl_prologue
 from kernels.split_k import plan, sum_splits, workspace
 
-GEMM_MAX_M = 32  # rows of x; past that the activations are quantized for fp8 GEMMs
+# Rows of x; past them the activations are quantized for the fp8 GEMMs. On an H200
+# (Llama-3.1-8B's four projections, cold weights, µs): 8 rows 105.7 against 143.3 for
+# quantize + _scaled_mm (bf16 134.6), 16 rows 106.6 against 135.1, 32 rows (two tiles of x's
+# rows) 179.8 against 133.9.
+GEMM_MAX_M = 16
 
 
 @triton.jit

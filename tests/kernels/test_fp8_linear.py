@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from kernels.fp8_act_quant import quantize_act_ref
+from kernels.fp8_gemm import GEMM_MAX_M
 from kernels.fp8_weights import BLOCK
 from kernels.gemv import MAX_M
 from services.executor.models.linear import Linear, choose_gemv
@@ -43,7 +44,7 @@ def w8a8_ref(
 
 
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
-@pytest.mark.parametrize("m", [5, 64, 300])
+@pytest.mark.parametrize("m", [GEMM_MAX_M + 1, 64, 300])
 def test_scaled_mm_with_per_token_scales(m: int, static: bool) -> None:
     layer = fp8_layer(Fp8ChannelMethod("channel", static_input=static), 4096, 1536, bias=True)
     x = torch.randn(m, 4096, device=DEVICE, dtype=torch.bfloat16)
@@ -52,7 +53,20 @@ def test_scaled_mm_with_per_token_scales(m: int, static: bool) -> None:
     torch.testing.assert_close(layer(x).float(), want, atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize(("m", "k", "n"), [(5, 4096, 1536), (200, 1000, 300)])
+@pytest.mark.parametrize(
+    "method", [Fp8ChannelMethod("channel"), Fp8BlockMethod()], ids=["channel", "block"]
+)
+@pytest.mark.parametrize("m", [MAX_M + 1, 8, GEMM_MAX_M])
+def test_decode_batches_take_the_weight_only_gemm(method: LinearMethod, m: int) -> None:
+    """Past the GEMV's rows and up to GEMM_MAX_M, kernels/fp8_gemm: x stays bf16."""
+    layer = fp8_layer(method, 4096, 1536, bias=True)
+    x = torch.randn(m, 4096, device=DEVICE, dtype=torch.bfloat16)
+    assert layer.bias is not None
+    want = x.float() @ method.dequantized(layer).T + layer.bias.float()
+    torch.testing.assert_close(layer(x).float(), want, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize(("m", "k", "n"), [(GEMM_MAX_M + 1, 4096, 1536), (200, 1000, 300)])
 def test_block_gemm_through_the_layer(m: int, k: int, n: int) -> None:
     layer = fp8_layer(Fp8BlockMethod(), k, n, bias=False)
     x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
@@ -76,7 +90,7 @@ def test_choose_gemv_plans_fp8_layers_and_they_compute_the_same(method: LinearMe
         assert layer.gemv_plan, "the fp8 GEMV reads half the bytes: it should win at one row"
         for m in range(1, MAX_M + 2):
             x = torch.randn(m, layer.in_features, dtype=torch.bfloat16, device=DEVICE)
-            if m in layer.gemv_plan:  # weight-only: x stays bf16
+            if m in layer.gemv_plan or m > MAX_M:  # weight-only (GEMV or GEMM): x stays bf16
                 want = x.float() @ method.dequantized(layer).T
             else:
                 want = w8a8_ref(layer, x, group, None)
