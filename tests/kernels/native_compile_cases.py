@@ -88,7 +88,8 @@ def _fp8_block_gemm(out_dtype: torch.dtype) -> None:
 
 def _fp8_gemm(dtype: torch.dtype, blocks: bool) -> None:
     n, k = 1024, 4096  # a decode batch of 8 (K split 8 ways)
-    scale = _t(-(-n // BLOCK), k // BLOCK) if blocks else _t(n, 1)
+    f32 = torch.float32
+    scale = _t(-(-n // BLOCK), k // BLOCK, dtype=f32) if blocks else _t(n, 1, dtype=f32)
     fp8_gemm(_t(8, k, dtype=dtype), _t(n, k, dtype=FP8), scale, block_scales=blocks)
 
 
