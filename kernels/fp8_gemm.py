@@ -34,9 +34,9 @@ from kernels.split_k import plan, sum_splits, workspace
 
 # Rows of x; past them the activations are quantized for the fp8 GEMMs. On an H200
 # (Llama-3.1-8B's four projections, cold weights, µs): 8 rows 105.7 against 143.3 for
-# quantize + _scaled_mm (bf16 134.6), 16 rows 106.6 against 135.1, 32 rows (two tiles of x's
-# rows) 179.8 against 133.9.
-GEMM_MAX_M = 16
+# quantize + _scaled_mm (bf16 134.6), 16 rows 106.6 against 135.1; 32 rows 128.6 against
+# 135.8 with one tile of 32 rows (179.8 with two of 16).
+GEMM_MAX_M = 32
 
 
 @triton.jit
@@ -102,7 +102,7 @@ def fp8_gemm(
     *,
     block_scales: bool = False,
     out: torch.Tensor | None = None,
-    block_m: int = 16,
+    block_m: int | None = None,
     block_n: int = 64,
     block_k: int = 128,
     split: int | None = None,
@@ -114,15 +114,17 @@ def fp8_gemm(
     x: [m, k] (any row stride), fp32/fp16/bf16; weight: [n, k] float8_e4m3fn (any row
     stride); scale fp32: [n, 1] per row, or with block_scales [ceil(n/128), ceil(k/128)] per
     128x128 block. out (optional, written): [m, n] of x's dtype, contiguous rows of any
-    stride. block_m, block_n: the tile of x's rows and W's rows (powers of two of at least
-    16); block_k: columns a step (a power of two of at least 16; with block_scales at most
-    128). split: programs splitting K (a power of two; None: kernels/split_k's
-    `default_split`).
+    stride. block_m: the tile of x's rows (None: 16 up to 16 rows, else 32); block_n: the
+    tile of W's rows (both powers of two of at least 16); block_k: columns a step (a power of
+    two of at least 16; with block_scales at most 128). split: programs splitting K (a power
+    of two; None: kernels/split_k's `default_split`).
     """
     op = "fp8_gemm"
     check_tensor(op, "x", x, shape=(None, None), dims="[m, k]", dtypes=FLOAT_DTYPES)
     check_device(op, x)
     m, k = x.shape
+    if block_m is None:  # one tile of x's rows: every tile widens the weight again
+        block_m = 16 if m <= 16 else 32
     check_tensor(
         op, "weight", weight, shape=(None, k), dims="[n, k]", dtypes=(FP8,), device=x.device
     )

@@ -143,26 +143,35 @@ def w4a16_gemm(
     group_size: int,
     perm: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
-    block_m: int = 16,
+    block_m: int | None = None,
     block_n: int = 128,
     block_k: int = 128,
     split: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     num_stages: int = 2,
 ) -> torch.Tensor:
     """x @ w.T, w in the int4 layout of kernels/w4a16.py; returns out.
 
     x: [m, k_in] (any row stride), fp32/fp16/bf16. qweight, scales, zeros, perm: the layout
     (contiguous last dimensions, any row strides). out (optional, written): [m, n] of x's
-    dtype, contiguous rows of any stride. block_m, block_n: the tile of x's rows and w's rows
-    (powers of two of at least 16); block_k: weight columns a step (block_k / 8 words, a power
-    of two of at least 128: each nibble plane is a product of K = block_k / 8). split: programs
-    splitting K (a power of two; None: kernels/split_k's `default_split`). The default
-    launch, 16 x 128 x 128, 4 warps, 2 stages, was within 2% of the best of 16 tiles x 4
-    splits summed over Llama-3.1-8B's four projections at 5, 8 and 16 rows on an H200.
+    dtype, contiguous rows of any stride. block_m, block_n: the tile of x's rows (None: 16 up
+    to 16 rows, else 32) and w's rows (powers of two of at least 16); block_k: weight columns
+    a step (block_k / 8 words, a power of two of at least 128: each nibble plane is a product
+    of K = block_k / 8). split: programs splitting K (a power of two; None: kernels/split_k's
+    `default_split`). num_warps: None, 4 for tiles of 16 rows of x, 8 for 32. The default
+    launch up to 16 rows, 16 x 128 x 128, 4 warps, 2 stages, was within 2% of the best of 16
+    tiles x 4 splits summed over Llama-3.1-8B's four projections at 5, 8 and 16 rows on an
+    H200.
     """
     op = "w4a16_gemm"
     m, n, k = check_w4(op, x, qweight, scales, zeros, group_size, perm)
+    # past 16 rows one tile of 32 (8 warps): every tile of x's rows unpacks the words again.
+    # On an H200 at 20 to 32 rows, the four projections: 204-218 µs against 260-272 for two
+    # tiles of 16 (loadtest/results/gpu_m32_h200_run1.json)
+    if block_m is None:
+        block_m = 16 if m <= 16 else 32
+    if num_warps is None:
+        num_warps = 4 if block_m <= 16 else 8
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     check_tensor(op, "out", out, shape=(m, n), dims="[m, n]", dtypes=(x.dtype,), device=x.device)
