@@ -39,23 +39,26 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(os.environ[TEST_CACHE_ENV], ignore_errors=True)
 
 
+# Session-scoped stacks several files share: tests/e2e's tiny stack, tests/faults' stack
+SHARED_STACKS = ("tiny_stack", "fault_stack_session")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (scripts/check.sh: `-n 3 --dist loadgroup`) a group runs on one
-    worker: each file is a group (its module fixtures, such as a stack, start once), and every
-    file that uses the session-wide tiny stack joins one group, so that stack starts once
-    rather than on each worker (about 25 s of CPU). First among the hooks: xdist's worker
-    reads the marks in its own, and without them ran a file's tests on both workers, each
-    starting the file's stack."""
-    tiny_files = {
-        item.nodeid.split("::")[0]
-        for item in items
-        if "tiny_stack" in getattr(item, "fixturenames", ())
-    }
+    worker: each file is a group (its module fixtures, such as a stack, start once), and the
+    files that use one of the session-wide stacks (SHARED_STACKS) join one group each, so that
+    stack starts once rather than on each worker (about 25 s of CPU for the tiny stack, 19
+    for the fault suite's). First among the hooks: xdist's worker reads the marks in its own,
+    and without them ran a file's tests on both workers, each starting the file's stack."""
+    shared: dict[str, str] = {}  # file -> the shared stack it uses
+    for item in items:
+        for stack in SHARED_STACKS:
+            if stack in getattr(item, "fixturenames", ()):
+                shared[item.nodeid.split("::")[0]] = stack
     for item in items:
         path = item.nodeid.split("::")[0]
-        group = "tiny_stack" if path in tiny_files else path
-        item.add_marker(pytest.mark.xdist_group(group))
+        item.add_marker(pytest.mark.xdist_group(shared.get(path, path)))
 
 
 def free_port() -> int:
