@@ -1,5 +1,5 @@
 """K split across programs for the dequantising tensor-core GEMMs of decode batches
-(kernels/w4a16_gemm.py, kernels/gguf_q4k_gemm.py): how many programs, and the second launch
+(kernels/w4a16_gemm.py, kernels/fp8_gemm.py): how many programs, and the second launch
 that adds their partial sums.
 
 A GEMM of 5 to 32 rows of x has few output tiles, and each program's loop over K is a chain
