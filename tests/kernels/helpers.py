@@ -80,6 +80,21 @@ def fp8_attention_params(cases: list[tuple[Any, ...]], ids: list[str]) -> list[A
     return out
 
 
+def spread_dtypes(cases: list[tuple[Any, ...]], dtypes: list[Any]) -> list[Any]:
+    """Each case crossed with every dtype (ALL_DTYPES' params), as params of (*case, dtype):
+    a GPU runs the whole cross; the CPU interpreter, where each run costs seconds, one dtype
+    a case, taken in turn and shifted by one every len(dtypes) cases, so that cases made as a
+    cross of len(dtypes) shapes by row counts give every shape every dtype."""
+    out = []
+    for i, case in enumerate(cases):
+        on_cpu = (i + i // len(dtypes)) % len(dtypes)
+        for j, dtype in enumerate(dtypes):
+            marks = () if j == on_cpu else (pytest.mark.gpu,)
+            out.append(pytest.param(*case, *dtype.values, marks=[*dtype.marks, *marks],
+                                    id=f"{'-'.join(map(str, case))}-{dtype.id}"))  # fmt: skip
+    return out
+
+
 TOLERANCES: dict[torch.dtype, Tol] = {
     torch.float32: {"atol": 2e-5, "rtol": 2e-5},
     torch.float16: {"atol": 2e-3, "rtol": 2e-3},

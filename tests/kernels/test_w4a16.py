@@ -11,7 +11,7 @@ from kernels.gemv import MAX_M
 from kernels.w4a16 import dequantize_w4, pack_int4, unpack_int4, w4a16_ref
 from kernels.w4a16_gemm import w4a16_gemm
 from kernels.w4a16_gemv import w4a16_gemv
-from tests.kernels.helpers import ALL_DTYPES, DEVICE, DOT_DTYPES, poison, randn
+from tests.kernels.helpers import ALL_DTYPES, DEVICE, DOT_DTYPES, poison, randn, spread_dtypes
 
 # fp32 sums in another order than the reference's, then one rounding (the GEMM also rounds
 # each dequantised weight to x's dtype before the tensor cores see it)
@@ -75,11 +75,16 @@ def test_dequantize_uses_each_columns_group() -> None:
     assert w.tolist() == [[1.0] * 16 + [-8.0] * 8]
 
 
-@pytest.mark.parametrize("dtype", ALL_DTYPES)
-@pytest.mark.parametrize("m", range(1, MAX_M + 1))
 @pytest.mark.parametrize(
-    ("n", "k", "group_size", "act_order"),
-    [(8, 64, 16, False), (37, 200, 32, True), (20, 392, 128, False)],
+    ("m", "n", "k", "group_size", "act_order", "dtype"),
+    spread_dtypes(
+        [
+            (m, *shape)
+            for m in range(1, MAX_M + 1)
+            for shape in [(8, 64, 16, False), (37, 200, 32, True), (20, 392, 128, False)]
+        ],
+        ALL_DTYPES,
+    ),
 )
 def test_gemv_matches_reference(
     m: int, n: int, k: int, group_size: int, act_order: bool, dtype: torch.dtype
