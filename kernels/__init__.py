@@ -1,24 +1,34 @@
 """Triton kernels, one op per file.
 
-Each file holds a private `@triton.jit` kernel, a public launcher with keyword arguments that
-checks shapes, dtypes and strides (kernels/_checks.py), and its torch twin `<launcher>_ref`
-beside it. Launchers take CUDA tensors, or CPU tensors under TRITON_INTERPRET=1 (tests).
+Each kernel file holds a private `@triton.jit` kernel, a public launcher with keyword
+arguments that checks shapes, dtypes and strides (_checks.py), and its torch twin
+`<launcher>_ref` beside it. Launchers take CUDA tensors, or CPU tensors under
+TRITON_INTERPRET=1 (tests).
 
-    store_kv.py          store_kv                  new K/V into the pool at their slots
-    fp8_kv.py            quantize_kv               fp8 formats and the saturating cast (torch)
-    fp8_weights.py       quantize_rows/_blocks     fp8 weight layouts and their scales (torch)
-    fp8_act_quant.py     quantize_act              activations to fp8 per token / 128 columns
-    fp8_gemv.py          fp8_gemv                  decode's skinny matmul over fp8 weights
-    fp8_block_gemm.py    fp8_block_gemm            w8a8 GEMM with 128x128 block weight scales
-    extend_attention.py  extend_attention          prefill over cached prefix + new tokens
-    decode_attention.py  decode_attention          split-K decode over the slot table
-    rmsnorm.py           rmsnorm                   RMSNorm, optionally fused with the residual add
-    rotary.py            apply_rotary              neox RoPE in place; build_cos_sin_cache
-    silu_mul.py          silu_mul                  silu(gate) * up
-    bitmask.py           apply_token_bitmask       grammar bitmask onto logits
-    w4a16.py             w4a16_ref                 the int4 weight layout, packing, torch twin
-    w4a16_gemv.py        w4a16_gemv                int4-weight matmul for decode (<= MAX_M rows)
-    w4a16_gemm.py        w4a16_gemm                int4-weight matmul, 5 to 32 rows (tensor cores)
-
-Not a kernel: compile_ahead.py runs launches once in threads, so that their compiles overlap.
+Attention and the KV pool: extend_attention.py (prefill over the cached prefix),
+decode_attention.py (split along the sequence), mla_extend.py, mla_decode.py and mla_prep.py
+(DeepSeek's latent attention), store_kv.py, fp8_kv.py (fp8 pools), flat_slots.py (the page
+table FlashInfer reads).
+Layers: rmsnorm.py (with the residual add), rotary.py and rope_freq.py, gated_act.py,
+argmax.py (the greedy token), bitmask.py (grammar masks on the logits).
+Products of bf16/fp16 weights: gemv.py (decode's few rows), head_gemv.py (per-head products).
+fp8 weights: fp8_weights.py (layouts), fp8_gemv.py and fp8_gemv_packed.py (decode's few rows),
+fp8_gemm.py (decode batches to 32 rows), fp8_act_quant.py with fp8_block_gemm.py (w8a8 past
+that), fp8_widen.py and f16x2.py (helpers).
+int4 weights: w4a16.py (the layout), w4a16_gemv.py, w4a16_gemm.py (5 to 32 rows),
+w4a16_dequant.py, w4a16_matmul.py (the routing by rows).
+GGUF blocks: gguf_blocks.py (layouts), gguf_gemv.py, gguf_dequant.py, gguf_matmul.py.
+Shared by the dequantising paths: split_k.py (K over programs), expand_mm.py (prefill through
+cuBLAS on expanded slices).
+Mixture of experts: moe_topk.py (routing), moe_align.py, fused_moe.py, moe_gemv.py.
+Launch machinery: pdl.py (programmatic dependent launch), compile_ahead.py (compiles side by
+side in threads), _checks.py, _math.py.
 """
+
+import os
+
+# Floating-point contraction (a * b + c as one fused multiply-add) as every kernel here was
+# written, tested and measured with: Triton 3.9 warns that its default turns it off in 3.10,
+# which would change the kernels' bits and slow the dequantising ones (their inner loops are
+# one multiply-add a weight). An explicit setting in the environment still wins.
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
