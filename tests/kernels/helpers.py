@@ -80,18 +80,23 @@ def fp8_attention_params(cases: list[tuple[Any, ...]], ids: list[str]) -> list[A
     return out
 
 
-def spread_dtypes(cases: list[tuple[Any, ...]], dtypes: list[Any]) -> list[Any]:
-    """Each case crossed with every dtype (ALL_DTYPES' params), as params of (*case, dtype):
-    a GPU runs the whole cross; the CPU interpreter, where each run costs seconds, one dtype
-    a case, taken in turn and shifted by one every len(dtypes) cases, so that cases made as a
-    cross of len(dtypes) shapes by row counts give every shape every dtype."""
+def spread_dtypes(
+    cases: list[tuple[Any, ...]], dtypes: list[Any], ids: list[str] | None = None
+) -> list[Any]:
+    """Each case crossed with every dtype (params such as ALL_DTYPES' or DOT_DTYPES'), as
+    params of (*case, dtype): a GPU runs the whole cross; the CPU interpreter, where each run
+    costs seconds, one of the dtypes it can run a case (those not marked gpu), taken in turn
+    and shifted by one every round of them, so that cases made as a cross of that many shapes
+    by row counts give every shape every dtype. ids: the cases' (default: their values)."""
+    cpu = [j for j, d in enumerate(dtypes) if not any(m.name == "gpu" for m in d.marks)]
     out = []
     for i, case in enumerate(cases):
-        on_cpu = (i + i // len(dtypes)) % len(dtypes)
+        on_cpu = cpu[(i + i // len(cpu)) % len(cpu)]
         for j, dtype in enumerate(dtypes):
             marks = () if j == on_cpu else (pytest.mark.gpu,)
+            case_id = ids[i] if ids else "-".join(map(str, case))
             out.append(pytest.param(*case, *dtype.values, marks=[*dtype.marks, *marks],
-                                    id=f"{'-'.join(map(str, case))}-{dtype.id}"))  # fmt: skip
+                                    id=f"{case_id}-{dtype.id}"))  # fmt: skip
     return out
 
 

@@ -20,6 +20,7 @@ from tests.kernels.helpers import (
     make_context,
     poison,
     randn,
+    spread_dtypes,
 )
 
 
@@ -98,11 +99,11 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("dtype", DOT_DTYPES)
 @pytest.mark.parametrize(
-    ("prefix_lens", "extend_lens", "num_heads", "num_kv_heads", "head_dim"),
-    CASES,
-    ids=[f"bs{len(c[0])}-h{c[2]}-kv{c[3]}-d{c[4]}" for c in CASES],
+    ("prefix_lens", "extend_lens", "num_heads", "num_kv_heads", "head_dim", "dtype"),
+    spread_dtypes(
+        CASES, DOT_DTYPES, ids=[f"bs{len(c[0])}-h{c[2]}-kv{c[3]}-d{c[4]}" for c in CASES]
+    ),
 )
 def test_matches_reference(
     prefix_lens: list[int],

@@ -15,7 +15,7 @@ from kernels.moe_gemv import moe_gemv
 from kernels.moe_topk import moe_topk
 from services.executor.models.moe_routing import select_experts
 from services.executor.moe_config import MoEConfig
-from tests.kernels.helpers import DEVICE, DOT_DTYPES, TOLERANCES, Tol, randn
+from tests.kernels.helpers import DEVICE, DOT_DTYPES, TOLERANCES, Tol, randn, spread_dtypes
 
 MOE_TOL: dict[torch.dtype, Tol] = {
     torch.float32: {"atol": 1e-5, "rtol": 1e-5},
@@ -91,11 +91,13 @@ GEMV_SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("dtype", DOT_DTYPES)
 @pytest.mark.parametrize(
-    ("tokens", "experts", "top_k", "hidden", "inter"),
-    GEMV_SHAPES,
-    ids=[f"t{s[0]}-e{s[1]}-k{s[2]}-h{s[3]}-i{s[4]}" for s in GEMV_SHAPES],
+    ("tokens", "experts", "top_k", "hidden", "inter", "dtype"),
+    spread_dtypes(
+        GEMV_SHAPES,
+        DOT_DTYPES,
+        ids=[f"t{s[0]}-e{s[1]}-k{s[2]}-h{s[3]}-i{s[4]}" for s in GEMV_SHAPES],
+    ),
 )
 def test_gemv_path_matches(
     tokens: int, experts: int, top_k: int, hidden: int, inter: int, dtype: torch.dtype
