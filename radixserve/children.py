@@ -8,6 +8,7 @@ never collide with what its dead predecessor left in Redis.
 from __future__ import annotations
 
 import ctypes
+import os
 import signal
 import subprocess
 import sys
@@ -47,6 +48,35 @@ def die_with_parent() -> None:
         PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+# A Python child started without a preexec_fn arms die_with_parent itself, first thing after
+# exec (`arm_parent_death`), given its launcher's pid here.
+PARENT_ENV = "RADIXSERVE_DIE_WITH_PARENT"
+
+
+def arm_parent_death() -> None:
+    """In a child started with PARENT_ENV: die_with_parent, then exit at once if the
+    launcher is already gone (it died before the signal was armed). The variable is removed,
+    so that this process's own children do not compare against its parent."""
+    parent = os.environ.pop(PARENT_ENV, None)
+    if parent is None:
+        return
+    die_with_parent()
+    if os.getppid() != int(parent):
+        os._exit(0)
+
+
+def spawn(
+    argv: list[str], env: dict[str, str], pass_fds: tuple[int, ...] = ()
+) -> subprocess.Popen[bytes]:
+    """Start a Python child that runs arm_parent_death first (`python -m radixserve ...`,
+    the zygote). Without a preexec_fn, Popen starts it with vfork and exec: a preexec_fn
+    makes it fork and run the interpreter in the child before exec, which in a process with
+    threads (an Engine in an application's process; a test worker holding gRPC's threads)
+    runs every library's at-fork handlers there, and one of them can kill or hang the child
+    before it ever starts (seen: a service that never wrote its first line, restarted)."""
+    return subprocess.Popen(argv, env={**env, PARENT_ENV: str(os.getpid())}, pass_fds=pass_fds)
+
+
 @dataclass(frozen=True)
 class ChildSpec:
     name: str  # "{service}-{i}": stable across restarts
@@ -81,7 +111,7 @@ class Child:
         if zygote is not None and zygote.accepts(self.spec.argv, env):
             self.proc = zygote.spawn(self.spec.argv, env)
         if self.proc is None:
-            self.proc = subprocess.Popen(self.spec.argv, env=env, preexec_fn=die_with_parent)
+            self.proc = spawn(self.spec.argv, env)
         self.started_at = time.monotonic()
         self.restart_at = None
 

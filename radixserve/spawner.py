@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Iterable
 
-from radixserve.children import PRCTL, die_with_parent
+from radixserve.children import PRCTL, spawn
 from radixserve.cli import COMMANDS
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -143,11 +143,10 @@ class Zygote:
             return
         self.close()
         ours, theirs = socket.socketpair()
-        self.proc = subprocess.Popen(
+        self.proc = spawn(
             [sys.executable, "-m", "radixserve.zygote", str(theirs.fileno())],
-            pass_fds=[theirs.fileno()],
-            env=self.env,
-            preexec_fn=die_with_parent,
+            self.env,
+            pass_fds=(theirs.fileno(),),
         )
         theirs.close()
         self.sock = ours

@@ -68,6 +68,9 @@ class Request:
 
 
 def main() -> None:
+    from radixserve.children import arm_parent_death
+
+    arm_parent_death()  # first: see radixserve.children.spawn
     sock = socket.socket(fileno=int(sys.argv[1]))
     serve_pid = os.getppid()
     # Ctrl-C in a terminal reaches the whole process group; serve stops the services and

@@ -168,3 +168,55 @@ def test_a_child_dies_with_its_killed_parent() -> None:
     while _running(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _running(child), "the child outlived its SIGKILLed parent"
+
+
+_SPAWNING_PARENT = """
+import os, sys, time
+from radixserve.children import spawn
+armed = sys.argv[1]
+code = (
+    "import os, sys, time; from radixserve.children import arm_parent_death; arm_parent_death(); "
+    "open(sys.argv[1], 'w').write(repr(os.environ.get('RADIXSERVE_DIE_WITH_PARENT'))); "
+    "time.sleep(120)"
+)
+child = spawn([sys.executable, "-c", code, armed], dict(os.environ))
+print(child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_child_started_without_preexec_arms_its_parents_death_itself(tmp_path: Path) -> None:
+    """children.spawn starts a child without a preexec_fn (so nothing runs between fork and
+    exec); the child arms the signal first thing, and removes the variable that told it its
+    parent, so that its own children do not take the wrong one."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    armed = tmp_path / "armed"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _SPAWNING_PARENT, str(armed)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    deadline = time.monotonic() + 60
+    while not (armed.exists() and armed.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert armed.read_text() == "None"  # the variable is gone from the child's environment
+    assert _running(child)
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 30
+    while _running(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(child), "the child outlived its SIGKILLed parent"
+
+
+def test_a_child_whose_parent_is_already_gone_exits_before_running() -> None:
+    """The launcher died between the child's start and its arming: the child's parent is no
+    longer the one named, so it exits at once, running nothing."""
+    code = "from radixserve.children import arm_parent_death; arm_parent_death(); print('ran')"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RADIXSERVE_DIE_WITH_PARENT": "1"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (0, ""), done.stderr
