@@ -160,7 +160,11 @@ def test_a_child_dies_with_its_killed_parent() -> None:
         [sys.executable, "-c", _PARENT], stdout=subprocess.PIPE, text=True, env=env
     )
     assert parent.stdout is not None
-    child = int(parent.stdout.readline())
+    _dies_with(parent, int(parent.stdout.readline()))
+
+
+def _dies_with(parent: subprocess.Popen[str], child: int) -> None:
+    """SIGKILL `parent`; `child` (running) must end within 30 s."""
     assert _running(child)
     parent.kill()
     parent.wait()
@@ -204,13 +208,7 @@ def test_a_child_started_without_preexec_arms_its_parents_death_itself(tmp_path:
     while not (armed.exists() and armed.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert armed.read_text() == "None"  # the variable is gone from the child's environment
-    assert _running(child)
-    parent.kill()
-    parent.wait()
-    deadline = time.monotonic() + 30
-    while _running(child) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _running(child), "the child outlived its SIGKILLed parent"
+    _dies_with(parent, child)
 
 
 def test_a_child_whose_parent_is_already_gone_exits_before_running() -> None:
