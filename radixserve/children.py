@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from shared.launcher import started_by
+
 if TYPE_CHECKING:
     from radixserve.spawner import AdoptedProcess, Zygote
 
@@ -63,6 +65,7 @@ def arm_parent_death() -> None:
     die_with_parent()
     if os.getppid() != int(parent):
         os._exit(0)
+    started_by(int(parent))
 
 
 def spawn(

@@ -35,6 +35,7 @@ from shared.bus import (
     close,
     connect,
 )
+from shared.launcher import launcher_gone
 from shared.messages.heartbeat import ExecutorLoad, Heartbeat, ModelInfo
 from shared.metrics.bus import BusMetrics
 from shared.metrics.registry import ServiceMetrics
@@ -150,9 +151,20 @@ class Service:
             loop.add_signal_handler(sig, self.stop)
 
     def stop(self) -> None:
-        if not self.stopping.is_set():
+        if self.stopping.is_set():
+            return
+        if launcher_gone():
+            # The launcher died (its death signal is what stops this process) and took the
+            # gateway, its clients and its private Redis with it: nothing in flight can reach
+            # anyone, and a drain would wait on a Redis that is not coming back (after a
+            # SIGKILLed serve an executor lingered 39 s, its memory in the next start's way).
+            # With a shared Redis the failover resumes its requests elsewhere at once: the
+            # liveness key goes as the process ends.
+            log.info("stopping: the launcher is gone; not draining")
+            self.drain_timeout_s = 0.0
+        else:
             log.info("stopping: draining for up to %.0fs", self.drain_timeout_s)
-            self.stopping.set()
+        self.stopping.set()
 
     async def supervise(self, worker: Worker) -> None:
         """Run `worker` to its end. A restartable one that fails with a transient Redis error

@@ -30,6 +30,32 @@ def test_serve_started_with_sigint_ignored_stops_on_sigint(
     assert stack.log_tail().rstrip().endswith("radixserve serve: stopped"), stack.log_tail()
 
 
+def test_services_of_a_sigkilled_serve_stop_without_draining(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """serve SIGKILLed (no handler runs): the kernel sends each service SIGTERM
+    (PR_SET_PDEATHSIG), and, their launcher gone with its private Redis, they stop without
+    draining for up to 10-35 s against a Redis that is not coming back (an executor took 39 s
+    that way, holding its memory in the next start's way)."""
+    stack = start_stack(
+        ["--model", str(tiny_model_dir), "--max-total-tokens", "2048"],
+        tmp_path / "serve.log",
+        None,  # serve's own Redis
+    )
+    services = descendants(stack.proc.pid)
+    assert services
+    seen = len(stack.log_path.read_text(errors="replace"))
+    stack.proc.kill()
+    stack.proc.wait()
+    deadline = time.monotonic() + 60
+    while any(_alive(pid) for pid in services):
+        assert time.monotonic() < deadline, [p for p in services if _alive(p)]
+        time.sleep(0.05)
+    after = stack.log_path.read_text(errors="replace")[seen:]
+    assert "the launcher is gone; not draining" in after, after
+    assert "draining for up to" not in after, after  # no service drained
+
+
 def test_the_harness_starts_serve_with_sigint_ignored(tmp_path: Path) -> None:
     """What the test above relies on: the command runs with SIGINT ignored (here a Python
     that prints the disposition it was given)."""
