@@ -80,14 +80,15 @@ def fp8_attention_params(cases: list[tuple[Any, ...]], ids: list[str]) -> list[A
     return out
 
 
-def spread_dtypes(
+def spread_params(
     cases: list[tuple[Any, ...]], dtypes: list[Any], ids: list[str] | None = None
 ) -> list[Any]:
-    """Each case crossed with every dtype (params such as ALL_DTYPES' or DOT_DTYPES'), as
-    params of (*case, dtype): a GPU runs the whole cross; the CPU interpreter, where each run
-    costs seconds, one of the dtypes it can run a case (those not marked gpu), taken in turn
-    and shifted by one every round of them, so that cases made as a cross of that many shapes
-    by row counts give every shape every dtype. ids: the cases' (default: their values)."""
+    """Each case crossed with every param of `dtypes` (pytest.params: dtypes such as
+    ALL_DTYPES' or DOT_DTYPES', or head configurations), as params of (*case, *param): a GPU
+    runs the whole cross; the CPU interpreter, where each run costs seconds, one of the params
+    it can run a case (those not marked gpu), taken in turn and shifted by one every round of
+    them, so that cases made as a cross of that many shapes by row counts give every shape
+    every param. ids: the cases' (default: their values)."""
     cpu = [j for j, d in enumerate(dtypes) if not any(m.name == "gpu" for m in d.marks)]
     out = []
     for i, case in enumerate(cases):

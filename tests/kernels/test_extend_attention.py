@@ -20,7 +20,7 @@ from tests.kernels.helpers import (
     make_context,
     poison,
     randn,
-    spread_dtypes,
+    spread_params,
 )
 
 
@@ -101,7 +101,7 @@ CASES = [
 
 @pytest.mark.parametrize(
     ("prefix_lens", "extend_lens", "num_heads", "num_kv_heads", "head_dim", "dtype"),
-    spread_dtypes(
+    spread_params(
         CASES, DOT_DTYPES, ids=[f"bs{len(c[0])}-h{c[2]}-kv{c[3]}-d{c[4]}" for c in CASES]
     ),
 )

@@ -11,7 +11,7 @@ import torch
 from kernels.fp8_gemv import fp8_gemv, fp8_gemv_ref
 from kernels.fp8_weights import BLOCK, dequantize, quantize_blocks, quantize_rows
 from kernels.gemv import MAX_M
-from tests.kernels.helpers import ALL_DTYPES, DEVICE, poison, randn, spread_dtypes
+from tests.kernels.helpers import ALL_DTYPES, DEVICE, poison, randn, spread_params
 
 # fp32 sums in another order than the reference's matmul, then one rounding to x's dtype
 ROUNDING = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -28,7 +28,7 @@ def fp8_weight(n: int, k: int, block_scales: bool, seed: int) -> tuple[torch.Ten
 @pytest.mark.parametrize("block_scales", [False, True], ids=["rows", "blocks"])
 @pytest.mark.parametrize(
     ("m", "n", "k", "dtype"),
-    spread_dtypes(
+    spread_params(
         [(m, n, k) for m in range(1, MAX_M + 1) for n, k in [(8, 128), (37, 300), (260, 515)]],
         ALL_DTYPES,
     ),

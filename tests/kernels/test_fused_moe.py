@@ -15,7 +15,7 @@ from kernels.moe_gemv import moe_gemv
 from kernels.moe_topk import moe_topk
 from services.executor.models.moe_routing import select_experts
 from services.executor.moe_config import MoEConfig
-from tests.kernels.helpers import DEVICE, DOT_DTYPES, TOLERANCES, Tol, randn, spread_dtypes
+from tests.kernels.helpers import DEVICE, DOT_DTYPES, TOLERANCES, Tol, randn, spread_params
 
 MOE_TOL: dict[torch.dtype, Tol] = {
     torch.float32: {"atol": 1e-5, "rtol": 1e-5},
@@ -93,7 +93,7 @@ GEMV_SHAPES = [
 
 @pytest.mark.parametrize(
     ("tokens", "experts", "top_k", "hidden", "inter", "dtype"),
-    spread_dtypes(
+    spread_params(
         GEMV_SHAPES,
         DOT_DTYPES,
         ids=[f"t{s[0]}-e{s[1]}-k{s[2]}-h{s[3]}-i{s[4]}" for s in GEMV_SHAPES],

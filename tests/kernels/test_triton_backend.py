@@ -26,6 +26,7 @@ from tests.kernels.helpers import (
     assert_same_bits,
     kernel_device,
     randn,
+    spread_params,
 )
 
 
@@ -97,18 +98,18 @@ CASES = [
 ]
 
 
+HEADS = [
+    pytest.param(4, 4, 16, torch.float32, id="mha-d16-fp32"),
+    pytest.param(8, 2, 13, torch.float32, id="gqa4-d13-fp32"),
+    pytest.param(4, 1, 64, torch.float16, id="gqa4-d64-fp16"),
+]
+
+
+# the interpreter runs each case with one head configuration, each meeting an extend and a
+# decode (spread_params); a GPU runs the cross
 @pytest.mark.parametrize(
-    ("mode", "prefix_lens", "extend_lens"),
-    CASES,
-    ids=[f"{c[0].value}-bs{len(c[1])}-max{max(c[1])}" for c in CASES],
-)
-@pytest.mark.parametrize(
-    ("num_heads", "num_kv_heads", "head_dim", "dtype"),
-    [
-        pytest.param(4, 4, 16, torch.float32, id="mha-d16-fp32"),
-        pytest.param(8, 2, 13, torch.float32, id="gqa4-d13-fp32"),
-        pytest.param(4, 1, 64, torch.float16, id="gqa4-d64-fp16"),
-    ],
+    ("mode", "prefix_lens", "extend_lens", "num_heads", "num_kv_heads", "head_dim", "dtype"),
+    spread_params(CASES, HEADS, ids=[f"{c[0].value}-bs{len(c[1])}-max{max(c[1])}" for c in CASES]),
 )
 def test_matches_torch_backend(
     mode: ForwardMode,

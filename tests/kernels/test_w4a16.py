@@ -11,7 +11,7 @@ from kernels.gemv import MAX_M
 from kernels.w4a16 import dequantize_w4, pack_int4, unpack_int4, w4a16_ref
 from kernels.w4a16_gemm import w4a16_gemm
 from kernels.w4a16_gemv import w4a16_gemv
-from tests.kernels.helpers import ALL_DTYPES, DEVICE, DOT_DTYPES, poison, randn, spread_dtypes
+from tests.kernels.helpers import ALL_DTYPES, DEVICE, DOT_DTYPES, poison, randn, spread_params
 
 # fp32 sums in another order than the reference's, then one rounding (the GEMM also rounds
 # each dequantised weight to x's dtype before the tensor cores see it)
@@ -77,7 +77,7 @@ def test_dequantize_uses_each_columns_group() -> None:
 
 @pytest.mark.parametrize(
     ("m", "n", "k", "group_size", "act_order", "dtype"),
-    spread_dtypes(
+    spread_params(
         [
             (m, *shape)
             for m in range(1, MAX_M + 1)
