@@ -56,16 +56,21 @@ PARENT_ENV = "RADIXSERVE_DIE_WITH_PARENT"
 
 
 def arm_parent_death() -> None:
-    """In a child started with PARENT_ENV: die_with_parent, then exit at once if the
-    launcher is already gone (it died before the signal was armed). The variable is removed,
+    """In a child started with PARENT_ENV: `die_with`, its launcher. The variable is removed,
     so that this process's own children do not compare against its parent."""
     parent = os.environ.pop(PARENT_ENV, None)
-    if parent is None:
-        return
+    if parent is not None:
+        die_with(int(parent))
+
+
+def die_with(launcher: int) -> None:
+    """In a service whose parent is `launcher` (serve, an Engine): die_with_parent, then exit at
+    once if the launcher is already gone (it died before the signal was armed); else record
+    it (shared/launcher.py)."""
     die_with_parent()
-    if os.getppid() != int(parent):
+    if os.getppid() != launcher:
         os._exit(0)
-    started_by(int(parent))
+    started_by(launcher)
 
 
 def spawn(

@@ -187,14 +187,9 @@ def _become(request: Request, serve_pid: int) -> None:
         if time.monotonic() > deadline:
             os._exit(70)
         time.sleep(0.001)
-    from radixserve.children import die_with_parent
+    from radixserve.children import die_with
 
-    die_with_parent()
-    if os.getppid() != serve_pid:  # serve died before the signal was armed
-        os._exit(0)
-    from shared.launcher import started_by
-
-    started_by(serve_pid)
+    die_with(serve_pid)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     # The title first: setproctitle makes room for it by moving the environment strings,
