@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from kernels.fp8_kv import FP8_KV_DTYPES
+from kernels.fp8_weights import BLOCK as FP8_BLOCK
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # What a KV pool may hold: the model's float dtypes, or fp8 (kernels/fp8_kv.py).
@@ -71,6 +72,21 @@ def check_tensor(
 def _bad_shape(op: str, name: str, got: torch.Size, shape: Sequence[int | None], dims: str) -> None:
     want_str = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
     raise ValueError(f"{op}: {name} must have shape {dims} = {want_str}, got {tuple(got)}")
+
+
+def check_fp8_scale(
+    op: str, scale: torch.Tensor, n: int, k: int, block_scales: bool, device: torch.device
+) -> None:
+    """An fp8 weight [n, k]'s fp32 scales (kernels/fp8_weights.py): [n, 1], one per row, or
+    with block_scales [ceil(n/128), ceil(k/128)], one per 128x128 block."""
+    if block_scales:
+        shape, dims = (-(-n // FP8_BLOCK), -(-k // FP8_BLOCK)), "[ceil(n/128), ceil(k/128)]"
+    else:
+        shape, dims = (n, 1), "[n, 1]"
+    check_tensor(
+        op, "scale", scale, shape=shape, dims=dims, dtypes=(torch.float32,), device=device,
+        last_contiguous=block_scales,
+    )  # fmt: skip
 
 
 def check_device(op: str, t: torch.Tensor) -> None:

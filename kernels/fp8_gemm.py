@@ -23,6 +23,7 @@ import triton.language as tl
 from kernels._checks import (
     FLOAT_DTYPES,
     check_device,
+    check_fp8_scale,
     check_launch,
     check_tensor,
     check_tile,
@@ -129,14 +130,7 @@ def fp8_gemm(
         op, "weight", weight, shape=(None, k), dims="[n, k]", dtypes=(FP8,), device=x.device
     )
     n = weight.shape[0]
-    if block_scales:
-        shape, dims = (-(-n // BLOCK), -(-k // BLOCK)), "[ceil(n/128), ceil(k/128)]"
-    else:
-        shape, dims = (n, 1), "[n, 1]"
-    check_tensor(
-        op, "scale", scale, shape=shape, dims=dims, dtypes=(torch.float32,), device=x.device,
-        last_contiguous=block_scales,
-    )  # fmt: skip
+    check_fp8_scale(op, scale, n, k, block_scales, x.device)
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     check_tensor(op, "out", out, shape=(m, n), dims="[m, n]", dtypes=(x.dtype,), device=x.device)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import FLOAT_DTYPES, check_tensor
+from kernels._checks import FLOAT_DTYPES, check_fp8_scale, check_tensor
 from kernels.fp8_gemv_packed import PACKED_K, launch_packed, packed_fits
 from kernels.fp8_weights import BLOCK, FP8, dequantize
 from kernels.gemv import checked_out, launch
@@ -46,14 +46,7 @@ def fp8_gemv(
     check_tensor(op, "x", x, shape=(None, None), dims="[m, k]", dtypes=FLOAT_DTYPES)
     out = checked_out(op, x, weight, (FP8,), out)
     n, k = weight.shape
-    if block_scales:
-        shape, dims = (-(-n // BLOCK), -(-k // BLOCK)), "[ceil(n/128), ceil(k/128)]"
-    else:
-        shape, dims = (n, 1), "[n, 1]"
-    check_tensor(
-        op, "scale", scale, shape=shape, dims=dims, dtypes=(torch.float32,), device=x.device,
-        last_contiguous=block_scales,
-    )  # fmt: skip
+    check_fp8_scale(op, scale, n, k, block_scales, x.device)
     if packed and num_warps * PACKED_K != block_k:
         raise ValueError(
             f"{op}: a packed step of block_k={block_k} columns is {block_k // PACKED_K} warps "
