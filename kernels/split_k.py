@@ -35,6 +35,28 @@ def _sum_splits_kernel(
     tl.store(out_ptr + m * stride_om + n, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def program_tile(M, N, SPLIT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """For a program of the grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N) * SPLIT): its split, its
+    tile of W's rows (the MMA's M side) and of x's rows, their masks, and the rows it reads
+    (int64; past N, row N - 1, never stored). The programs that differ only in their tile of
+    x's rows (program_id(0)) run side by side, so that the L2 serves the weights they share
+    to all but the first."""
+    pid = tl.program_id(1)
+    offs_n = (pid // SPLIT) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.minimum(offs_n, N - 1).to(tl.int64)
+    return pid % SPLIT, offs_n, offs_m, offs_n < N, offs_m < M, rows
+
+
+@triton.jit
+def store_tile(out_ptr, acc, split, offs_n, offs_m, n_mask, m_mask, stride_om, stride_os):
+    """acc [BLOCK_N, BLOCK_M] (sums of out.T's tile) into out[offs_m, offs_n]: out itself for
+    one split, else split `split`'s partial sums (stride_os apart)."""
+    ptrs = out_ptr + split * stride_os + offs_m[None, :] * stride_om + offs_n[:, None]
+    tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
+
+
 def default_split(steps: int) -> int:
     """Programs splitting a loop of `steps` steps: each at least four steps, at most MAX_SPLIT
     of them. On an H200 at 5 to 16 rows of Llama-3.1-8B's projections (int4, K = 4,096 and

@@ -34,7 +34,7 @@ import triton.language as tl
 
 from kernels._checks import check_launch, check_tensor, check_tile, dot_precision
 from kernels.pdl import pdl_launch, pdl_prologue
-from kernels.split_k import plan, sum_splits, workspace
+from kernels.split_k import plan, program_tile, store_tile, sum_splits, workspace
 from kernels.w4a16 import PACK, check_w4, columns_of_x
 
 
@@ -88,13 +88,7 @@ def _w4a16_gemm_kernel(
     PDL: tl.constexpr,
 ):
     pdl_prologue(PDL)
-    pid = tl.program_id(1)
-    split = pid % SPLIT
-    offs_n = (pid // SPLIT) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    n_mask = offs_n < N
-    m_mask = offs_m < M
-    rows = tl.minimum(offs_n, N - 1).to(tl.int64)  # rows past N read row N - 1, never stored
+    split, offs_n, offs_m, n_mask, m_mask, rows = program_tile(M, N, SPLIT, BLOCK_M, BLOCK_N)
     dtype: tl.constexpr = x_ptr.dtype.element_ty
     # OFF + q for a nibble q (kernels' _plane): taken off with the zero point
     OFF: tl.constexpr = 128.0 if dtype == tl.bfloat16 else (1024.0 if dtype == tl.float16 else 0.0)
@@ -130,8 +124,7 @@ def _w4a16_gemm_kernel(
                 nib = ((q >> (4 * j)) & 0xF).to(tl.float32)
                 wj = ((nib - z) * s).to(dtype)
                 acc = tl.dot(wj, xj, acc, input_precision=PRECISION)
-    ptrs = out_ptr + split * stride_os + offs_m[None, :] * stride_om + offs_n[:, None]
-    tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
+    store_tile(out_ptr, acc, split, offs_n, offs_m, n_mask, m_mask, stride_om, stride_os)
 
 
 def w4a16_gemm(
