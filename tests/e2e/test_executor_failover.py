@@ -105,6 +105,12 @@ def routes_on(s: Stack, instance: str) -> int:
     return sum(rec is not None and rec.executor == instance for rec in stored)
 
 
+def serve_executors(stack: Stack) -> list[int]:
+    """The executors serve runs (not the ones the test added)."""
+    extras = {p.pid for p in stack.extra}
+    return [p for p in stack.pids("executor") if p not in extras]
+
+
 def test_a_killed_executors_requests_resume_elsewhere_with_the_same_text(
     stack: Stack, model_dir: Path
 ) -> None:
@@ -115,19 +121,24 @@ def test_a_killed_executors_requests_resume_elsewhere_with_the_same_text(
 
     def two_executors() -> None:
         """Two live executors that both serve (one added when fewer run), idle."""
+        # serve's own executor first: killed in the round before, it may still be in its
+        # restart backoff, and an extra added then would make three
+        wait_for(lambda: serve_executors(stack), 120, "serve's executor")
         if len(stack.pids("executor")) < 2:
             extra = stack.add_executor(executor_args(model_dir))
             wait_for(lambda: extra.pid in executor_pids(stack), 120, "the second executor")
         pids = stack.pids("executor")
         assert len(pids) == 2
         wait_for(lambda: set(pids) <= set(executor_pids(stack)), 120, "both heartbeats")
-        # Until the scheduler routes to both (it learns of executors every 0.2 s); a request
-        # of two tokens puts its prompt in the cache that has_served reads.
-        for _ in range(20):
+
+        # Until the scheduler routes to both (it learns of executors every 0.2 s; a restarted
+        # one joins once it has loaded): a request of two tokens puts its prompt in the cache
+        # that has_served reads.
+        def both_served() -> bool:
             asyncio.run(run_all(stack, model, max_tokens=2))
-            if all(has_served(stack, p) for p in pids):
-                break
-        assert all(has_served(stack, p) for p in pids)
+            return all(has_served(stack, p) for p in pids)
+
+        wait_for(both_served, 120, "requests served by both executors")
         # Both idle in their heartbeats, so the scheduler spreads the next requests evenly.
         wait_for(lambda: all_idle(stack), 30, "idle executors")
 
