@@ -103,20 +103,6 @@ def dequantize_words(q, z, s, ROWS: tl.constexpr, WORDS: tl.constexpr):
     return tl.reshape(w, [ROWS, WORDS * 8])
 
 
-@triton.jit
-def columns_of_x(perm_ptr, ks, k_mask, HAS_PERM: tl.constexpr):
-    """For the weight columns `ks` (any shape), the columns of x they multiply and where x
-    is read at all (past K, and at act-order padding, x counts as 0)."""
-    if HAS_PERM:
-        src = tl.load(perm_ptr + ks, mask=k_mask, other=-1)
-        x_mask = src >= 0
-        src = tl.where(x_mask, src, 0)
-    else:
-        src = ks
-        x_mask = k_mask
-    return src, x_mask
-
-
 def check_weight(
     op: str,
     qweight: torch.Tensor,

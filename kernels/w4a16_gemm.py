@@ -33,9 +33,10 @@ import triton
 import triton.language as tl
 
 from kernels._checks import check_launch, check_tensor, check_tile, dot_precision
+from kernels.gather_cols import gather_columns
 from kernels.pdl import pdl_launch, pdl_prologue
 from kernels.split_k import plan, program_tile, store_tile, sum_splits, workspace
-from kernels.w4a16 import PACK, check_w4, columns_of_x
+from kernels.w4a16 import PACK, check_w4
 
 
 @triton.jit
@@ -52,12 +53,10 @@ def _plane(q, J: tl.constexpr, dtype: tl.constexpr):
 
 
 @triton.jit
-def _x_plane(x_ptr, perm_ptr, offs_m, m_mask, ws, w_mask, stride_xm, J: tl.constexpr,
-             HAS_PERM: tl.constexpr):  # fmt: skip
-    """x's columns 8 ws + J (through the perm) for the tile's rows, transposed: [W, BLOCK_M]."""
-    src, x_mask = columns_of_x(perm_ptr, 8 * ws + J, w_mask, HAS_PERM)
-    ptrs = x_ptr + offs_m.to(tl.int64)[None, :] * stride_xm + src[:, None]
-    return tl.load(ptrs, mask=x_mask[:, None] & m_mask[None, :], other=0.0)
+def _x_plane(x_ptr, offs_m, m_mask, ws, w_mask, stride_xm, J: tl.constexpr):
+    """x's columns 8 ws + J for the tile's rows, transposed: [W, BLOCK_M]."""
+    ptrs = x_ptr + offs_m.to(tl.int64)[None, :] * stride_xm + (8 * ws + J)[:, None]
+    return tl.load(ptrs, mask=w_mask[:, None] & m_mask[None, :], other=0.0)
 
 
 @triton.jit
@@ -66,7 +65,6 @@ def _w4a16_gemm_kernel(
     qw_ptr,  # int32 [N, K / 8]
     s_ptr,  # [N, G]
     z_ptr,  # uint8 [N, G]
-    perm_ptr,  # int32 [K] (HAS_PERM)
     out_ptr,  # [M, N] (SPLIT == 1) or fp32 [SPLIT, M, N], the partial sums
     M,
     N,
@@ -79,7 +77,6 @@ def _w4a16_gemm_kernel(
     stride_om,
     stride_os,  # between splits' partial sums
     SPLIT,  # programs splitting K
-    HAS_PERM: tl.constexpr,
     GROUP: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -109,7 +106,7 @@ def _w4a16_gemm_kernel(
             part = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
             x_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
             for j in tl.static_range(8):
-                xj = _x_plane(x_ptr, perm_ptr, offs_m, m_mask, ws, w_mask, stride_xm, j, HAS_PERM)
+                xj = _x_plane(x_ptr, offs_m, m_mask, ws, w_mask, stride_xm, j)
                 part = tl.dot(_plane(q, j, dtype), xj, part, input_precision=PRECISION)
                 x_sum += tl.sum(xj.to(tl.float32), axis=0)
             acc += s[:, None] * (part - (OFF + z)[:, None] * x_sum[None, :])
@@ -120,7 +117,7 @@ def _w4a16_gemm_kernel(
             s = s.to(tl.float32)
             z = z.to(tl.float32)
             for j in tl.static_range(8):
-                xj = _x_plane(x_ptr, perm_ptr, offs_m, m_mask, ws, w_mask, stride_xm, j, HAS_PERM)
+                xj = _x_plane(x_ptr, offs_m, m_mask, ws, w_mask, stride_xm, j)
                 nib = ((q >> (4 * j)) & 0xF).to(tl.float32)
                 wj = ((nib - z) * s).to(dtype)
                 acc = tl.dot(wj, xj, acc, input_precision=PRECISION)
@@ -175,6 +172,8 @@ def w4a16_gemm(
     check_launch(op, num_warps, num_stages)
     if m == 0 or n == 0:
         return out
+    if perm is not None:  # act-order: x's columns in the weight's order, once (gather_cols.py)
+        x = gather_columns(x, perm)
     words, block_w = k // PACK, block_k // PACK
     split, per_split = plan(op, triton.cdiv(words, block_w), split)
     target = workspace(out, split)
@@ -184,7 +183,6 @@ def w4a16_gemm(
         qweight,
         scales,
         zeros,
-        qweight if perm is None else perm,  # never read without a perm
         target,
         m,
         n,
@@ -197,7 +195,6 @@ def w4a16_gemm(
         target.stride(-2),
         target.stride(0) if split > 1 else 0,
         split,
-        HAS_PERM=perm is not None,
         GROUP=group_size,
         PRECISION=dot_precision(x.dtype),
         BLOCK_M=block_m,

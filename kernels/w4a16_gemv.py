@@ -20,7 +20,8 @@ That is about two instructions per weight (AND, FMA) for the first row of x and 
 each further row. Rows of the tile are separate values, not a tensor dimension, and the
 words a [T, V] tile whose V lies in one thread, which keeps every tensor in the one layout of
 the packed words' loads (no shared memory, no barriers in the loop). Launches whose rows and
-steps are whole (no act-order perm) read their words without masks.
+steps are whole read their words without masks. An act-order perm is applied to x once
+before the launch (kernels/gather_cols.py).
 
 Grid: (cdiv(N, BLOCK_N),); accumulation in fp32, one rounding to x's dtype.
 """
@@ -33,9 +34,10 @@ import triton.language as tl
 
 from kernels._checks import check_launch, check_tensor
 from kernels._math import halves_f32, zero_row_sums
+from kernels.gather_cols import gather_columns
 from kernels.gemv import MAX_M
 from kernels.pdl import pdl_launch, pdl_prologue
-from kernels.w4a16 import PACK, check_w4, columns_of_x
+from kernels.w4a16 import PACK, check_w4
 
 # rows of the tile: each is spelled out in the kernel
 MAX_BLOCK_N = 8
@@ -56,7 +58,7 @@ def _nibble(word, BIT: tl.constexpr):
 
 
 @triton.jit
-def _x_columns(x_row_ptr, perm_ptr, words, w_mask, HAS_PERM: tl.constexpr, WIDE_X: tl.constexpr):
+def _x_columns(x_row_ptr, words, w_mask, WIDE_X: tl.constexpr):
     """The 8 columns of x each word ([T, V]) multiplies, in fp32 times 2^(X_EXP - BIT) for
     the bit BIT its nibble has in _word_dot (undoing the nibble's 2^(BIT - 149)), and per
     thread row t the sum of its 8V columns times 2^(X_EXP - 149): [T]."""
@@ -73,23 +75,15 @@ def _x_columns(x_row_ptr, perm_ptr, words, w_mask, HAS_PERM: tl.constexpr, WIDE_
         x2, x3 = halves_f32((lo >> 32).to(tl.uint32), bf16)
         x4, x5 = halves_f32(hi.to(tl.uint32), bf16)
         x6, x7 = halves_f32((hi >> 32).to(tl.uint32), bf16)
-    else:  # column by column (fp32 x, rows not 8-byte aligned, a perm, a partial step)
-        s0, m0 = columns_of_x(perm_ptr, c, w_mask, HAS_PERM)
-        s1, m1 = columns_of_x(perm_ptr, c + 1, w_mask, HAS_PERM)
-        s2, m2 = columns_of_x(perm_ptr, c + 2, w_mask, HAS_PERM)
-        s3, m3 = columns_of_x(perm_ptr, c + 3, w_mask, HAS_PERM)
-        s4, m4 = columns_of_x(perm_ptr, c + 4, w_mask, HAS_PERM)
-        s5, m5 = columns_of_x(perm_ptr, c + 5, w_mask, HAS_PERM)
-        s6, m6 = columns_of_x(perm_ptr, c + 6, w_mask, HAS_PERM)
-        s7, m7 = columns_of_x(perm_ptr, c + 7, w_mask, HAS_PERM)
-        x0 = tl.load(x_row_ptr + s0, mask=m0, other=0.0).to(tl.float32)
-        x1 = tl.load(x_row_ptr + s1, mask=m1, other=0.0).to(tl.float32)
-        x2 = tl.load(x_row_ptr + s2, mask=m2, other=0.0).to(tl.float32)
-        x3 = tl.load(x_row_ptr + s3, mask=m3, other=0.0).to(tl.float32)
-        x4 = tl.load(x_row_ptr + s4, mask=m4, other=0.0).to(tl.float32)
-        x5 = tl.load(x_row_ptr + s5, mask=m5, other=0.0).to(tl.float32)
-        x6 = tl.load(x_row_ptr + s6, mask=m6, other=0.0).to(tl.float32)
-        x7 = tl.load(x_row_ptr + s7, mask=m7, other=0.0).to(tl.float32)
+    else:  # column by column (fp32 x, rows not 8-byte aligned, a partial step)
+        x0 = tl.load(x_row_ptr + c, mask=w_mask, other=0.0).to(tl.float32)
+        x1 = tl.load(x_row_ptr + c + 1, mask=w_mask, other=0.0).to(tl.float32)
+        x2 = tl.load(x_row_ptr + c + 2, mask=w_mask, other=0.0).to(tl.float32)
+        x3 = tl.load(x_row_ptr + c + 3, mask=w_mask, other=0.0).to(tl.float32)
+        x4 = tl.load(x_row_ptr + c + 4, mask=w_mask, other=0.0).to(tl.float32)
+        x5 = tl.load(x_row_ptr + c + 5, mask=w_mask, other=0.0).to(tl.float32)
+        x6 = tl.load(x_row_ptr + c + 6, mask=w_mask, other=0.0).to(tl.float32)
+        x7 = tl.load(x_row_ptr + c + 7, mask=w_mask, other=0.0).to(tl.float32)
     total = tl.sum(((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)), axis=1)
     return (
         x0 * 2.0**X_EXP,
@@ -178,7 +172,6 @@ def _w4a16_gemv_kernel(
     qw_ptr,  # int32 [N, K / 8]
     s_ptr,  # [N, G]
     z_ptr,  # uint8 [N, G]
-    perm_ptr,  # int32 [K] (HAS_PERM)
     out_ptr,  # [M, N]
     N,
     NUM_WORDS,  # K / 8, passed (not derived from K) so that Triton sees its divisibility
@@ -188,12 +181,11 @@ def _w4a16_gemv_kernel(
     stride_zn,
     stride_om,
     M: tl.constexpr,
-    HAS_PERM: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_W: tl.constexpr,
     V: tl.constexpr,  # words per thread row: consecutive, in one group
-    EVEN: tl.constexpr,  # N % BLOCK_N == 0, NUM_WORDS % BLOCK_W == 0 and no perm
+    EVEN: tl.constexpr,  # N % BLOCK_N == 0 and NUM_WORDS % BLOCK_W == 0
     WIDE_X: tl.constexpr,  # EVEN, x 16-bit with 8-byte aligned rows: read 8 bytes a load
     PDL: tl.constexpr,
 ):
@@ -208,16 +200,16 @@ def _w4a16_gemv_kernel(
         groups = first // (GROUP // 8)
         w_mask = words < NUM_WORDS
         g_mask = first < NUM_WORDS
-        xs0 = _x_columns(x_ptr, perm_ptr, words, w_mask, HAS_PERM, WIDE_X)
+        xs0 = _x_columns(x_ptr, words, w_mask, WIDE_X)
         xs1 = xs0
         xs2 = xs0
         xs3 = xs0
         if M > 1:
-            xs1 = _x_columns(x_ptr + stride_xm, perm_ptr, words, w_mask, HAS_PERM, WIDE_X)
+            xs1 = _x_columns(x_ptr + stride_xm, words, w_mask, WIDE_X)
         if M > 2:
-            xs2 = _x_columns(x_ptr + 2 * stride_xm, perm_ptr, words, w_mask, HAS_PERM, WIDE_X)
+            xs2 = _x_columns(x_ptr + 2 * stride_xm, words, w_mask, WIDE_X)
         if M > 3:
-            xs3 = _x_columns(x_ptr + 3 * stride_xm, perm_ptr, words, w_mask, HAS_PERM, WIDE_X)
+            xs3 = _x_columns(x_ptr + 3 * stride_xm, words, w_mask, WIDE_X)
         acc0 = _row_step(
             qw_ptr, s_ptr, z_ptr, n0, N, words, w_mask, groups, g_mask, stride_qn, stride_sn,
             stride_zn, xs0, xs1, xs2, xs3, acc0, M, EVEN,
@@ -301,13 +293,14 @@ def w4a16_gemv(
     check_launch(op, num_warps, num_stages)
     if n == 0:
         return out
-    even = n % block_n == 0 and (k // PACK) % (block_k // PACK) == 0 and perm is None
+    if perm is not None:  # act-order: x's columns in the weight's order, once (gather_cols.py)
+        x = gather_columns(x, perm)
+    even = n % block_n == 0 and (k // PACK) % (block_k // PACK) == 0
     _w4a16_gemv_kernel[(triton.cdiv(n, block_n),)](
         x,
         qweight,
         scales,
         zeros,
-        qweight if perm is None else perm,  # never read without a perm
         out,
         n,
         k // PACK,
@@ -317,7 +310,6 @@ def w4a16_gemv(
         zeros.stride(0),
         out.stride(0),
         M=m,
-        HAS_PERM=perm is not None,
         GROUP=group_size,
         BLOCK_N=block_n,
         BLOCK_W=block_k // PACK,

@@ -9,12 +9,12 @@ Three regimes, by the rows m of x, as kernels/gguf_matmul.py has them for GGUF b
   projections on an H200). w is expanded to x's dtype by kernels/w4a16_dequant a slice of
   rows at a time, each slice through cuBLAS (kernels/expand_mm).
 
-Act-order past gemm_max_m: the weight keeps its own column order, and x's columns are
-gathered once per call (x[:, perm], m x K elements, small beside the m x n x K product),
-the padding columns' -1 taken as column 0; w4a16_dequantize writes padding columns as 0, so
-what they add is 0 * x[:, 0] = 0 and the product is the twin's for every finite x. Folding
-the perm into the weight instead (each dequantised column stored at x's column) would
-scatter the kernel's stores across each row, where the gather of x is one indexed copy.
+Act-order: x's columns are gathered into the weight's column order once per call
+(kernels/gather_cols.py, m x K elements, small beside the m x n x K product), padding
+columns (perm -1) as 0, and whichever product runs reads the plain layout: the padding
+columns' weights are finite, so what they add is 0. Folding the perm into the weight instead
+(each dequantised column stored at x's column) would scatter the expansion's stores across
+each row, where the gather of x is one small launch.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch
 
 from kernels._checks import check_tensor
 from kernels.expand_mm import CHUNK_ELEMS, expand_mm
+from kernels.gather_cols import gather_columns
 from kernels.gemv import MAX_M
 from kernels.w4a16 import check_w4
 from kernels.w4a16_dequant import w4a16_dequantize
@@ -56,22 +57,22 @@ def w4a16_matmul(
     gemm_max_m: the most rows given to the tensor-core GEMM; chunk_elems: the most weights
     dequantised at once past that (rounded up to one row).
     """
-    if 1 <= x.shape[0] <= MAX_M:
-        return w4a16_gemv(x, qweight, scales, zeros, group_size=group_size, perm=perm, out=out)
-    if x.shape[0] <= gemm_max_m:
-        return w4a16_gemm(x, qweight, scales, zeros, group_size=group_size, perm=perm, out=out)
     op = "w4a16_matmul"
     m, n, _ = check_w4(op, x, qweight, scales, zeros, group_size, perm)
+    if perm is not None:
+        x = gather_columns(x, perm)
+    if 1 <= m <= MAX_M:
+        return w4a16_gemv(x, qweight, scales, zeros, group_size=group_size, out=out)
+    if m <= gemm_max_m:
+        return w4a16_gemm(x, qweight, scales, zeros, group_size=group_size, out=out)
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     check_tensor(op, "out", out, shape=(m, n), dims="[m, n]", dtypes=(x.dtype,), device=x.device)
-    if perm is not None:
-        x = x.index_select(1, perm.clamp(min=0))
 
     def dequantize(n0: int, n1: int, buf: torch.Tensor) -> torch.Tensor:
         return w4a16_dequantize(
             qweight[n0:n1], scales[n0:n1], zeros[n0:n1],
-            group_size=group_size, dtype=x.dtype, perm=perm, out=buf,
+            group_size=group_size, dtype=x.dtype, out=buf,
         )  # fmt: skip
 
     return expand_mm(x, out, dequantize, chunk_elems=chunk_elems)

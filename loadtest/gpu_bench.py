@@ -27,7 +27,8 @@ expanded for cuBLAS: gpu/gguf_kernel.py), w4a16_kernel (the int4 GEMV, GEMM and 
 cuBLAS at Llama-3.1-8B's projection shapes against bf16, the prefill paths' crossover:
 gpu/w4a16.py); quant_decode (batch-1 decode with bf16, fp8 per-channel, fp8 block and GGUF
 Q4_K weights, each against its own roofline: gpu/quant.py; quant_decode_int4 the same with
-bf16, int4 AWQ and int4 GPTQ; quant_prefill_int4 a 4,096-token prompt's prefill with bf16,
+bf16, int4 AWQ and int4 GPTQ; quant_decode_act_order bf16 and int4 GPTQ without and with
+act-order; quant_prefill_int4 a 4,096-token prompt's prefill with bf16,
 int4 AWQ and GGUF Q4_K weights) and offline_fp8w (the 500 prompts with --quantization fp8
 weights and --kv-cache-dtype fp8_e4m3); serve_fp8 (those flags through `radixserve serve`: the
 openai client's completions and the 2,000-request bursts: gpu/serve_fp8.py); faults (every
@@ -62,6 +63,7 @@ SECTIONS = [
 QUANT_SECTION_NAMES = (
     "quant_decode",
     "quant_decode_int4",
+    "quant_decode_act_order",
     "quant_decode_batch8",
     "quant_decode_batch8_fp8",
     "quant_prefill_int4",
@@ -102,6 +104,7 @@ TIME_LIMITS = {
     # four 8B models, each loaded with dummy weights and graphed (GGUF's blocks drawn on the CPU)
     "quant_decode": 540,
     "quant_decode_int4": 420,  # bf16, int4 AWQ and int4 GPTQ 8B models
+    "quant_decode_act_order": 420,  # bf16, int4 GPTQ without and with act-order
     "quant_decode_batch8": 420,  # bf16, int4 AWQ and GGUF Q4_K, 8 requests at once
     "quant_decode_batch8_fp8": 420,  # bf16, fp8 per channel and fp8 blocks, the same
     "quant_prefill_int4": 420,  # bf16, int4 AWQ and GGUF Q4_K: one 4,096-token prompt each

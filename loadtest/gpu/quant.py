@@ -13,6 +13,7 @@ points of each group of 128 (the parameters after load, so the roofline is the f
 own). Each section loads a few 8B models, bf16 first for the ratio (`SECTIONS`): all of
 them would not fit one section's time.
 
+Section quant_decode_act_order: bf16, int4 GPTQ and int4 GPTQ with act-order (desc_act).
 Section quant_decode_batch8: the same decode with 8 requests at once (bf16, int4 AWQ, GGUF
 Q4_K), past the GEMV's rows; quant_decode_batch8_fp8 the same with fp8 weights. Section
 quant_prefill_int4: the same engine's one-prompt prefill (PREFILL_IN tokens, a few decode steps
@@ -67,6 +68,12 @@ FORMATS: dict[str, WeightFormat] = {
         (),
         {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True},
     ),
+    # act-order (desc_act): the dummy weights get a random order of x's columns, which every
+    # product applies to x first (kernels/gather_cols.py)
+    "int4_gptq_act": WeightFormat(
+        (),
+        {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": True, "sym": True},
+    ),
 }
 
 
@@ -85,6 +92,9 @@ SECTIONS: dict[str, Section] = {
     ),
     "quant_decode_int4": Section(
         ("bf16", "int4_awq", "int4_gptq"), IN_LEN, OUT_LEN, "decode_tok_s"
+    ),
+    "quant_decode_act_order": Section(
+        ("bf16", "int4_gptq", "int4_gptq_act"), IN_LEN, OUT_LEN, "decode_tok_s"
     ),
     "quant_prefill_int4": Section(
         ("bf16", "int4_awq", "gguf_q4_k"), PREFILL_IN, PREFILL_OUT, "prefill_tok_s"

@@ -195,6 +195,14 @@ def test_dummy_weights_are_valid_int4(float_dir: Path, tmp_path: Path, q: dict[s
         w = layer.method.dequantized(layer)
         assert isinstance(layer.int4, PackedInt4) and torch.isfinite(w).all()
         assert 0.8 < float(w.std()) / 0.02 < 1.2
+        perm = layer.int4.perm  # act-order's: an order of x's columns, as g_idx gives one
+        if q.get("desc_act"):
+            assert perm is not None
+            assert torch.equal(
+                perm.sort().values, torch.arange(layer.in_features, dtype=perm.dtype)
+            )
+        else:
+            assert perm is None
     assert torch.isfinite(last_logits(model, PROMPTS[0])).all()
 
 

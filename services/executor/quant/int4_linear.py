@@ -192,17 +192,21 @@ class Int4Method(LinearMethod):
     def init_dummy(self, layer: Linear, gen: torch.Generator) -> None:
         """Random nibbles 1..15 around a zero point of 8, scaled to a std of 0.02, in the
         kernels' layout directly (quantizing a random float weight is slow at 8B shapes);
-        groups as the checkpoint's, no act-order."""
+        groups as the checkpoint's; with act-order (desc_act) a random order of x's columns,
+        as a checkpoint's g_idx gives one (timing what act-order costs needs its perm)."""
         n, k, device = layer.out_features, layer.in_features, _tensor(layer, "qweight").device
         group = self.layout.group_size if self.layout.group_size > 0 else KERNEL_GROUP
         q = torch.randint(1, 16, (n, k), generator=gen, device=device, dtype=torch.uint8)
         groups = -(-k // group)
+        perm = None
+        if self.layout.desc_act:
+            perm = torch.randperm(k, generator=gen, device=device).to(torch.int32)
         w = Int4Weight(
             qweight=pack_int4(q),
             scales=torch.full((n, groups), 0.02 / 4.32, dtype=torch.float16, device=device),
             zeros=torch.full((n, groups), 8, dtype=torch.uint8, device=device),
             group_size=group,
-            perm=None,
+            perm=perm,
             in_features=k,
         )
         _install(layer, w, list(self.tensors))
