@@ -83,24 +83,29 @@ def _nibble(q, z, s, J: tl.constexpr):
 
 
 @triton.jit
-def dequantize_words(q, z, s, ROWS: tl.constexpr, WORDS: tl.constexpr):
-    """[ROWS, WORDS] packed words, with each word's zero point and scale (fp32), as the fp32
-    weights [ROWS, 8 * WORDS] in column order. tl.join stacks the 8 nibble tiles along new
-    last dimensions in the thread that holds the word (innermost nibbles j and j + 4, then
-    j + 2, then j + 1, so that the flat order is j): a word is loaded once, and no
-    shared-memory round trip reorders them (a [ROWS, WORDS, 8] tile built by broadcasting
-    the shifts went through shared memory with nine barriers a program)."""
+def words_in_column_order(p0, p1, p2, p3, p4, p5, p6, p7, ROWS: tl.constexpr, WORDS: tl.constexpr):
+    """Nibble planes of [ROWS, WORDS] words (plane j: a value per word for its nibble j) as
+    [ROWS, 8 * WORDS] in column order, column 8i + j from plane j of word i. tl.join stacks
+    the planes along new last dimensions in the thread that holds the word (innermost
+    nibbles j and j + 4, then j + 2, then j + 1, so that the flat order is j): no value leaves
+    its thread, where a [ROWS, WORDS, 8] tile built by broadcasting the shifts went through
+    shared memory with nine barriers a program."""
     w = tl.join(
-        tl.join(
-            tl.join(_nibble(q, z, s, 0), _nibble(q, z, s, 4)),
-            tl.join(_nibble(q, z, s, 2), _nibble(q, z, s, 6)),
-        ),
-        tl.join(
-            tl.join(_nibble(q, z, s, 1), _nibble(q, z, s, 5)),
-            tl.join(_nibble(q, z, s, 3), _nibble(q, z, s, 7)),
-        ),
+        tl.join(tl.join(p0, p4), tl.join(p2, p6)),
+        tl.join(tl.join(p1, p5), tl.join(p3, p7)),
     )  # [ROWS, WORDS, 2, 2, 2]: element (.., a, b, c) is nibble 4a + 2b + c
     return tl.reshape(w, [ROWS, WORDS * 8])
+
+
+@triton.jit
+def dequantize_words(q, z, s, ROWS: tl.constexpr, WORDS: tl.constexpr):
+    """[ROWS, WORDS] packed words, with each word's zero point and scale (fp32), as the fp32
+    weights [ROWS, 8 * WORDS] in column order."""
+    return words_in_column_order(
+        _nibble(q, z, s, 0), _nibble(q, z, s, 1), _nibble(q, z, s, 2), _nibble(q, z, s, 3),
+        _nibble(q, z, s, 4), _nibble(q, z, s, 5), _nibble(q, z, s, 6), _nibble(q, z, s, 7),
+        ROWS, WORDS,
+    )  # fmt: skip
 
 
 def check_weight(

@@ -7,16 +7,18 @@ dequantise-then-cuBLAS path writes and reads the weight again in 16 bits. Here t
 the MMA's M side and x its N side (out.T = w @ x.T), so a tile of 16 rows of x costs the
 tensor cores what one row does:
 
-- nibble planes, no reshaping: plane j of a [BLOCK_N, BLOCK_W] tile of words holds nibble j of
-  every word, the weight columns 8i + j. Each plane is one product of K = BLOCK_W against
-  x's columns gathered in the same order, so the words stay in the registers they were loaded
-  into (the MMA's A operand comes from registers) and nothing is transposed or joined;
 - a nibble becomes a 16-bit float in one AND-OR: q OR-ed into the mantissa of OFF (128 in
-  bf16, 1024 in fp16) spells OFF + q exactly (fp32 x converts q itself);
+  bf16, 1024 in fp16) spells OFF + q exactly (fp32 x converts q itself). The 8 nibbles of a
+  word are joined along a new innermost dimension in the thread that loaded the word
+  (kernels/w4a16.py's `words_in_column_order`, as the dequantize kernel does), which puts
+  the tile's columns in their own order (8i + j), so a step is one product of K = 8 BLOCK_W
+  against x's contiguous columns;
 - the zero point, the offset and the scale are applied once per step to the step's sums, a
   step lying in one quantisation group: sum_k s (q_k - z) x_k = s (sum_k (OFF + q_k) x_k -
-  (OFF + z) sum_k x_k). Groups shorter than a step (16 to 64 columns) dequantise each plane
-  instead, (q - z) s per word;
+  (OFF + z) sum_k x_k). Groups shorter than a step (16 to 64 columns) take the tile as nibble
+  planes instead (plane j: nibble j of every word, the columns 8i + j, each its own product
+  of K = BLOCK_W against x's columns gathered in that order), dequantised per word,
+  (q - z) s;
 - K is split across SPLIT programs (kernels/split_k.py): a program's loop is a chain of
   dependent loads and products, and short chains in many programs keep more loads in flight.
   Each writes its fp32 partial sums to a workspace and a second launch adds them in order (no
@@ -35,8 +37,8 @@ import triton.language as tl
 from kernels._checks import check_launch, check_tensor, check_tile, dot_precision
 from kernels.gather_cols import gather_columns
 from kernels.pdl import pdl_launch, pdl_prologue
-from kernels.split_k import plan, program_tile, store_tile, sum_splits, workspace
-from kernels.w4a16 import PACK, check_w4
+from kernels.split_k import plan, program_tile, sm_count, store_tile, sum_splits, workspace
+from kernels.w4a16 import PACK, check_w4, words_in_column_order
 
 
 @triton.jit
@@ -103,12 +105,20 @@ def _w4a16_gemm_kernel(
             g = w0 // (GROUP // 8)
             s = tl.load(s_ptr + rows * stride_sn + g).to(tl.float32)
             z = tl.load(z_ptr + rows * stride_zn + g).to(tl.float32)
-            part = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-            x_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
-            for j in tl.static_range(8):
-                xj = _x_plane(x_ptr, offs_m, m_mask, ws, w_mask, stride_xm, j)
-                part = tl.dot(_plane(q, j, dtype), xj, part, input_precision=PRECISION)
-                x_sum += tl.sum(xj.to(tl.float32), axis=0)
+            # the words' nibbles in column order, one product for the step: 8 products of
+            # K = BLOCK_W, one per nibble plane, each staging its x plane for the MMA behind
+            # a barrier, took 7-22% longer at 5 to 32 rows on an H200
+            # (loadtest/results/gpu_w4a16_join_h200_run1.json)
+            w = words_in_column_order(
+                _plane(q, 0, dtype), _plane(q, 1, dtype), _plane(q, 2, dtype),
+                _plane(q, 3, dtype), _plane(q, 4, dtype), _plane(q, 5, dtype),
+                _plane(q, 6, dtype), _plane(q, 7, dtype), BLOCK_N, BLOCK_W,
+            )  # fmt: skip
+            cols = w0 * 8 + tl.arange(0, 8 * BLOCK_W)
+            x_ptrs = x_ptr + offs_m.to(tl.int64)[None, :] * stride_xm + cols[:, None]
+            xt = tl.load(x_ptrs, mask=(cols < NUM_WORDS * 8)[:, None] & m_mask[None, :], other=0.0)
+            part = tl.dot(w, xt, input_precision=PRECISION)
+            x_sum = tl.sum(xt.to(tl.float32), axis=0)
             acc += s[:, None] * (part - (OFF + z)[:, None] * x_sum[None, :])
         else:
             g = (ws // (GROUP // 8))[None, :]
@@ -134,10 +144,10 @@ def w4a16_gemm(
     perm: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     block_m: int | None = None,
-    block_n: int = 128,
+    block_n: int | None = None,
     block_k: int = 128,
     split: int | None = None,
-    num_warps: int | None = None,
+    num_warps: int = 4,
     num_stages: int = 2,
 ) -> torch.Tensor:
     """x @ w.T, w in the int4 layout of kernels/w4a16.py; returns out.
@@ -145,28 +155,26 @@ def w4a16_gemm(
     x: [m, k_in] (any row stride), fp32/fp16/bf16. qweight, scales, zeros, perm: the layout
     (contiguous last dimensions, any row strides). out (optional, written): [m, n] of x's
     dtype, contiguous rows of any stride. block_m, block_n: the tile of x's rows (None: 16 up
-    to 16 rows, else 32) and w's rows (powers of two of at least 16); block_k: weight columns
-    a step (block_k / 8 words, a power of two of at least 128: each nibble plane is a product
-    of K = block_k / 8). split: programs splitting K (a power of two; None: kernels/split_k's
-    `default_split`). num_warps: None, 4 for tiles of 16 rows of x, 8 for 32. The default
-    launch up to 16 rows, 16 x 128 x 128, 4 warps, 2 stages, was within 2% of the best of 16
-    tiles x 4 splits summed over Llama-3.1-8B's four projections at 5, 8 and 16 rows on an
-    H200.
+    to 16 rows, else 32) and w's rows (powers of two of at least 16; None: `default_block_n`);
+    block_k: weight columns a step (block_k / 8 words, a power of two of at least 128).
+    split: programs splitting K (a power of two; None: kernels/split_k's `default_split`).
+    The defaults (4 warps, 2 stages, block_k 128) were the best of 16 launches summed over
+    Llama-3.1-8B's four projections at 5, 8, 16 and 32 rows on an H200
+    (loadtest/results/gpu_w4a16_join_h200_run1.json).
     """
     op = "w4a16_gemm"
     m, n, k = check_w4(op, x, qweight, scales, zeros, group_size, perm)
-    # past 16 rows one tile of 32 (8 warps): every tile of x's rows unpacks the words again.
-    # On an H200 at 20 to 32 rows, the four projections: 204-218 µs against 260-272 for two
-    # tiles of 16 (loadtest/results/gpu_m32_h200_run1.json)
+    # past 16 rows one tile of 32: every tile of x's rows unpacks the words again. On an
+    # H200 at 20 to 32 rows, the four projections: 204-218 µs against 260-272 for two tiles
+    # of 16 (loadtest/results/gpu_m32_h200_run1.json, the kernel before the joined planes)
     if block_m is None:
         block_m = 16 if m <= 16 else 32
-    if num_warps is None:
-        num_warps = 4 if block_m <= 16 else 8
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     check_tensor(op, "out", out, shape=(m, n), dims="[m, n]", dtypes=(x.dtype,), device=x.device)
     check_tile(op, "block_m", block_m)
-    check_tile(op, "block_n", block_n)
+    if block_n is not None:
+        check_tile(op, "block_n", block_n)
     if block_k < 128 or block_k & (block_k - 1):  # K = block_k / 8 a plane, as tl.dot needs
         raise ValueError(f"{op}: block_k must be a power of two of at least 128, got {block_k}")
     check_launch(op, num_warps, num_stages)
@@ -176,6 +184,8 @@ def w4a16_gemm(
         x = gather_columns(x, perm)
     words, block_w = k // PACK, block_k // PACK
     split, per_split = plan(op, triton.cdiv(words, block_w), split)
+    if block_n is None:
+        block_n = default_block_n(m, n, split, x.device)
     target = workspace(out, split)
     pdl = pdl_launch(x.device)
     _w4a16_gemm_kernel[(triton.cdiv(m, block_m), triton.cdiv(n, block_n) * split)](
@@ -206,3 +216,13 @@ def w4a16_gemm(
     )
     sum_splits(target, out, pdl)
     return out
+
+
+def default_block_n(m: int, n: int, split: int, device: torch.device) -> int:
+    """Weight rows a program: 128, or 64 past 16 rows of x and where tiles of 128 would give
+    fewer than two programs an SM (Llama-3.1-8B's o and down, N = 4,096 over 8 splits: 256
+    programs on 132 SMs). On an H200, the four projections at 8 rows: 131.5 µs against 134.5
+    with 128 everywhere and 145.6 with 64; at 32 rows 169.3 against 182.0 with 128."""
+    if m > 16 or triton.cdiv(n, 128) * split < 2 * sm_count(device):
+        return 64
+    return 128
