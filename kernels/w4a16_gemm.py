@@ -1,7 +1,7 @@
 """Dequantising matmul on the tensor cores for decode batches past the GEMV's rows: out = x @
 w.T for up to a few dozen rows of x, w int4 in the layout of kernels/w4a16.py.
 
-Decode batches of 5 to 32 requests still only need to read w once: the products are few, and
+Decode batches of 5 to 64 requests still only need to read w once: the products are few, and
 the GEMV's cost grows with every row of x (one fused multiply-add a weight a row), the
 dequantise-then-cuBLAS path writes and reads the weight again in 16 bits. Here the weight is
 the MMA's M side and x its N side (out.T = w @ x.T), so a tile of 16 rows of x costs the
@@ -154,21 +154,25 @@ def w4a16_gemm(
 
     x: [m, k_in] (any row stride), fp32/fp16/bf16. qweight, scales, zeros, perm: the layout
     (contiguous last dimensions, any row strides). out (optional, written): [m, n] of x's
-    dtype, contiguous rows of any stride. block_m, block_n: the tile of x's rows (None: 16 up
-    to 16 rows, else 32) and w's rows (powers of two of at least 16; None: `default_block_n`);
-    block_k: weight columns a step (block_k / 8 words, a power of two of at least 128).
-    split: programs splitting K (a power of two; None: kernels/split_k's `default_split`).
-    The defaults (4 warps, 2 stages, block_k 128) were the best of 16 launches summed over
-    Llama-3.1-8B's four projections at 5, 8, 16 and 32 rows on an H200
-    (loadtest/results/gpu_w4a16_join_h200_run1.json).
+    dtype, contiguous rows of any stride.
+    block_m: the tile of x's rows (None: 16 up to 16 rows, 32 up to 32, else 64); block_n: of
+    w's rows (None: `default_block_n`), both powers of two of at least 16; block_k: weight
+    columns a step (block_k / 8 words, a power of two of at least 128); split: programs
+    splitting K (a power of two; None: kernels/split_k's `default_split`). The defaults (4
+    warps, 2 stages, block_k 128) were the best of 16 launches summed over Llama-3.1-8B's
+    four projections at 5, 8, 16 and 32 rows on an H200
+    (loadtest/results/gpu_w4a16_join_h200_run1.json), and of 12 at 48 and 64 rows
+    (gpu_w4a16_bigm_h200_run1.json).
     """
     op = "w4a16_gemm"
     m, n, k = check_w4(op, x, qweight, scales, zeros, group_size, perm)
-    # past 16 rows one tile of 32: every tile of x's rows unpacks the words again. On an
-    # H200 at 20 to 32 rows, the four projections: 204-218 µs against 260-272 for two tiles
-    # of 16 (loadtest/results/gpu_m32_h200_run1.json, the kernel before the joined planes)
+    # one tile of x's rows where it fits 64: every tile unpacks the words again. On an H200
+    # at 20 to 32 rows, the four projections: 204-218 µs against 260-272 for two tiles of 16
+    # (loadtest/results/gpu_m32_h200_run1.json, the kernel before the joined planes); at 48
+    # and 64 rows 231.7 and 239.3 with tiles of 64 against 288.7 and 295.3 with two of 32
+    # (gpu_w4a16_bigm_h200_run1.json)
     if block_m is None:
-        block_m = 16 if m <= 16 else 32
+        block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     check_tensor(op, "out", out, shape=(m, n), dims="[m, n]", dtypes=(x.dtype,), device=x.device)
@@ -219,10 +223,15 @@ def w4a16_gemm(
 
 
 def default_block_n(m: int, n: int, split: int, device: torch.device) -> int:
-    """Weight rows a program: 128, or 64 past 16 rows of x and where tiles of 128 would give
-    fewer than two programs an SM (Llama-3.1-8B's o and down, N = 4,096 over 8 splits: 256
-    programs on 132 SMs). On an H200, the four projections at 8 rows: 131.5 µs against 134.5
-    with 128 everywhere and 145.6 with 64; at 32 rows 169.3 against 182.0 with 128."""
+    """Weight rows a program, by the rows m of x. Up to 16: 128, or 64 where tiles of 128
+    would give fewer than two programs an SM (Llama-3.1-8B's o and down, N = 4,096 over 8
+    splits: 256 programs on 132 SMs); 17 to 32 (a tile of 32 rows of x): 64; past 32 (a tile
+    of 64): 128. On an H200, the four projections (loadtest/results/gpu_w4a16_join_h200_run1.json
+    and gpu_w4a16_bigm_h200_run1.json): at 8 rows 131.5 µs against 134.5 with 128 everywhere
+    and 145.6 with 64; at 32 rows 169.3 against 182.0 with 128; at 64 rows 239.3 against
+    288.0 with 64."""
+    if m > 32:
+        return 128
     if m > 16 or triton.cdiv(n, 128) * split < 2 * sm_count(device):
         return 64
     return 128

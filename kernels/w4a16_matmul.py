@@ -3,7 +3,7 @@
 Three regimes, by the rows m of x, as kernels/gguf_matmul.py has them for GGUF blocks:
 - m <= MAX_M (small decode batches): kernels/w4a16_gemv, bound by reading w.
 - m <= gemm_max_m (larger decode batches, short extends): kernels/w4a16_gemm multiplies the
-  packed words' nibble planes on the tensor cores, reading them once per 16 rows of x.
+  packed words on the tensor cores, reading them once per tile of up to 64 rows of x.
 - past that (prefill): compute-bound, where the Triton GEMM runs at a small share of
   cuBLAS's speed (12 to 31 times bf16 cuBLAS's time at 128 and 2,048 rows of Llama-3.1-8B's
   projections on an H200). w is expanded to x's dtype by kernels/w4a16_dequant a slice of
@@ -31,11 +31,12 @@ from kernels.w4a16_gemm import w4a16_gemm
 from kernels.w4a16_gemv import w4a16_gemv
 
 # The most rows the tensor-core GEMM takes; from GEMM_MAX_M + 1 rows, dequantise + cuBLAS.
-# Measured on an H200 (2026-11-29, `loadtest/results/gpu_w4a16_tc_h200_run1.json`: Llama-3.1-8B's
-# four projections, cold weights, µs summed): 5 rows 140 against 287 for dequantise + cuBLAS
-# (the GEMM before this one: 305), 8 rows 142 against 286, 16 rows 150 against 287, 32 rows
-# 276 against 289 (bf16 cuBLAS 117-122 at these rows).
-GEMM_MAX_M = 32
+# Measured on an H200 (Llama-3.1-8B's four projections, cold weights, µs summed;
+# loadtest/results/gpu_w4a16_join_h200_run1.json and gpu_w4a16_bigm_h200_run1.json): 8 rows
+# 131.5 against 292.0 for dequantise + cuBLAS, 32 rows 169.3 against 296.1, 48 rows 231.7
+# against 300.7, 64 rows 239.3 against 301.9, 96 rows 411.6 against 315.1 (bf16 cuBLAS
+# 127-135 at these rows).
+GEMM_MAX_M = 64
 
 
 def w4a16_matmul(

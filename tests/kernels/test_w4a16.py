@@ -207,6 +207,19 @@ def test_gemm_matches_reference(
     torch.testing.assert_close(out, w.ref(x), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+@pytest.mark.parametrize("m", [20, 40, 64])
+def test_gemm_default_launch_past_16_rows(m: int, dtype: torch.dtype) -> None:
+    """The default tiles past 16 rows of x (one tile of 32 rows, or of 64 past 32, with the
+    weight tiles default_block_n picks), against the twin."""
+    gen = torch.Generator().manual_seed(m)
+    w = W4(72, 1024, 128, gen)
+    x = randn(m, 1024, dtype=dtype, gen=gen)
+    got = w4a16_gemm(x, w.qweight, w.scales, w.zeros, group_size=128)
+    tol = ROUNDING[dtype]
+    torch.testing.assert_close(got, w.ref(x), atol=tol, rtol=tol)
+
+
 def test_gemm_splits_sum_in_order() -> None:
     """K split across programs: the partial sums added by a second launch in a fixed order,
     so every call gives the same bits."""
