@@ -376,6 +376,8 @@ def _cases() -> list[Case]:
         ("w4a16_gemv/fp16-m4-act-order", partial(_w4a16, False, FP16, 32, True, 4)),
         ("w4a16_gemv/fp16-m2", partial(_w4a16, False, FP16, 128, False, 2)),
         ("w4a16_gemm/bf16-group-128", partial(_w4a16, True, BF16, 128, False, 64)),
+        ("w4a16_gemm/bf16-m8", partial(_w4a16, True, BF16, 128, False, 8)),
+        ("w4a16_gemm/bf16-m24", partial(_w4a16, True, BF16, 128, False, 24)),
         ("w4a16_gemm/fp16-group-32-act-order", partial(_w4a16, True, FP16, 32, True, 64)),
         ("w4a16_dequant/bf16", partial(_w4a16_dequant, BF16, False)),
         ("w4a16_dequant/fp16-act-order", partial(_w4a16_dequant, FP16, True)),
