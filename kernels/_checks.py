@@ -6,6 +6,7 @@ the launchers check everything they can without a host sync (never tensor values
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 
@@ -23,6 +24,18 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 def interpreting() -> bool:
     """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device; 0 elsewhere (the interpreter)."""
+    if device.type != "cuda":
+        return 0
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 # Rows a program by default in the interpreter, for launchers whose GPU default is a row or a

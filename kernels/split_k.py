@@ -10,8 +10,6 @@ them in a fixed order (no atomics: the same bits every call) and rounds to out's
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -68,18 +66,6 @@ def default_split(steps: int) -> int:
     while split < MAX_SPLIT and steps >= 8 * split:
         split *= 2
     return split
-
-
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device; 0 elsewhere (the interpreter)."""
-    if device.type != "cuda":
-        return 0
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def plan(op: str, steps: int, split: int | None) -> tuple[int, int]:

@@ -34,10 +34,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import check_launch, check_tensor, check_tile, dot_precision
+from kernels._checks import check_launch, check_tensor, check_tile, dot_precision, sm_count
 from kernels.gather_cols import gather_columns
 from kernels.pdl import pdl_launch, pdl_prologue
-from kernels.split_k import plan, program_tile, sm_count, store_tile, sum_splits, workspace
+from kernels.split_k import plan, program_tile, store_tile, sum_splits, workspace
 from kernels.w4a16 import PACK, check_w4, words_in_column_order
 
 

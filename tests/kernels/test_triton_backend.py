@@ -408,12 +408,14 @@ def test_tiny_qwen3_with_the_pool_store_fused_into_rotation(
     torch.testing.assert_close(got[1], want[1], atol=1e-4, rtol=1e-4)
 
 
-def test_split_caps_on_a_gpu_and_the_scratch_views() -> None:
+def test_split_caps_on_a_gpu_and_the_scratch_views(monkeypatch: pytest.MonkeyPatch) -> None:
     """On a GPU of 132 SMs (an H100), 8 KV heads: one request splits 64 ways, two 32, eight
     or more 8 (the floor); a step's workspace is a contiguous [bs, heads, cap] view of the
     flat scratch, so a 64-way split of one request needs no 64 chunks for every row."""
+    from services.executor.attention import triton_backend
+
     backend = TritonBackend()
-    backend._sm_count = 132
+    monkeypatch.setattr(triton_backend, "sm_count", lambda device: 132)
     gpu = torch.device("cuda")  # only its type is read
     assert [backend._split_cap(bs, 8, gpu) for bs in (1, 2, 4, 8, 256)] == [64, 32, 16, 8, 8]
     backend.reserve_decode(max_batch_size=8, num_heads=4, head_dim=16, device="cpu")

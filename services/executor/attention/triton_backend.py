@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from kernels._checks import sm_count
 from kernels.decode_attention import (
     DecodeWorkspace,
     choose_kv_pack,
@@ -121,7 +122,6 @@ class TritonBackend(AttentionBackend):
         self.min_split_len = min_split_len
         self.small_batch_split_len = small_batch_split_len
         self.packed_split_len = packed_split_len
-        self._sm_count: int | None = None
         self._meta: _Metadata | None = None
         self._scratch: _SplitScratch | None = None
         self._splits_buf: torch.Tensor | None = None  # [capacity] int32
@@ -302,15 +302,10 @@ class TritonBackend(AttentionBackend):
             sm_scale=sm_scale,
         )
 
-    def _sms(self, device: torch.device) -> int:
-        if self._sm_count is None:
-            self._sm_count = torch.cuda.get_device_properties(device).multi_processor_count
-        return self._sm_count
-
     def _small_batch(self, bs: int, num_kv_heads: int, device: torch.device) -> bool:
         """Fewer (request, KV head) pairs than SMs: chunks must be short to fill the GPU. On
         the CPU interpreter, never (the tests choose their split lengths)."""
-        return device.type == "cuda" and bs * num_kv_heads <= self._sms(device)
+        return device.type == "cuda" and bs * num_kv_heads <= sm_count(device)
 
     def _split_cap(self, bs: int, num_kv_heads: int, device: torch.device) -> int:
         """Chunks per request the decode grid allows, a function of the batch size alone: a
@@ -321,7 +316,7 @@ class TritonBackend(AttentionBackend):
         fill: max_kv_splits, at most INTERPRETER_MAX_SPLITS, which the tests rely on."""
         if device.type != "cuda":
             return min(self.max_kv_splits, INTERPRETER_MAX_SPLITS)
-        wanted = triton.next_power_of_2(triton.cdiv(2 * self._sms(device), bs * num_kv_heads))
+        wanted = triton.next_power_of_2(triton.cdiv(2 * sm_count(device), bs * num_kv_heads))
         return max(1, min(self.max_kv_splits, max(8, wanted)))
 
     def _decode_workspace(
