@@ -1,7 +1,9 @@
 """x @ w.T for any number of rows, w int4 in the layout of kernels/w4a16.py (AWQ and GPTQ).
 
 Three regimes, by the rows m of x, as kernels/gguf_matmul.py has them for GGUF blocks:
-- m <= MAX_M (small decode batches): kernels/w4a16_gemv, bound by reading w.
+- m <= MAX_M (small decode batches): kernels/w4a16_gemv, bound by reading w; or, given the
+  words shuffled for it (`qmma`), kernels/w4a16_mma up to its 8 rows (the tensor cores'
+  MMA: 8 rows cost what one does).
 - m <= gemm_max_m (larger decode batches, short extends): kernels/w4a16_gemm multiplies the
   packed words on the tensor cores, reading them once per tile of up to 64 rows of x.
 - past that (prefill): compute-bound, where the Triton GEMM runs at a small share of
@@ -29,6 +31,7 @@ from kernels.w4a16 import check_w4
 from kernels.w4a16_dequant import w4a16_dequantize
 from kernels.w4a16_gemm import w4a16_gemm
 from kernels.w4a16_gemv import w4a16_gemv
+from kernels.w4a16_mma import mma_fits, w4a16_mma
 
 # The most rows the tensor-core GEMM takes; from GEMM_MAX_M + 1 rows, dequantise + cuBLAS.
 # Measured on an H200 (Llama-3.1-8B's four projections, cold weights, µs summed;
@@ -50,18 +53,22 @@ def w4a16_matmul(
     out: torch.Tensor | None = None,
     gemm_max_m: int = GEMM_MAX_M,
     chunk_elems: int = CHUNK_ELEMS,
+    qmma: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x @ w.T (x's columns through `perm` when given), w in the int4 layout; returns out.
 
     x: [m, k_in], a float dtype, any row stride; qweight, scales, zeros, perm: the layout
     (kernels/w4a16.py). out (optional, written): [m, n] of x's dtype, any row stride.
     gemm_max_m: the most rows given to the tensor-core GEMM; chunk_elems: the most weights
-    dequantised at once past that (rounded up to one row).
+    dequantised at once past that (rounded up to one row). qmma (optional): the same words
+    shuffled for kernels/w4a16_mma (`shuffle_w4`), which then takes up to its MAX_M rows.
     """
     op = "w4a16_matmul"
     m, n, _ = check_w4(op, x, qweight, scales, zeros, group_size, perm)
     if perm is not None:
         x = gather_columns(x, perm)
+    if qmma is not None and mma_fits(x, n, x.shape[1], group_size):
+        return w4a16_mma(x, qmma, scales, zeros, group_size=group_size, out=out)
     if 1 <= m <= MAX_M:
         return w4a16_gemv(x, qweight, scales, zeros, group_size=group_size, out=out)
     if m <= gemm_max_m:

@@ -45,6 +45,7 @@ import kernels._checks
 import kernels.fp8_gemv_packed
 import kernels.fp8_widen
 import kernels.pdl
+import kernels.w4a16_mma
 
 TARGET = GPUTarget("cuda", 90, 32)
 # An H100's shared memory per block (opt-in maximum): a launch asking more fails on the GPU
@@ -142,10 +143,11 @@ def install() -> None:
     # The launchers take CPU tensors only in the interpreter, and launch with PDL only on a
     # device that has it: both as on a Hopper GPU here.
     kernels._checks.interpreting = lambda: True
-    # ... while the inline PTX of kernels/fp8_widen.py and kernels/fp8_gemv_packed.py, refused
-    # by the interpreter, compiles here.
+    # ... while the inline PTX of kernels/fp8_widen.py, kernels/fp8_gemv_packed.py and
+    # kernels/w4a16_mma.py, refused by the interpreter, compiles here.
     kernels.fp8_widen.interpreting = lambda: False
     kernels.fp8_gemv_packed.interpreting = lambda: False
+    kernels.w4a16_mma.interpreting = lambda: False
     kernels.pdl.pdl_enabled = lambda device: _pdl_on
     _installed = True
 

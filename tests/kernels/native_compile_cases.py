@@ -42,6 +42,7 @@ from kernels.store_kv import store_kv
 from kernels.w4a16_dequant import w4a16_dequantize
 from kernels.w4a16_gemm import w4a16_gemm
 from kernels.w4a16_gemv import w4a16_gemv
+from kernels.w4a16_mma import w4a16_mma
 from tests.kernels.native_compile import Case
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
@@ -100,6 +101,16 @@ def _w4a16(gemm: bool, dtype: torch.dtype, group: int, act_order: bool, m: int) 
     perm = _ints(k, torch.int32) if act_order else None
     launch = w4a16_gemm if gemm else w4a16_gemv
     launch(_t(m, k, dtype=dtype), qweight, scales, zeros, group_size=group, perm=perm)
+
+
+def _w4a16_mma(dtype: torch.dtype, group: int, m: int, split: int) -> None:
+    n, k = 1024, 4096
+    qmma, zeros = (
+        _t(n // 16, k // 64, 32, 4, dtype=torch.int32),
+        _t(n, k // group, dtype=torch.uint8),
+    )
+    scales = _t(n, k // group, dtype=FP16)
+    w4a16_mma(_t(m, k, dtype=dtype), qmma, scales, zeros, group_size=group, split=split)
 
 
 def _w4a16_dequant(dtype: torch.dtype, act_order: bool) -> None:
@@ -379,6 +390,10 @@ def _cases() -> list[Case]:
         ("w4a16_gemm/bf16-m8", partial(_w4a16, True, BF16, 128, False, 8)),
         ("w4a16_gemm/bf16-m24", partial(_w4a16, True, BF16, 128, False, 24)),
         ("w4a16_gemm/fp16-group-32-act-order", partial(_w4a16, True, FP16, 32, True, 64)),
+        ("w4a16_mma/bf16-m1-split-8", partial(_w4a16_mma, BF16, 128, 1, 8)),
+        ("w4a16_mma/bf16-m8-split-4", partial(_w4a16_mma, BF16, 128, 8, 4)),
+        ("w4a16_mma/fp16-m3-group-64", partial(_w4a16_mma, FP16, 64, 3, 8)),
+        ("w4a16_mma/fp16-m2-group-256", partial(_w4a16_mma, FP16, 256, 2, 2)),
         ("w4a16_dequant/bf16", partial(_w4a16_dequant, BF16, False)),
         ("w4a16_dequant/fp16-act-order", partial(_w4a16_dequant, FP16, True)),
         *((f"gguf_gemv/{q}", partial(_gguf, "gemv", q, BF16)) for q in LAYOUTS),

@@ -14,7 +14,7 @@ import torch
 from kernels.gemv import MAX_M
 from kernels.w4a16_matmul import GEMM_MAX_M
 from services.executor.models.linear import Linear, choose_gemv
-from services.executor.quant.int4_linear import INT4_CANDIDATES
+from services.executor.quant.int4_linear import INT4_CANDIDATES, MMA_CANDIDATES, _packed
 from services.executor.weights import load_model
 from tests.executor.helpers import BatchDriver, greedy_generate, write_tiny_model
 from tests.executor.test_int4_weights import FORMATS, write_int4
@@ -78,10 +78,42 @@ def test_a_tiny_int4_model_on_the_gpu_gives_the_cpu_references_tokens(
         assert greedy(model, config, p, 12) == greedy_generate(twin, config, [p], 12, ())[0]
 
 
-def test_a_bf16_awq_model_stays_close_to_its_reference(float_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("fmt", ["awq", "gptq-act-order"])
+def test_the_mma_launches_match_the_dequantized_weight(
+    float_dir: Path, tmp_path: Path, fmt: str
+) -> None:
+    """Groups of 64 give every projection of the tiny model the words shuffled for
+    kernels/w4a16_mma; its launches (and the dense product up to 8 rows, which takes it) in
+    bf16 and fp16 against x @ dequantized.T in fp32, within the output's rounding."""
+    ckpt = write_int4(float_dir, tmp_path / fmt, **{**FORMATS[fmt], "group_size": 64})
+    for dtype in (torch.bfloat16, torch.float16):
+        model, _ = load_model(ckpt.path, DEVICE, dtype)
+        layers = int4_layers(model)
+        assert layers and all(_packed(layer).qmma is not None for layer in layers)
+        gen = torch.Generator(device=DEVICE).manual_seed(0)
+        for layer in layers:
+            w = layer.method.dequantized(layer).float()
+            cfgs = [c for c in layer.method.gemv_candidates(layer) if c.mma]
+            assert cfgs == list(MMA_CANDIDATES)
+            for m in range(1, 9):
+                x = torch.randn(m, layer.in_features, device=DEVICE, generator=gen).to(dtype)
+                want = x.float() @ w.T
+                tol = 2 * want.abs().max().item() * (2**-8 if dtype == torch.bfloat16 else 2**-11)
+                for got in [layer.method.dense(layer, x, None)] + [
+                    layer.method.gemv(layer, x, cfg) for cfg in cfgs
+                ]:
+                    torch.testing.assert_close(got.float(), want, atol=tol, rtol=0)
+
+
+@pytest.mark.parametrize("group", [32, 64])
+def test_a_bf16_awq_model_stays_close_to_its_reference(
+    float_dir: Path, tmp_path: Path, group: int
+) -> None:
     """bf16 activations (as served): logits within a cosine of 0.99 of the fp32 reference;
-    greedy tokens may flip at near-ties, so most (not all) must agree."""
-    ckpt = write_int4(float_dir, tmp_path / "awq", **FORMATS["awq"])
+    greedy tokens may flip at near-ties, so most (not all) must agree. Groups of 64 decode
+    through kernels/w4a16_mma where choose_gemv plans it (and the dense product's 1 to 8
+    rows), 32 through the GEMV."""
+    ckpt = write_int4(float_dir, tmp_path / "awq", **{**FORMATS["awq"], "group_size": group})
     model, config = load_model(ckpt.path, DEVICE, torch.bfloat16, attention_backend="triton")
     choose_gemv(model, torch.bfloat16)
     twin, _ = load_model(ckpt.reference, "cpu", torch.float32)

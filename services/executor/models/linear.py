@@ -40,6 +40,8 @@ class GemvConfig:
     num_stages: int
     # fp8 weights: kernels/fp8_gemv_packed.py (fp16x2 products) where it takes the product
     packed: bool = False
+    # int4 weights: kernels/w4a16_mma.py (the tensor cores' MMA), num_warps warps a tile
+    mma: bool = False
 
     def __call__(
         self, x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None
@@ -178,7 +180,7 @@ def _launches(layer: Linear, act_dtype: torch.dtype | None) -> list[Callable[[],
             method.gemv(layer, x, cfg)
 
     dense: list[GemvConfig | None] = [] if isinstance(method, Unquantized) else [None]
-    cfgs = [*dense, *method.gemv_candidates()]
+    cfgs = [*dense, *method.gemv_candidates(layer)]
     return [partial(call, m, cfg) for m in range(1, MAX_M + 1) for cfg in cfgs]
 
 
@@ -193,7 +195,7 @@ def _plan(layer: Linear, dtype: torch.dtype) -> tuple[dict[int, GemvConfig], flo
     for m in range(1, MAX_M + 1):
         x = torch.randn(m, layer.in_features, dtype=dtype, device=device)
         dense_us = best_us = _time_us(partial(method.dense, layer, x, None))
-        for cfg in method.gemv_candidates():
+        for cfg in method.gemv_candidates(layer):
             try:
                 us = _time_us(partial(method.gemv, layer, x, cfg))
             except Exception as e:  # e.g. out of shared memory on this GPU: skip it

@@ -82,8 +82,8 @@ class LinearMethod:
         """x @ W.T through the skinny decode kernel with launch configuration `cfg`."""
         raise NotImplementedError
 
-    def gemv_candidates(self) -> tuple[GemvConfig, ...]:
-        """The launch configurations choose_gemv times against `dense`. A format whose
+    def gemv_candidates(self, layer: Linear) -> tuple[GemvConfig, ...]:
+        """The launch configurations choose_gemv times against `dense` for `layer`. A format whose
         weights are narrower than 16 bits reads fewer bytes per column, so it wants its own
         (wider) steps: block_k counts columns, not bytes."""
         from services.executor.models.linear import CANDIDATES

@@ -177,7 +177,7 @@ class Fp8ChannelMethod(LinearMethod):
         )
         return out.view(*x.shape[:-1], n)
 
-    def gemv_candidates(self) -> tuple[GemvConfig, ...]:
+    def gemv_candidates(self, layer: Linear) -> tuple[GemvConfig, ...]:
         return FP8_CANDIDATES
 
     def gemv(self, layer: Linear, x: torch.Tensor, cfg: GemvConfig) -> torch.Tensor:
@@ -246,7 +246,7 @@ class Fp8BlockMethod(LinearMethod):
         out = out.view(*x.shape[:-1], layer.out_features)
         return out if bias is None else out + bias
 
-    def gemv_candidates(self) -> tuple[GemvConfig, ...]:
+    def gemv_candidates(self, layer: Linear) -> tuple[GemvConfig, ...]:
         return FP8_CANDIDATES
 
     def gemv(self, layer: Linear, x: torch.Tensor, cfg: GemvConfig) -> torch.Tensor:

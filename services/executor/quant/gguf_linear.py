@@ -118,7 +118,7 @@ class GgufMethod(LinearMethod):
         out = out.view(*x.shape[:-1], layer.out_features)
         return out if bias is None else out + bias
 
-    def gemv_candidates(self) -> tuple[GemvConfig, ...]:
+    def gemv_candidates(self, layer: Linear) -> tuple[GemvConfig, ...]:
         return GGUF_CANDIDATES[self.qtype]
 
     def gemv(self, layer: Linear, x: torch.Tensor, cfg: GemvConfig) -> torch.Tensor:

@@ -9,10 +9,10 @@ frees the checkpoint's. The layer's `weight` is then the packed words [N, K / 8]
 reads a Linear's weight (choose_gemv's device and shape, the benchmark's byte count) sees
 what the kernels read.
 
-On CUDA every product goes through kernels/w4a16_matmul: the GEMV for the few rows of
-decode, the tensor-core GEMM up to its GEMM_MAX_M rows, and past that (prefill) the weight
-dequantized a slice at a time for cuBLAS; elsewhere (the CPU) the weight is dequantized and
-multiplied in torch.
+On CUDA every product goes through kernels/w4a16_matmul: the GEMV or the MMA (on a copy of
+the words shuffled for it, `PackedInt4.qmma`) for the few rows of decode, the tensor-core
+GEMM up to its GEMM_MAX_M rows, and past that (prefill) the weight dequantized a slice at a
+time for cuBLAS; elsewhere (the CPU) the weight is dequantized and multiplied in torch.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.w4a16 import PACK, pack_int4
+from kernels.w4a16_mma import mma_shape_fits, shuffle_w4
 from services.executor.distributed.shard import WHOLE, LoadPlan, Shard
 from services.executor.errors import ModelLoadError, UnsupportedQuantizationError
 from services.executor.models.linear import GemvConfig, Linear
@@ -51,15 +52,19 @@ def _frozen(t: torch.Tensor) -> nn.Parameter:
 
 
 class PackedInt4(nn.Module):
-    """One projection's weight in the kernels' layout (int4_layouts.Int4Weight, registered)."""
+    """One projection's weight in the kernels' layout (int4_layouts.Int4Weight, registered),
+    and where the decode MMA takes it (`mma_layout`), the same words shuffled for it
+    (kernels/w4a16_mma.shuffle_w4)."""
 
-    def __init__(self, w: Int4Weight) -> None:
+    def __init__(self, w: Int4Weight, *, mma_layout: bool = False) -> None:
         super().__init__()
         self.qweight = _frozen(w.qweight)  # int32 [N, K / 8]
         self.scales = _frozen(w.scales)  # [N, G]
         self.zeros = _frozen(w.zeros)  # uint8 [N, G]
         self.perm = None if w.perm is None else _frozen(w.perm)  # int32 [K] (act-order)
         self.group_size, self.in_features = w.group_size, w.in_features
+        # int32 [N / 16, K / 64, 32, 4]
+        self.qmma = _frozen(shuffle_w4(w.qweight)) if mma_layout else None
 
     def weight(self) -> Int4Weight:
         return Int4Weight(
@@ -116,6 +121,10 @@ INT4_CANDIDATES = (
     GemvConfig(4, 1024, 1, 3),
     GemvConfig(2, 2048, 2, 3),
 )
+# kernels/w4a16_mma.py where the layer has the shuffled words: a tile of 16 weight rows, 64
+# columns a chunk, 4 or 8 warps splitting K (8 won qkv, o and down of Llama-3.1-8B at one
+# row of x on an H200, 4 gate_up: loadtest/results/gpu_w4a16_mma_h200_run1.json)
+MMA_CANDIDATES = (GemvConfig(16, 64, 4, 1, mma=True), GemvConfig(16, 64, 8, 1, mma=True))
 
 
 class Int4Method(LinearMethod):
@@ -222,18 +231,27 @@ class Int4Method(LinearMethod):
         p = _packed(layer)
         out = w4a16_matmul(
             x.reshape(-1, x.shape[-1]), p.qweight, p.scales, p.zeros,
-            group_size=p.group_size, perm=p.perm,
+            group_size=p.group_size, perm=p.perm, qmma=p.qmma,
         )  # fmt: skip
         out = out.view(*x.shape[:-1], layer.out_features)
         return out if bias is None else out + bias
 
-    def gemv_candidates(self) -> tuple[GemvConfig, ...]:
-        return INT4_CANDIDATES
+    def gemv_candidates(self, layer: Linear) -> tuple[GemvConfig, ...]:
+        mma = _packed(layer).qmma is not None
+        return INT4_CANDIDATES + MMA_CANDIDATES if mma else INT4_CANDIDATES
 
     def gemv(self, layer: Linear, x: torch.Tensor, cfg: GemvConfig) -> torch.Tensor:
+        from kernels.gather_cols import gather_columns
         from kernels.w4a16_gemv import w4a16_gemv
+        from kernels.w4a16_mma import split_at_most, w4a16_mma
 
         p = _packed(layer)
+        if cfg.mma:
+            assert p.qmma is not None, "an MMA launch for a layer without the shuffled words"
+            if p.perm is not None:
+                x = gather_columns(x, p.perm)
+            split = split_at_most(x.shape[1], p.group_size, cfg.num_warps)
+            return w4a16_mma(x, p.qmma, p.scales, p.zeros, group_size=p.group_size, split=split)
         return w4a16_gemv(
             x, p.qweight, p.scales, p.zeros, group_size=p.group_size, perm=p.perm,
             block_n=cfg.block_n, block_k=cfg.block_k,
@@ -241,11 +259,21 @@ class Int4Method(LinearMethod):
         )  # fmt: skip
 
 
+def mma_layout(w: Int4Weight) -> bool:
+    """Whether the layer keeps its words shuffled for kernels/w4a16_mma too: on a GPU with
+    the MMA (compute capability 8.0 and newer) for shapes it takes. Tests replace it to run
+    the kernel in Triton's CPU interpreter."""
+    n, words = w.qweight.shape
+    if not w.qweight.is_cuda or torch.cuda.get_device_capability(w.qweight.device)[0] < 8:
+        return False
+    return mma_shape_fits(n, words * PACK, w.group_size)
+
+
 def _install(layer: Linear, w: Int4Weight, checkpoint_tensors: list[str]) -> None:
     """The kernels' layout in place of the checkpoint's tensors."""
     for name in checkpoint_tensors:
         delattr(layer, name)
-    packed = PackedInt4(w)
+    packed = PackedInt4(w, mma_layout=mma_layout(w))
     layer.int4 = packed
     layer.weight = packed.qweight
 

@@ -1,0 +1,350 @@
+"""int4 skinny matmul for decode on the tensor cores' warp-level MMA: out = x @ w.T for 1 to 8
+rows of 16-bit x, w int4 in a layout shuffled for the MMA's fragments (`shuffle_w4`).
+
+kernels/w4a16_gemv.py spends about three instructions a weight per row of x (an AND, a
+multiply-add, the rest overhead): its large projections issue in most cycles with the DRAM
+far from busy, and every further row of x costs another multiply-add a weight. Here one
+`mma.sync.m16n8k16` takes 256 weights (16 weight rows x 16 columns) against up to 8 rows of
+x, and the weights reach it with 7 integer instructions:
+
+- `shuffle_w4` (at load) stores each tile of 16 weight rows so that lane l's 32-bit word for
+  a step holds exactly the 8 nibbles of its A fragment, arranged so that `(w >> 4i) &
+  0x000F000F | OFF` (a shift and a LOP3) is the fragment's register i: two 16-bit floats OFF +
+  q, exact (OFF = 128 in bf16, 1024 in fp16); a thread's 4 words of 4 steps are one 16-byte
+  load;
+- a step's 16 columns are chosen so that a lane's x operands for the 4 steps of a 64-column
+  chunk are 16 consecutive columns of x (two 16-byte loads): the MMA sums over k in any order
+  as long as A and B agree on it;
+- the zero point and the offset never meet the weights: sum_k s (q_k - z) x_k = s (sum_k
+  (OFF + q_k) x_k - (OFF + z) sum_k x_k), sum_k x_k coming from a second MMA of the same x
+  against ones; the scale multiplies each group's sums once.
+
+A CTA's SPLIT warps share one tile and split K, each a run of whole groups, their fp32 sums
+added in a fixed order at the end (the same bits every call). Each chunk's operands are
+loaded AHEAD chunks before it is multiplied: a warp's run is otherwise a chain of dependent
+round trips to memory. Measured on an H200 (Llama-3.1-8B's four projections, cold weights in
+a CUDA graph, loadtest/results/gpu_w4a16_mma_h200_run1.json): one row of x 50.5 us against
+53.0 for the best GEMV launches, 4 rows 51.6 against 139.0, 8 rows 52.3 against 131.2 for
+kernels/w4a16_gemm.
+
+The MMAs are inline PTX; under the Triton interpreter (no PTX) the same sums are computed
+from the shuffled words by tensor operations in fp32 (`EMULATE`), which checks the layout's
+meaning but not the registers.
+
+Grid: (N / 16,), SPLIT warps a program.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._checks import check_tensor, interpreting, sm_count
+from kernels.f16x2 import split4
+from kernels.pdl import pdl_launch, pdl_prologue
+from kernels.w4a16 import PACK, SCALE_DTYPES, unpack_int4
+
+TILE_N = 16  # weight rows a tile: the MMA's M
+CHUNK = 64  # columns a thread's 16-byte load of 4 words covers: 4 steps of K = 16
+MAX_M = 8  # rows of x: the MMA's N
+
+
+def shuffle_w4(qweight: torch.Tensor) -> torch.Tensor:
+    """The plain layout's int32 [N, K / 8] words (kernels/w4a16.py) -> int32 [N / 16, K / 64,
+    32, 4]: tile t, chunk c, lane l = 4 g + p, step v. Bits 4j..4j+3 of that word (j = 4 e +
+    2 h + r) hold the weight of row 16 t + g + 8 r and column 64 c + 16 p + 4 v + 2 h + e.
+    Converted a slice of rows at a time (a few bytes a weight of scratch)."""
+    n, words = qweight.shape
+    k = words * PACK
+    if n % TILE_N or k % CHUNK:
+        raise ValueError(
+            f"shuffle_w4: N must be a multiple of {TILE_N} and K of {CHUNK}, got {n} and {k}"
+        )
+    out = torch.empty((n // TILE_N, k // CHUNK, 32, 4), dtype=torch.int32, device=qweight.device)
+    shifts = torch.arange(0, 4 * PACK, 4, device=qweight.device, dtype=torch.int64)
+    step = max(TILE_N, (2**21 // max(k, 1)) // TILE_N * TILE_N)
+    for r0 in range(0, n, step):
+        rows = min(step, n - r0)
+        q = unpack_int4(qweight[r0 : r0 + rows]).to(torch.int64)  # [rows, K]
+        #           t                r  g  c           p  v  h  e
+        q = q.view(rows // TILE_N, 2, 8, k // CHUNK, 4, 4, 2, 2)
+        q = q.permute(0, 3, 2, 4, 5, 7, 6, 1)  # t c g p v e h r: nibble j = 4e + 2h + r
+        q = q.reshape(rows // TILE_N, k // CHUNK, 32, 4, PACK) << shifts
+        w = q.sum(dim=-1)  # 0 .. 2^32 - 1, as two's complement int32 below
+        out[r0 // TILE_N : (r0 + rows) // TILE_N] = torch.where(w >= 2**31, w - 2**32, w)
+    return out
+
+
+def _step_asm(kind: str, off_pair: str, one_pair: str) -> str:
+    """PTX of one step for 16-bit floats `kind`: the A fragment's 4 registers from the word
+    ($16), OFF + q a half, then the MMA against x ($17, $18) and the MMA of ones against x."""
+    regs = [f"lop3.b32 a0, $16, 0x000F000F, {off_pair}, 0xEA;"]
+    for i in (1, 2, 3):
+        regs.append(f"shr.u32 t, $16, {4 * i};")
+        regs.append(f"lop3.b32 a{i}, t, 0x000F000F, {off_pair}, 0xEA;")
+    mma = f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32"
+    return "\n".join(
+        ["{", ".reg .b32 a0, a1, a2, a3, t;", *regs, f"mov.b32 t, {one_pair};",
+         f"{mma} {{$0, $1, $2, $3}}, {{a0, a1, a2, a3}}, {{$17, $18}}, {{$8, $9, $10, $11}};",
+         f"{mma} {{$4, $5, $6, $7}}, {{t, t, t, t}}, {{$17, $18}}, {{$12, $13, $14, $15}};", "}"]
+    )  # fmt: skip
+
+
+# OFF + q: 1024 + q in fp16 (0x6400), 128 + q in bf16 (0x4300); ones: 0x3C00, 0x3F80
+_STEP_F16: tl.constexpr = tl.constexpr(_step_asm("f16", "0x64006400", "0x3C003C00"))
+_STEP_BF16: tl.constexpr = tl.constexpr(_step_asm("bf16", "0x43004300", "0x3F803F80"))
+
+
+@triton.jit
+def _mma_step(word, b0, b1, d0, d1, d2, d3, s0, s1, s2, s3, FP16: tl.constexpr):
+    """One step of 16 columns: d += (OFF + q) @ x's columns, s += ones @ x's columns (every
+    row the same: sum_k x[n, k]), both [16, 8] fragments in fp32, 4 [T] values a lane."""
+    return tl.inline_asm_elementwise(
+        _STEP_F16 if FP16 else _STEP_BF16,
+        "=f,=f,=f,=f,=f,=f,=f,=f,f,f,f,f,f,f,f,f,r,r,r",
+        [d0, d1, d2, d3, s0, s1, s2, s3, word, b0, b1],
+        dtype=(tl.float32,) * 8,
+        is_pure=True,
+        pack=1,
+    )
+
+
+@triton.jit
+def _emulated_step(qm_chunk, x_ptr, stride_xm, M, chunk, v, g, p, d, e, OFF: tl.constexpr):
+    """The interpreter's `_mma_step`: lane (g, p)'s four sums computed from memory in fp32,
+    reading the words of the 4 lanes that share its rows (the MMA's exchange between lanes)
+    and x's rows 2p and 2p + 1: the shuffled layout's meaning, without the registers."""
+    cc = tl.arange(0, 16)[None, :]  # the step's columns: lane p' = cc // 4, its 4 (h, e)
+    word = tl.load(qm_chunk[:, None] + (4 * g[:, None] + cc // 4) * 4 + v).to(
+        tl.uint32, bitcast=True
+    )
+    j = 4 * (cc % 2) + 2 * ((cc // 2) % 2)  # nibble 4e + 2h of the low row (r = 0)
+    w_lo = ((word >> (4 * j)) & 0xF).to(tl.float32) + OFF
+    w_hi = ((word >> (4 * j + 4)) & 0xF).to(tl.float32) + OFF
+    col = chunk[:, None] * 64 + 16 * (cc // 4) + 4 * v + cc % 4
+    n_a = (2 * p)[:, None]
+    x_a = tl.load(x_ptr + n_a * stride_xm + col, mask=n_a < M, other=0.0).to(tl.float32)
+    x_b = tl.load(x_ptr + (n_a + 1) * stride_xm + col, mask=n_a + 1 < M, other=0.0).to(tl.float32)
+    return (
+        (d[0] + tl.sum(w_lo * x_a, axis=1), d[1] + tl.sum(w_lo * x_b, axis=1),
+         d[2] + tl.sum(w_hi * x_a, axis=1), d[3] + tl.sum(w_hi * x_b, axis=1)),
+        (e[0] + tl.sum(x_a, axis=1), e[1] + tl.sum(x_b, axis=1)),
+    )  # fmt: skip
+
+
+@triton.jit
+def _chunk_operands(qm_tile, x_row, x_ok, chunk, lane, p):
+    """A lane's operands for a chunk of 64 columns: its 4 words ([T, 4], one 16-byte load)
+    and its 16 columns of x as 8 pairs (two 16-byte loads of [T, 4]: one load of [T, 8] is
+    split between two threads and regathered through shared memory)."""
+    words = tl.load(qm_tile + (chunk * 128 + lane * 4)[:, None] + tl.arange(0, 4)[None, :])
+    cols = (chunk * 32 + p * 8)[:, None] + tl.arange(0, 4)[None, :]
+    x_lo = tl.load(x_row[:, None] + cols, mask=x_ok[:, None], other=0)
+    x_hi = tl.load(x_row[:, None] + cols + 4, mask=x_ok[:, None], other=0)
+    return words, x_lo, x_hi
+
+
+@triton.jit
+def _chunk_sums(ops, d, e, FP16: tl.constexpr):
+    """d, e plus a chunk's 4 steps (`_mma_step`) on its operands (`_chunk_operands`)."""
+    w0, w1, w2, w3 = split4(ops[0])
+    b0, b1, b2, b3 = split4(ops[1])
+    b4, b5, b6, b7 = split4(ops[2])
+    d0, d1, d2, d3 = d
+    e0, e1 = e
+    d0, d1, d2, d3, e0, e1, e2, e3 = _mma_step(w0, b0, b1, d0, d1, d2, d3, e0, e1, e0, e1, FP16)
+    d0, d1, d2, d3, e0, e1, e2, e3 = _mma_step(w1, b2, b3, d0, d1, d2, d3, e0, e1, e2, e3, FP16)
+    d0, d1, d2, d3, e0, e1, e2, e3 = _mma_step(w2, b4, b5, d0, d1, d2, d3, e0, e1, e2, e3, FP16)
+    d0, d1, d2, d3, e0, e1, e2, e3 = _mma_step(w3, b6, b7, d0, d1, d2, d3, e0, e1, e2, e3, FP16)
+    return (d0, d1, d2, d3), (e0, e1)
+
+
+@triton.jit
+def _w4a16_mma_kernel(
+    x_ptr,  # [M, K] 16-bit
+    qm_ptr,  # int32 [N / 16, K / 64, 32, 4]
+    s_ptr,  # [N, G]
+    z_ptr,  # uint8 [N, G]
+    out_ptr,  # [M, N]
+    M,
+    K,
+    stride_xm,
+    stride_sn,
+    stride_zn,
+    stride_om,
+    GROUP: tl.constexpr,
+    SPLIT: tl.constexpr,  # warps of the tile, each a run of K / SPLIT columns
+    EMULATE: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    pdl_prologue(PDL)
+    FP16: tl.constexpr = x_ptr.dtype.element_ty == tl.float16
+    OFF: tl.constexpr = 1024.0 if FP16 else 128.0
+    T: tl.constexpr = 32 * SPLIT
+    tile = tl.program_id(0)
+    tid = tl.arange(0, T)  # one value a thread: element i is thread i (lane i % 32)
+    lane = tid % 32
+    warp = tid // 32
+    g = lane // 4  # the lane's weight rows g and g + 8, and its row of x as the MMA's B
+    p = lane % 4  # its 16 columns of a chunk; its rows of x 2p, 2p + 1 in the sums
+    row_lo = (tile * 16 + g).to(tl.int64)
+    row_hi = row_lo + 8
+    k_run = K // SPLIT
+    x_ok = g < M
+    x_row = x_ptr.to(tl.pointer_type(tl.uint32)) + g.to(tl.int64) * (stride_xm // 2)
+    qm_tile = qm_ptr + tile.to(tl.int64) * (K // 64) * 128
+    zero = tl.zeros([T], dtype=tl.float32)
+    t0, t1, t2, t3 = zero, zero, zero, zero  # rows g, g + 8 by x's rows 2p, 2p + 1
+    CPG: tl.constexpr = GROUP // 64  # chunks a group
+    first = warp * (k_run // 64)  # the warp's chunks, a run of whole groups
+    last = first + k_run // 64 - 1
+    if not EMULATE:
+        # each chunk's operands are loaded two chunks before it is multiplied (ptxas issues a
+        # loop's loads late in its body: one chunk ahead left each load's latency exposed)
+        nxt = _chunk_operands(qm_tile, x_row, x_ok, first, lane, p)
+        nxt2 = _chunk_operands(qm_tile, x_row, x_ok, tl.minimum(first + 1, last), lane, p)
+    for gi in range(0, k_run // GROUP):
+        grp = first // CPG + gi
+        s_lo = tl.load(s_ptr + row_lo * stride_sn + grp).to(tl.float32)
+        s_hi = tl.load(s_ptr + row_hi * stride_sn + grp).to(tl.float32)
+        z_lo = tl.load(z_ptr + row_lo * stride_zn + grp).to(tl.float32) + OFF
+        z_hi = tl.load(z_ptr + row_hi * stride_zn + grp).to(tl.float32) + OFF
+        d = (zero, zero, zero, zero)
+        e = (zero, zero)
+        for ci in tl.static_range(CPG):
+            chunk = grp * CPG + ci
+            if EMULATE:
+                for v in tl.static_range(4):
+                    d, e = _emulated_step(qm_tile + chunk * 128, x_ptr, stride_xm, M, chunk, v, g,
+                                          p, d, e, OFF)  # fmt: skip
+            else:
+                cur = nxt
+                nxt = nxt2
+                ahead = tl.minimum(chunk + 2, last)
+                nxt2 = _chunk_operands(qm_tile, x_row, x_ok, ahead, lane, p)
+                d, e = _chunk_sums(cur, d, e, FP16)
+        t0 += s_lo * (d[0] - z_lo * e[0])
+        t1 += s_lo * (d[1] - z_lo * e[1])
+        t2 += s_hi * (d[2] - z_hi * e[0])
+        t3 += s_hi * (d[3] - z_hi * e[1])
+    _store_sums(out_ptr, stride_om, tile, t0, 0, 0, M, SPLIT)
+    _store_sums(out_ptr, stride_om, tile, t1, 1, 0, M, SPLIT)
+    _store_sums(out_ptr, stride_om, tile, t2, 0, 8, M, SPLIT)
+    _store_sums(out_ptr, stride_om, tile, t3, 1, 8, M, SPLIT)
+
+
+@triton.jit
+def _store_sums(out_ptr, stride_om, tile, t, N_OFF: tl.constexpr, R_OFF: tl.constexpr, M,
+                SPLIT: tl.constexpr):  # fmt: skip
+    """One of a lane's four sums, the warps' runs added in order: lane l holds weight row
+    16 tile + l // 4 + R_OFF and x's row 2 (l % 4) + N_OFF."""
+    ln = tl.arange(0, 32)
+    n = 2 * (ln % 4) + N_OFF
+    total = tl.sum(tl.reshape(t, [SPLIT, 32]), axis=0)
+    ptrs = out_ptr + n * stride_om + tile * 16 + ln // 4 + R_OFF
+    tl.store(ptrs, total.to(out_ptr.dtype.element_ty), mask=n < M)
+
+
+def split_at_most(k: int, group_size: int, split: int) -> int:
+    """The largest power of two up to `split` that divides k's groups (a launch's warps a
+    tile, for a shape with fewer groups than it asks)."""
+    while split > 1 and k % (split * group_size):
+        split //= 2
+    return split
+
+
+def mma_split(k: int, group_size: int, n: int, sms: int) -> int:
+    """Warps a tile, each a run of whole groups of K: up to 8, while the grid has at most 64
+    warps an SM. On an H200 (gpu_w4a16_mma_h200_run1.json, one row of x, µs): qkv 8.0 with 8
+    against 8.3 with 4, o 5.8 against 7.4, down 14.6 against 21.7 (16: 18.0); gate_up (1,792
+    tiles) 22.0 with 4 against 24.2 with 8."""
+    split = 1
+    while split < 8 and k % (2 * split * group_size) == 0 and (n // TILE_N) * 2 * split <= 64 * sms:
+        split *= 2
+    return split
+
+
+def mma_shape_fits(n: int, k: int, group_size: int) -> bool:
+    """Whether a weight [n, k] with these groups can be shuffled for `w4a16_mma`: n a multiple
+    of 16, power-of-two groups of at least 64 columns dividing k."""
+    return (
+        n % TILE_N == 0
+        and group_size >= CHUNK
+        and group_size & (group_size - 1) == 0
+        and k % group_size == 0
+    )
+
+
+def mma_fits(x: torch.Tensor, n: int, k: int, group_size: int) -> bool:
+    """Whether `w4a16_mma` takes this product: the weight's shape (`mma_shape_fits`) and 1 to
+    8 rows of 16-bit x, contiguous columns, 16-byte aligned rows."""
+    return (
+        mma_shape_fits(n, k, group_size)
+        and 1 <= x.shape[0] <= MAX_M
+        and x.shape[1] == k
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and x.stride(1) == 1
+        and x.stride(0) % 8 == 0
+        and x.data_ptr() % 16 == 0
+    )
+
+
+def w4a16_mma(
+    x: torch.Tensor,
+    qmma: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    *,
+    group_size: int,
+    out: torch.Tensor | None = None,
+    split: int | None = None,
+) -> torch.Tensor:
+    """x @ w.T for 1 to 8 rows of x, w as `shuffle_w4` stores it; returns out.
+
+    x: [m, k] bf16/fp16, contiguous columns, rows 16-byte aligned (`mma_fits`); qmma: int32
+    [n / 16, k / 64, 32, 4]; scales [n, G], zeros uint8 [n, G] as in kernels/w4a16.py (no
+    act-order perm: gather x's columns first). out (optional, written): [m, n] of x's dtype,
+    contiguous rows of any stride. split: warps a tile (a power of two dividing k's groups;
+    None: `mma_split`).
+    """
+    op = "w4a16_mma"
+    check_tensor(
+        op, "x", x, shape=(None, None), dims="[m, k]", dtypes=(torch.bfloat16, torch.float16)
+    )
+    m, k = x.shape
+    check_tensor(op, "qmma", qmma, shape=(None, k // CHUNK, 32, 4), dims="[n / 16, k / 64, 32, 4]",
+                 dtypes=(torch.int32,), device=x.device)  # fmt: skip
+    tiles = qmma.shape[0]
+    n = tiles * TILE_N
+    if k % CHUNK or not qmma.is_contiguous():
+        raise ValueError(
+            f"{op}: qmma must be contiguous [n / 16, {k // CHUNK}, 32, 4] for k = {k}, got "
+            f"{tuple(qmma.shape)}"
+        )
+    groups = k // group_size if group_size else 0
+    check_tensor(op, "scales", scales, shape=(n, groups), dims="[n, k / group_size]",
+                 dtypes=SCALE_DTYPES, device=x.device)  # fmt: skip
+    check_tensor(op, "zeros", zeros, shape=(n, groups), dims="[n, k / group_size]",
+                 dtypes=(torch.uint8,), device=x.device)  # fmt: skip
+    if not mma_fits(x, n, k, group_size):
+        raise ValueError(
+            f"{op}: takes 1 to {MAX_M} rows of x with 16-byte aligned rows, n % {TILE_N} == 0 "
+            f"and power-of-two groups of at least {CHUNK} dividing k; got x {tuple(x.shape)} "
+            f"(row stride {x.stride(0)}), n = {n}, group_size = {group_size}"
+        )
+    if split is None:
+        split = mma_split(k, group_size, n, sm_count(x.device) if x.is_cuda else 132)
+    if split < 1 or split & (split - 1) or k % (split * group_size):
+        raise ValueError(f"{op}: split must be a power of two dividing k's groups, got {split}")
+    if out is None:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    check_tensor(op, "out", out, shape=(m, n), dims="[m, n]", dtypes=(x.dtype,), device=x.device)
+    if out.stride(1) != 1:
+        raise ValueError(f"{op}: out's columns must be contiguous, got strides {out.stride()}")
+    _w4a16_mma_kernel[(tiles,)](
+        x, qmma, scales, zeros, out, m, k, x.stride(0), scales.stride(0), zeros.stride(0),
+        out.stride(0), GROUP=group_size, SPLIT=split, EMULATE=interpreting(),
+        num_warps=split, num_stages=1, **pdl_launch(x.device),
+    )  # fmt: skip
+    return out

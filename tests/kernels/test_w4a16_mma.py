@@ -1,0 +1,170 @@
+"""The int4 decode MMA (kernels/w4a16_mma.py) against its torch twin: the shuffled layout's
+meaning, every row count it takes in fp16 and bf16, group sizes, splits of K, strided rows and
+outputs, w4a16_matmul's routing to it, and bad arguments. In the interpreter the kernel's
+`EMULATE` sums run; on a GPU the inline PTX MMAs do."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.w4a16 import pack_int4
+from kernels.w4a16_matmul import w4a16_matmul
+from kernels.w4a16_mma import MAX_M, mma_split, shuffle_w4, split_at_most, w4a16_mma
+from tests.kernels.helpers import DEVICE, poison
+from tests.kernels.test_w4a16 import W4
+
+HALF = [pytest.param(torch.float16, id="fp16"), pytest.param(torch.bfloat16, id="bf16")]
+
+
+def _check(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
+    """fp32 sums in another order than the twin's, one rounding to x's dtype: within that
+    rounding of the row's largest output."""
+    eps = 2.0**-8 if dtype == torch.bfloat16 else 2.0**-11
+    scale = want.abs().amax(dim=-1, keepdim=True).clamp_min(1e-3)
+    err = ((got.float() - want.float()).abs() / scale).max().item()
+    assert err <= 2 * eps, f"error {err} of the row's largest output (dtype {dtype})"
+
+
+def test_the_shuffled_words_hold_each_weight_where_the_layout_says() -> None:
+    """Bits 4j..4j+3 (j = 4e + 2h + r) of word [t, c, 4g + p, v] hold the weight of row
+    16t + g + 8r and column 64c + 16p + 4v + 2h + e, for every weight of a 32 x 256 matrix."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randint(0, 16, (32, 256), generator=gen)
+    words = shuffle_w4(pack_int4(q)).to(torch.int64) & 0xFFFFFFFF
+    assert words.shape == (2, 4, 32, 4)
+    t, c, lane, v, j = torch.meshgrid(*(torch.arange(s) for s in (2, 4, 32, 4, 8)), indexing="ij")
+    g, p = lane // 4, lane % 4
+    e, h, r = j // 4, (j // 2) % 2, j % 2
+    rows = 16 * t + g + 8 * r
+    cols = 64 * c + 16 * p + 4 * v + 2 * h + e
+    nibbles = (words[t, c, lane, v] >> (4 * j)) & 0xF
+    assert torch.equal(nibbles, q[rows, cols])
+    # every weight appears exactly once
+    assert torch.equal(torch.sort((rows * 256 + cols).flatten()).values, torch.arange(32 * 256))
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("m", [1, 2, 3, 5, MAX_M])
+def test_every_row_count_against_the_twin(dtype: torch.dtype, m: int) -> None:
+    gen = torch.Generator().manual_seed(m)
+    w = W4(48, 512, 128, gen)
+    x = torch.randn(m, 512, generator=gen).to(DEVICE, dtype)
+    got = w4a16_mma(x, shuffle_w4(w.qweight), w.scales, w.zeros, group_size=128)
+    assert got.shape == (m, 48) and got.dtype == dtype
+    _check(got, w.ref(x.float()), dtype)
+
+
+@pytest.mark.parametrize(
+    ("group", "split", "scale_dtype"),
+    [
+        (64, 1, torch.float16),
+        (64, 4, torch.bfloat16),
+        (256, 2, torch.float32),
+        (512, 1, torch.float16),
+    ],
+)
+def test_groups_splits_and_scale_dtypes(group: int, split: int, scale_dtype: torch.dtype) -> None:
+    """Groups of 64 (one chunk) to 512 columns, K split across 1 to 4 warps (each a run of
+    whole groups), scales in every dtype the layout keeps, zero points up to 16 (GPTQ v1)."""
+    gen = torch.Generator().manual_seed(group + split)
+    w = W4(32, 1024, group, gen, scale_dtype=scale_dtype)
+    x = torch.randn(4, 1024, generator=gen).to(DEVICE, torch.bfloat16)
+    got = w4a16_mma(x, shuffle_w4(w.qweight), w.scales, w.zeros, group_size=group, split=split)
+    _check(got, w.ref(x.float()), torch.bfloat16)
+
+
+def test_strided_rows_and_a_strided_output() -> None:
+    """x's rows with a stride (a view into a wider buffer), out a column slice of a wider
+    tensor: the stride is followed and nothing outside the slice is written."""
+    gen = torch.Generator().manual_seed(7)
+    w = W4(32, 256, 128, gen)
+    wide = torch.randn(3, 320, generator=gen).to(DEVICE, torch.float16)
+    x = wide[:, 8:264]
+    buf = poison(torch.empty(3, 40, dtype=torch.float16, device=DEVICE))
+    before = buf.clone()
+    w4a16_mma(x, shuffle_w4(w.qweight), w.scales, w.zeros, group_size=128, out=buf[:, 4:36])
+    _check(buf[:, 4:36], w.ref(x.float()), torch.float16)
+    assert torch.equal(buf[:, :4].view(torch.int16), before[:, :4].view(torch.int16))
+    assert torch.equal(buf[:, 36:].view(torch.int16), before[:, 36:].view(torch.int16))
+
+
+def test_the_same_bits_every_call_and_whatever_the_batch_holds() -> None:
+    """A fixed order of sums: two calls give the same bits, and a row's outputs do not depend
+    on the other rows of x (a request's tokens do not change with its batch)."""
+    gen = torch.Generator().manual_seed(3)
+    w = W4(32, 512, 128, gen)
+    qm = shuffle_w4(w.qweight)
+    x = torch.randn(8, 512, generator=gen).to(DEVICE, torch.bfloat16)
+    a = w4a16_mma(x, qm, w.scales, w.zeros, group_size=128)
+    b = w4a16_mma(x, qm, w.scales, w.zeros, group_size=128)
+    alone = w4a16_mma(x[5:6].contiguous(), qm, w.scales, w.zeros, group_size=128)
+    assert torch.equal(a, b)
+    assert torch.equal(a[5:6], alone)
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+def test_w4a16_matmul_takes_the_mma_when_given_the_shuffled_words(act_order: bool) -> None:
+    """Up to 8 rows with qmma: the MMA's bits (after the act-order gather of x's columns);
+    9 rows go on to the GEMM, whatever qmma says (fp16: the interpreter's tl.dot is wrong in
+    bf16)."""
+    gen = torch.Generator().manual_seed(11)
+    w = W4(32, 512, 128, gen, act_order=act_order)
+    qm = shuffle_w4(w.qweight)
+    for m in (1, 8, 9):
+        x = torch.randn(m, w.k_in, generator=gen).to(DEVICE, torch.float16)
+        got = w4a16_matmul(x, w.qweight, w.scales, w.zeros, group_size=128, perm=w.perm, qmma=qm)
+        _check(got, w.ref(x.float()), torch.float16)
+        if m <= MAX_M:
+            xs = x if w.perm is None else x[:, w.perm.clamp_min(0).long()] * (w.perm >= 0)
+            mma = w4a16_mma(xs.contiguous(), qm, w.scales, w.zeros, group_size=128)
+            assert torch.equal(got, mma)
+
+
+def test_the_split_of_k_follows_the_grid() -> None:
+    """8 warps a tile for Llama-3.1-8B's qkv, o and down on 132 SMs, 4 for gate_up (1,792
+    tiles); never more than the groups allow."""
+    assert mma_split(4096, 128, 6144, 132) == 8
+    assert mma_split(4096, 128, 4096, 132) == 8
+    assert mma_split(14336, 128, 4096, 132) == 8
+    assert mma_split(4096, 128, 28672, 132) == 4
+    assert mma_split(256, 128, 4096, 132) == 2  # two groups: two warps
+    assert split_at_most(4096, 128, 8) == 8
+    assert split_at_most(384, 128, 8) == 1  # three groups
+    assert split_at_most(64, 64, 4) == 1
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("rows", "1 to 8 rows"),
+        ("fp32", "must be one of bfloat16, float16"),
+        ("group", "groups of at least 64"),
+        ("misaligned", "16-byte aligned"),
+        ("split", "split must be a power of two"),
+        ("qmma", "qmma must have shape"),
+        ("n", "zeros must have shape"),
+    ],
+)
+def test_bad_arguments_are_refused_with_the_reason(case: str, message: str) -> None:
+    gen = torch.Generator().manual_seed(0)
+    w = W4(32, 256, 64 if case == "group" else 128, gen)
+    qm = shuffle_w4(w.qweight)
+    x = torch.randn(9 if case == "rows" else 2, 256, generator=gen).to(DEVICE, torch.bfloat16)
+    group, split = (32 if case == "group" else w.group_size), None
+    scales, zeros = w.scales, w.zeros
+    if case == "fp32":
+        x = x.float()
+    elif case == "misaligned":
+        x = torch.randn(2, 260, generator=gen).to(DEVICE, torch.bfloat16)[:, 2:258]
+    elif case == "split":
+        split = 3
+    elif case == "qmma":
+        qm = qm[:, :2]
+    elif case == "n":
+        zeros = zeros[:16]
+    if case == "group":
+        scales = torch.cat([w.scales, w.scales], dim=1)
+        zeros = torch.cat([w.zeros, w.zeros], dim=1)
+    with pytest.raises((ValueError, TypeError), match=message):
+        w4a16_mma(x, qm, scales, zeros, group_size=group, split=split)
