@@ -29,11 +29,17 @@ Expand = Callable[[int, int, torch.Tensor], torch.Tensor]
 
 
 def expand_mm(
-    x: torch.Tensor, out: torch.Tensor, expand: Expand, *, chunk_elems: int = CHUNK_ELEMS
+    x: torch.Tensor,
+    out: torch.Tensor,
+    expand: Expand,
+    *,
+    chunk_elems: int = CHUNK_ELEMS,
+    row_align: int = 1,
 ) -> torch.Tensor:
     """out = x @ W.T, W [n, k] given by `expand`, a slice of at most `chunk_elems` weights
     (rounded up to one row; down to SLICE_ALIGN rows where there are several) at a time;
-    returns out.
+    returns out. row_align: every slice but the last a multiple of these rows (at least
+    one multiple: a tile of the weight's storage, say).
 
     x: [m, k] (checked by the caller); out: [m, n] of x's dtype, any row stride."""
     m, k = x.shape
@@ -43,6 +49,8 @@ def expand_mm(
     rows = max(1, min(n, chunk_elems // max(k, 1)))
     if rows < n and rows >= SLICE_ALIGN:
         rows -= rows % SLICE_ALIGN
+    if rows < n:
+        rows = max(row_align, rows - rows % row_align)
     scratch = torch.empty((rows, k), dtype=x.dtype, device=x.device)
     for n0 in range(0, n, rows):
         n1 = min(n, n0 + rows)

@@ -25,9 +25,10 @@ checkpoints are converted to groups of 128 with repeated scales).
 Three kernels read it, routed by the rows of x in kernels/w4a16_matmul.py:
 kernels/w4a16_gemv.py for decode (1 to kernels.gemv.MAX_M rows), kernels/w4a16_gemm.py for
 larger decode batches and short extends, and kernels/w4a16_dequant.py expanding it for cuBLAS
-in prefill; `w4a16_ref` is the twin of the products, `dequantize_w4` of the expansion. On a
-GPU a projection also keeps the words shuffled for kernels/w4a16_mma.py (1 to 8 rows on the
-tensor cores' MMA), which takes decode's rows where the start-up timing finds it faster.
+in prefill; `w4a16_ref` is the twin of the products, `dequantize_w4` of the expansion. A
+bf16/fp16 model on a GPU keeps the words shuffled for kernels/w4a16_mma.py instead (decode's
+1 to 64 rows on the tensor cores' MMA; kernels/w4a16_mma_dequant.py expands them for
+prefill); the plain layout's kernels serve fp32 models and shapes the MMA does not take.
 """
 
 from __future__ import annotations

@@ -1,15 +1,19 @@
 """x @ w.T for any number of rows, w int4 in the layout of kernels/w4a16.py (AWQ and GPTQ).
 
 Three regimes, by the rows m of x, as kernels/gguf_matmul.py has them for GGUF blocks:
-- m <= MAX_M (small decode batches): kernels/w4a16_gemv, bound by reading w; or, given the
-  words shuffled for it (`qmma`), kernels/w4a16_mma up to its 8 rows (the tensor cores'
-  MMA: 8 rows cost what one does).
+- m <= MAX_M (small decode batches): kernels/w4a16_gemv, bound by reading w.
 - m <= gemm_max_m (larger decode batches, short extends): kernels/w4a16_gemm multiplies the
   packed words on the tensor cores, reading them once per tile of up to 64 rows of x.
 - past that (prefill): compute-bound, where the Triton GEMM runs at a small share of
   cuBLAS's speed (12 to 31 times bf16 cuBLAS's time at 128 and 2,048 rows of Llama-3.1-8B's
   projections on an H200). w is expanded to x's dtype by kernels/w4a16_dequant a slice of
   rows at a time, each slice through cuBLAS (kernels/expand_mm).
+
+On a GPU with the MMA (compute capability 8.0 and newer) an int4 projection keeps its words
+shuffled for kernels/w4a16_mma instead (services/executor/quant/int4_linear.py), and
+`w4a16_mma_matmul` routes its products: the MMA up to 64 rows, past that the shuffled words
+expanded by kernels/w4a16_mma_dequant for cuBLAS. The plain layout's GEMV and GEMM remain for
+shapes the MMA does not take (groups under 64 columns, N not a multiple of 16).
 
 Act-order: x's columns are gathered into the weight's column order once per call
 (kernels/gather_cols.py, m x K elements, small beside the m x n x K product), padding
@@ -31,7 +35,9 @@ from kernels.w4a16 import check_w4
 from kernels.w4a16_dequant import w4a16_dequantize
 from kernels.w4a16_gemm import w4a16_gemm
 from kernels.w4a16_gemv import w4a16_gemv
+from kernels.w4a16_mma import MAX_M as MMA_MAX_M
 from kernels.w4a16_mma import mma_fits, w4a16_mma
+from kernels.w4a16_mma_dequant import w4a16_mma_dequantize
 
 # The most rows the tensor-core GEMM takes; from GEMM_MAX_M + 1 rows, dequantise + cuBLAS.
 # Measured on an H200 (Llama-3.1-8B's four projections, cold weights, µs summed;
@@ -53,22 +59,18 @@ def w4a16_matmul(
     out: torch.Tensor | None = None,
     gemm_max_m: int = GEMM_MAX_M,
     chunk_elems: int = CHUNK_ELEMS,
-    qmma: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x @ w.T (x's columns through `perm` when given), w in the int4 layout; returns out.
 
     x: [m, k_in], a float dtype, any row stride; qweight, scales, zeros, perm: the layout
     (kernels/w4a16.py). out (optional, written): [m, n] of x's dtype, any row stride.
     gemm_max_m: the most rows given to the tensor-core GEMM; chunk_elems: the most weights
-    dequantised at once past that (rounded up to one row). qmma (optional): the same words
-    shuffled for kernels/w4a16_mma (`shuffle_w4`), which then takes up to its MAX_M rows.
+    dequantised at once past that (rounded up to one row).
     """
     op = "w4a16_matmul"
     m, n, _ = check_w4(op, x, qweight, scales, zeros, group_size, perm)
     if perm is not None:
         x = gather_columns(x, perm)
-    if qmma is not None and mma_fits(x, n, x.shape[1], group_size):
-        return w4a16_mma(x, qmma, scales, zeros, group_size=group_size, out=out)
     if 1 <= m <= MAX_M:
         return w4a16_gemv(x, qweight, scales, zeros, group_size=group_size, out=out)
     if m <= gemm_max_m:
@@ -84,3 +86,44 @@ def w4a16_matmul(
         )  # fmt: skip
 
     return expand_mm(x, out, dequantize, chunk_elems=chunk_elems)
+
+
+def w4a16_mma_matmul(
+    x: torch.Tensor,
+    qmma: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    *,
+    group_size: int,
+    perm: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    chunk_elems: int = CHUNK_ELEMS,
+) -> torch.Tensor:
+    """x @ w.T (x's columns through `perm` when given), w's words shuffled for the MMA
+    (kernels/w4a16_mma.shuffle_w4, which a GPU keeps in place of the plain layout); returns
+    out. Up to the MMA's 64 rows (decode batches, short extends) kernels/w4a16_mma, past that
+    the weight expanded a slice of rows at a time (kernels/w4a16_mma_dequant) for cuBLAS.
+
+    x: [m, k_in] bf16/fp16, any row stride; qmma int32 [n / 16, k / 64, 32, 4]; scales, zeros,
+    perm: the layout (kernels/w4a16.py). out (optional, written): [m, n] of x's dtype, any row
+    stride (contiguous columns)."""
+    op = "w4a16_mma_matmul"
+    n = qmma.shape[0] * 16
+    if perm is not None:
+        x = gather_columns(x, perm)
+    m, k = x.shape
+    if m <= MMA_MAX_M:
+        if not mma_fits(x, n, k, group_size):  # a strided or misaligned view of x
+            x = x.contiguous()
+        return w4a16_mma(x, qmma, scales, zeros, group_size=group_size, out=out)
+    if out is None:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    check_tensor(op, "out", out, shape=(m, n), dims="[m, n]", dtypes=(x.dtype,), device=x.device)
+
+    def dequantize(n0: int, n1: int, buf: torch.Tensor) -> torch.Tensor:
+        return w4a16_mma_dequantize(
+            qmma[n0 // 16 : n1 // 16], scales[n0:n1], zeros[n0:n1],
+            group_size=group_size, dtype=x.dtype, out=buf,
+        )  # fmt: skip
+
+    return expand_mm(x, out, dequantize, chunk_elems=chunk_elems, row_align=16)

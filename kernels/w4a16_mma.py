@@ -1,11 +1,16 @@
-"""int4 skinny matmul for decode on the tensor cores' warp-level MMA: out = x @ w.T for 1 to 8
-rows of 16-bit x, w int4 in a layout shuffled for the MMA's fragments (`shuffle_w4`).
+# The @triton.jit code grows tuples of tensors from () by concatenation (Triton's compiler
+# takes no starred tuples or annotated tuples), which mypy reads as changing their type.
+# mypy: disable-error-code="assignment,var-annotated"
+"""int4 matmul for decode on the tensor cores' warp-level MMA: out = x @ w.T for 1 to 64 rows
+of 16-bit x, w int4 in a layout shuffled for the MMA's fragments (`shuffle_w4`), which a GPU
+keeps in place of kernels/w4a16.py's plain one.
 
 kernels/w4a16_gemv.py spends about three instructions a weight per row of x (an AND, a
 multiply-add, the rest overhead): its large projections issue in most cycles with the DRAM
 far from busy, and every further row of x costs another multiply-add a weight. Here one
-`mma.sync.m16n8k16` takes 256 weights (16 weight rows x 16 columns) against up to 8 rows of
-x, and the weights reach it with 7 integer instructions:
+`mma.sync.m16n8k16` takes 256 weights (16 weight rows x 16 columns) against a tile of 8 rows
+of x (up to 8 tiles, NB, each step's A fragment shared by their MMAs), and the weights reach
+it with 7 integer instructions:
 
 - `shuffle_w4` (at load) stores each tile of 16 weight rows so that lane l's 32-bit word for
   a step holds exactly the 8 nibbles of its A fragment, arranged so that `(w >> 4i) &
@@ -20,9 +25,9 @@ x, and the weights reach it with 7 integer instructions:
   against ones; the scale multiplies each group's sums once.
 
 A CTA's SPLIT warps share one tile and split K, each a run of whole groups, their fp32 sums
-added in a fixed order at the end (the same bits every call). Each chunk's operands are
-loaded AHEAD chunks before it is multiplied: a warp's run is otherwise a chain of dependent
-round trips to memory. Measured on an H200 (Llama-3.1-8B's four projections, cold weights in
+added in a fixed order at the end (the same bits every call). Each chunk's words are loaded
+two chunks before they are multiplied: a warp's run is otherwise a chain of dependent round
+trips to memory. Measured on an H200 (Llama-3.1-8B's four projections, cold weights in
 a CUDA graph, loadtest/results/gpu_w4a16_mma_h200_run1.json): one row of x 50.5 us against
 53.0 for the best GEMV launches, 4 rows 51.6 against 139.0, 8 rows 52.3 against 131.2 for
 kernels/w4a16_gemm.
@@ -32,6 +37,9 @@ from the shuffled words by tensor operations in fp32 (`EMULATE`), which checks t
 meaning but not the registers.
 
 Grid: (N / 16,), SPLIT warps a program.
+
+The words are converted at load (`shuffle_w4`); `unshuffle_w4` gives the plain layout back
+for the torch twin, and kernels/w4a16_mma_dequant.py expands them for prefill.
 """
 
 from __future__ import annotations
@@ -43,11 +51,12 @@ import triton.language as tl
 from kernels._checks import check_tensor, interpreting, sm_count
 from kernels.f16x2 import split4
 from kernels.pdl import pdl_launch, pdl_prologue
-from kernels.w4a16 import PACK, SCALE_DTYPES, unpack_int4
+from kernels.w4a16 import PACK, SCALE_DTYPES, pack_int4, unpack_int4
 
 TILE_N = 16  # weight rows a tile: the MMA's M
 CHUNK = 64  # columns a thread's 16-byte load of 4 words covers: 4 steps of K = 16
-MAX_M = 8  # rows of x: the MMA's N
+NB_MAX = 8  # tiles of 8 rows of x
+MAX_M = 8 * NB_MAX  # rows of x
 
 
 def shuffle_w4(qweight: torch.Tensor) -> torch.Tensor:
@@ -76,54 +85,89 @@ def shuffle_w4(qweight: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _step_asm(kind: str, off_pair: str, one_pair: str) -> str:
-    """PTX of one step for 16-bit floats `kind`: the A fragment's 4 registers from the word
-    ($16), OFF + q a half, then the MMA against x ($17, $18) and the MMA of ones against x."""
-    regs = [f"lop3.b32 a0, $16, 0x000F000F, {off_pair}, 0xEA;"]
+def unshuffle_w4(qmma: torch.Tensor) -> torch.Tensor:
+    """The inverse of `shuffle_w4`: int32 [N / 16, K / 64, 32, 4] -> the plain layout's int32
+    [N, K / 8] (for the torch twin and reference products; a slice of tiles at a time)."""
+    tiles, chunks = qmma.shape[:2]
+    k = chunks * CHUNK
+    out = torch.empty((tiles * TILE_N, k // PACK), dtype=torch.int32, device=qmma.device)
+    shifts = torch.arange(0, 4 * PACK, 4, device=qmma.device, dtype=torch.int32)
+    step = max(1, 2**17 // max(chunks, 1))
+    for t0 in range(0, tiles, step):
+        t1 = min(tiles, t0 + step)
+        q = (qmma[t0:t1, ..., None] >> shifts) & 0xF  # t c (g p) v (e h r)
+        q = q.view(t1 - t0, chunks, 8, 4, 4, 2, 2, 2)  # t c g p v e h r
+        q = q.permute(0, 7, 2, 1, 3, 4, 6, 5)  # t r g c p v h e
+        out[t0 * TILE_N : t1 * TILE_N] = pack_int4(q.reshape((t1 - t0) * TILE_N, k))
+    return out
+
+
+def _a_asm(off_pair: str) -> str:
+    """PTX of a step's A fragment from the lane's word ($4): register i is `(w >> 4i) &
+    0x000F000F | OFF` ($0..$3), two 16-bit floats OFF + q."""
+    lines = ["{", ".reg .b32 t;", f"lop3.b32 $0, $4, 0x000F000F, {off_pair}, 0xEA;"]
     for i in (1, 2, 3):
-        regs.append(f"shr.u32 t, $16, {4 * i};")
-        regs.append(f"lop3.b32 a{i}, t, 0x000F000F, {off_pair}, 0xEA;")
+        lines += [f"shr.u32 t, $4, {4 * i};", f"lop3.b32 ${i}, t, 0x000F000F, {off_pair}, 0xEA;"]
+    return "\n".join([*lines, "}"])
+
+
+def _mma_asm(kind: str, one_pair: str) -> str:
+    """PTX of a step's two MMAs for 16-bit floats `kind`: d ($0..$3, in $8..$11) += A
+    ($16..$19) @ x ($20, $21), and e ($4..$7, in $12..$15) += ones @ x."""
     mma = f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32"
     return "\n".join(
-        ["{", ".reg .b32 a0, a1, a2, a3, t;", *regs, f"mov.b32 t, {one_pair};",
-         f"{mma} {{$0, $1, $2, $3}}, {{a0, a1, a2, a3}}, {{$17, $18}}, {{$8, $9, $10, $11}};",
-         f"{mma} {{$4, $5, $6, $7}}, {{t, t, t, t}}, {{$17, $18}}, {{$12, $13, $14, $15}};", "}"]
+        ["{", ".reg .b32 t;", f"mov.b32 t, {one_pair};",
+         f"{mma} {{$0, $1, $2, $3}}, {{$16, $17, $18, $19}}, {{$20, $21}}, {{$8, $9, $10, $11}};",
+         f"{mma} {{$4, $5, $6, $7}}, {{t, t, t, t}}, {{$20, $21}}, {{$12, $13, $14, $15}};", "}"]
     )  # fmt: skip
 
 
 # OFF + q: 1024 + q in fp16 (0x6400), 128 + q in bf16 (0x4300); ones: 0x3C00, 0x3F80
-_STEP_F16: tl.constexpr = tl.constexpr(_step_asm("f16", "0x64006400", "0x3C003C00"))
-_STEP_BF16: tl.constexpr = tl.constexpr(_step_asm("bf16", "0x43004300", "0x3F803F80"))
+_A_F16: tl.constexpr = tl.constexpr(_a_asm("0x64006400"))
+_A_BF16: tl.constexpr = tl.constexpr(_a_asm("0x43004300"))
+_MMA_F16: tl.constexpr = tl.constexpr(_mma_asm("f16", "0x3C003C00"))
+_MMA_BF16: tl.constexpr = tl.constexpr(_mma_asm("bf16", "0x3F803F80"))
 
 
 @triton.jit
-def _mma_step(word, b0, b1, d0, d1, d2, d3, s0, s1, s2, s3, FP16: tl.constexpr):
-    """One step of 16 columns: d += (OFF + q) @ x's columns, s += ones @ x's columns (every
-    row the same: sum_k x[n, k]), both [16, 8] fragments in fp32, 4 [T] values a lane."""
+def _a_fragment(word, FP16: tl.constexpr):
+    """A step's A fragment (4 [T] registers) from the lane's word."""
     return tl.inline_asm_elementwise(
-        _STEP_F16 if FP16 else _STEP_BF16,
-        "=f,=f,=f,=f,=f,=f,=f,=f,f,f,f,f,f,f,f,f,r,r,r",
-        [d0, d1, d2, d3, s0, s1, s2, s3, word, b0, b1],
+        _A_F16 if FP16 else _A_BF16, "=r,=r,=r,=r,r", [word], dtype=(tl.uint32,) * 4,
+        is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _mma(a, b0, b1, d, e, FP16: tl.constexpr):
+    """d += A @ x's columns (b0, b1), e += ones @ x's columns (every row the same: sum_k
+    x[n, k]), both [16, 8] fragments in fp32, 4 [T] values a lane (e's last two equal its
+    first two: only those are kept)."""
+    out = tl.inline_asm_elementwise(
+        _MMA_F16 if FP16 else _MMA_BF16,
+        "=f,=f,=f,=f,=f,=f,=f,=f,f,f,f,f,f,f,f,f,r,r,r,r,r,r",
+        [d[0], d[1], d[2], d[3], e[0], e[1], e[0], e[1], a[0], a[1], a[2], a[3], b0, b1],
         dtype=(tl.float32,) * 8,
         is_pure=True,
         pack=1,
     )
+    return (out[0], out[1], out[2], out[3]), (out[4], out[5])
 
 
 @triton.jit
-def _emulated_step(qm_chunk, x_ptr, stride_xm, M, chunk, v, g, p, d, e, OFF: tl.constexpr):
-    """The interpreter's `_mma_step`: lane (g, p)'s four sums computed from memory in fp32,
-    reading the words of the 4 lanes that share its rows (the MMA's exchange between lanes)
-    and x's rows 2p and 2p + 1: the shuffled layout's meaning, without the registers."""
+def _emulated_step(qm_chunk, x_ptr, stride_xm, M, chunk, v, g, p, row0, d, e,
+                   OFF: tl.constexpr):  # fmt: skip
+    """The interpreter's step: lane (g, p)'s sums for x's rows row0 + 2p, row0 + 2p + 1,
+    computed from memory in fp32, reading the words of the 4 lanes that share its weight rows
+    (the MMA's exchange between lanes): the shuffled layout's meaning, without the registers."""
     cc = tl.arange(0, 16)[None, :]  # the step's columns: lane p' = cc // 4, its 4 (h, e)
-    word = tl.load(qm_chunk[:, None] + (4 * g[:, None] + cc // 4) * 4 + v).to(
-        tl.uint32, bitcast=True
-    )
+    word = tl.load(qm_chunk[:, None] + (4 * g[:, None] + cc // 4) * 4 + v)
+    word = word.to(tl.uint32, bitcast=True)
     j = 4 * (cc % 2) + 2 * ((cc // 2) % 2)  # nibble 4e + 2h of the low row (r = 0)
     w_lo = ((word >> (4 * j)) & 0xF).to(tl.float32) + OFF
     w_hi = ((word >> (4 * j + 4)) & 0xF).to(tl.float32) + OFF
     col = chunk[:, None] * 64 + 16 * (cc // 4) + 4 * v + cc % 4
-    n_a = (2 * p)[:, None]
+    n_a = (row0 + 2 * p)[:, None]
     x_a = tl.load(x_ptr + n_a * stride_xm + col, mask=n_a < M, other=0.0).to(tl.float32)
     x_b = tl.load(x_ptr + (n_a + 1) * stride_xm + col, mask=n_a + 1 < M, other=0.0).to(tl.float32)
     return (
@@ -134,30 +178,46 @@ def _emulated_step(qm_chunk, x_ptr, stride_xm, M, chunk, v, g, p, d, e, OFF: tl.
 
 
 @triton.jit
-def _chunk_operands(qm_tile, x_row, x_ok, chunk, lane, p):
-    """A lane's operands for a chunk of 64 columns: its 4 words ([T, 4], one 16-byte load)
-    and its 16 columns of x as 8 pairs (two 16-byte loads of [T, 4]: one load of [T, 8] is
-    split between two threads and regathered through shared memory)."""
-    words = tl.load(qm_tile + (chunk * 128 + lane * 4)[:, None] + tl.arange(0, 4)[None, :])
-    cols = (chunk * 32 + p * 8)[:, None] + tl.arange(0, 4)[None, :]
-    x_lo = tl.load(x_row[:, None] + cols, mask=x_ok[:, None], other=0)
-    x_hi = tl.load(x_row[:, None] + cols + 4, mask=x_ok[:, None], other=0)
-    return words, x_lo, x_hi
+def _words(qm_tile, chunk, lane):
+    """A lane's 4 words of a chunk of 64 columns ([T, 4], one 16-byte load)."""
+    return tl.load(qm_tile + (chunk * 128 + lane * 4)[:, None] + tl.arange(0, 4)[None, :])
 
 
 @triton.jit
-def _chunk_sums(ops, d, e, FP16: tl.constexpr):
-    """d, e plus a chunk's 4 steps (`_mma_step`) on its operands (`_chunk_operands`)."""
-    w0, w1, w2, w3 = split4(ops[0])
-    b0, b1, b2, b3 = split4(ops[1])
-    b4, b5, b6, b7 = split4(ops[2])
-    d0, d1, d2, d3 = d
-    e0, e1 = e
-    d0, d1, d2, d3, e0, e1, e2, e3 = _mma_step(w0, b0, b1, d0, d1, d2, d3, e0, e1, e0, e1, FP16)
-    d0, d1, d2, d3, e0, e1, e2, e3 = _mma_step(w1, b2, b3, d0, d1, d2, d3, e0, e1, e2, e3, FP16)
-    d0, d1, d2, d3, e0, e1, e2, e3 = _mma_step(w2, b4, b5, d0, d1, d2, d3, e0, e1, e2, e3, FP16)
-    d0, d1, d2, d3, e0, e1, e2, e3 = _mma_step(w3, b6, b7, d0, d1, d2, d3, e0, e1, e2, e3, FP16)
-    return (d0, d1, d2, d3), (e0, e1)
+def _x_pairs(x_row, x_ok, chunk, p, NB: tl.constexpr, row_step):
+    """A lane's 16 columns of a chunk for each of its NB rows of x (row_step apart, in the
+    row pointer's units): per row 8 pairs as two 16-byte loads of [T, 4] (one load of
+    [T, 8] is split between two threads and regathered through shared memory)."""
+    cols = (chunk * 32 + p * 8)[:, None] + tl.arange(0, 4)[None, :]
+    pairs = ()
+    for j in tl.static_range(NB):
+        ok = x_ok[j][:, None]
+        ptrs = x_row[:, None] + j * row_step + cols
+        pairs = pairs + ((tl.load(ptrs, mask=ok, other=0), tl.load(ptrs + 4, mask=ok, other=0)),)
+    return pairs
+
+
+@triton.jit
+def _chunk_sums(words, xs, d, e, NB: tl.constexpr, FP16: tl.constexpr):
+    """d, e plus a chunk's 4 steps on its words and x's pairs, for each of the NB tiles of
+    8 rows of x: one A fragment a step, shared by the tiles' MMAs."""
+    ws = split4(words)
+    bs = ()
+    for j in tl.static_range(NB):
+        lo = split4(xs[j][0])
+        hi = split4(xs[j][1])
+        bs = bs + ((lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]),)
+    for v in tl.static_range(4):
+        a = _a_fragment(ws[v], FP16)
+        nd = ()
+        ne = ()
+        for j in tl.static_range(NB):
+            dj, ej = _mma(a, bs[j][2 * v], bs[j][2 * v + 1], d[j], e[j], FP16)
+            nd = nd + (dj,)
+            ne = ne + (ej,)
+        d = nd
+        e = ne
+    return d, e
 
 
 @triton.jit
@@ -175,6 +235,7 @@ def _w4a16_mma_kernel(
     stride_om,
     GROUP: tl.constexpr,
     SPLIT: tl.constexpr,  # warps of the tile, each a run of K / SPLIT columns
+    NB: tl.constexpr,  # tiles of 8 rows of x (the MMA's N)
     EMULATE: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -191,59 +252,100 @@ def _w4a16_mma_kernel(
     row_lo = (tile * 16 + g).to(tl.int64)
     row_hi = row_lo + 8
     k_run = K // SPLIT
-    x_ok = g < M
+    x_ok = ()
+    for j in tl.static_range(NB):
+        x_ok = x_ok + (8 * j + g < M,)
     x_row = x_ptr.to(tl.pointer_type(tl.uint32)) + g.to(tl.int64) * (stride_xm // 2)
+    row_step = 8 * (stride_xm // 2)  # x's next tile of 8 rows, in pairs
     qm_tile = qm_ptr + tile.to(tl.int64) * (K // 64) * 128
     zero = tl.zeros([T], dtype=tl.float32)
-    t0, t1, t2, t3 = zero, zero, zero, zero  # rows g, g + 8 by x's rows 2p, 2p + 1
+    fresh_d = ()
+    fresh_e = ()
+    for _ in tl.static_range(NB):
+        fresh_d = fresh_d + ((zero, zero, zero, zero),)
+        fresh_e = fresh_e + ((zero, zero),)
+    t = fresh_d  # rows g, g + 8 by x's rows 8j + 2p, 8j + 2p + 1
     CPG: tl.constexpr = GROUP // 64  # chunks a group
     first = warp * (k_run // 64)  # the warp's chunks, a run of whole groups
     last = first + k_run // 64 - 1
+    # Each chunk's words (and with one tile of x, its x) are loaded two chunks before they
+    # are multiplied (ptxas issues a loop's loads late in its body: one chunk ahead left
+    # each load's latency exposed). More tiles of x read theirs as they go (L1 and L2 hits):
+    # holding them ahead would take 16 registers a tile and chunk.
+    X_AHEAD: tl.constexpr = NB == 1
     if not EMULATE:
-        # each chunk's operands are loaded two chunks before it is multiplied (ptxas issues a
-        # loop's loads late in its body: one chunk ahead left each load's latency exposed)
-        nxt = _chunk_operands(qm_tile, x_row, x_ok, first, lane, p)
-        nxt2 = _chunk_operands(qm_tile, x_row, x_ok, tl.minimum(first + 1, last), lane, p)
+        nxt_w = _words(qm_tile, first, lane)
+        nxt2_w = _words(qm_tile, tl.minimum(first + 1, last), lane)
+        if X_AHEAD:
+            nxt_x = _x_pairs(x_row, x_ok, first, p, NB, row_step)
+            nxt2_x = _x_pairs(x_row, x_ok, tl.minimum(first + 1, last), p, NB, row_step)
     for gi in range(0, k_run // GROUP):
         grp = first // CPG + gi
         s_lo = tl.load(s_ptr + row_lo * stride_sn + grp).to(tl.float32)
         s_hi = tl.load(s_ptr + row_hi * stride_sn + grp).to(tl.float32)
         z_lo = tl.load(z_ptr + row_lo * stride_zn + grp).to(tl.float32) + OFF
         z_hi = tl.load(z_ptr + row_hi * stride_zn + grp).to(tl.float32) + OFF
-        d = (zero, zero, zero, zero)
-        e = (zero, zero)
+        d = fresh_d
+        e = fresh_e
         for ci in tl.static_range(CPG):
             chunk = grp * CPG + ci
             if EMULATE:
-                for v in tl.static_range(4):
-                    d, e = _emulated_step(qm_tile + chunk * 128, x_ptr, stride_xm, M, chunk, v, g,
-                                          p, d, e, OFF)  # fmt: skip
+                nd = ()
+                ne = ()
+                for j in tl.static_range(NB):
+                    dj = d[j]
+                    ej = e[j]
+                    for v in tl.static_range(4):
+                        dj, ej = _emulated_step(qm_tile + chunk * 128, x_ptr, stride_xm, M,
+                                                chunk, v, g, p, 8 * j, dj, ej, OFF)  # fmt: skip
+                    nd = nd + (dj,)
+                    ne = ne + (ej,)
+                d = nd
+                e = ne
             else:
-                cur = nxt
-                nxt = nxt2
                 ahead = tl.minimum(chunk + 2, last)
-                nxt2 = _chunk_operands(qm_tile, x_row, x_ok, ahead, lane, p)
-                d, e = _chunk_sums(cur, d, e, FP16)
-        t0 += s_lo * (d[0] - z_lo * e[0])
-        t1 += s_lo * (d[1] - z_lo * e[1])
-        t2 += s_hi * (d[2] - z_hi * e[0])
-        t3 += s_hi * (d[3] - z_hi * e[1])
-    _store_sums(out_ptr, stride_om, tile, t0, 0, 0, M, SPLIT)
-    _store_sums(out_ptr, stride_om, tile, t1, 1, 0, M, SPLIT)
-    _store_sums(out_ptr, stride_om, tile, t2, 0, 8, M, SPLIT)
-    _store_sums(out_ptr, stride_om, tile, t3, 1, 8, M, SPLIT)
+                cur_w = nxt_w
+                nxt_w = nxt2_w
+                nxt2_w = _words(qm_tile, ahead, lane)
+                if X_AHEAD:
+                    cur_x = nxt_x
+                    nxt_x = nxt2_x
+                    nxt2_x = _x_pairs(x_row, x_ok, ahead, p, NB, row_step)
+                else:
+                    cur_x = _x_pairs(x_row, x_ok, chunk, p, NB, row_step)
+                d, e = _chunk_sums(cur_w, cur_x, d, e, NB, FP16)
+        nt = ()
+        for j in tl.static_range(NB):
+            tj = t[j]
+            dj = d[j]
+            ej = e[j]
+            nt = nt + ((
+                tj[0] + s_lo * (dj[0] - z_lo * ej[0]), tj[1] + s_lo * (dj[1] - z_lo * ej[1]),
+                tj[2] + s_hi * (dj[2] - z_hi * ej[0]), tj[3] + s_hi * (dj[3] - z_hi * ej[1]),
+            ),)  # fmt: skip
+        t = nt
+    for j in tl.static_range(NB):
+        _store_sums(out_ptr, stride_om, tile, t[j][0], 8 * j, 0, M, SPLIT)
+        _store_sums(out_ptr, stride_om, tile, t[j][1], 8 * j + 1, 0, M, SPLIT)
+        _store_sums(out_ptr, stride_om, tile, t[j][2], 8 * j, 8, M, SPLIT)
+        _store_sums(out_ptr, stride_om, tile, t[j][3], 8 * j + 1, 8, M, SPLIT)
 
 
 @triton.jit
 def _store_sums(out_ptr, stride_om, tile, t, N_OFF: tl.constexpr, R_OFF: tl.constexpr, M,
                 SPLIT: tl.constexpr):  # fmt: skip
-    """One of a lane's four sums, the warps' runs added in order: lane l holds weight row
+    """One of a lane's sums, the warps' runs added in order: lane l holds weight row
     16 tile + l // 4 + R_OFF and x's row 2 (l % 4) + N_OFF."""
     ln = tl.arange(0, 32)
     n = 2 * (ln % 4) + N_OFF
     total = tl.sum(tl.reshape(t, [SPLIT, 32]), axis=0)
     ptrs = out_ptr + n * stride_om + tile * 16 + ln // 4 + R_OFF
     tl.store(ptrs, total.to(out_ptr.dtype.element_ty), mask=n < M)
+
+
+def n_tiles(m: int) -> int:
+    """Tiles of 8 rows of x for m rows: a power of two (one compile each), at most NB_MAX."""
+    return min(NB_MAX, triton.next_power_of_2(-(-m // 8)))
 
 
 def split_at_most(k: int, group_size: int, split: int) -> int:
@@ -254,13 +356,19 @@ def split_at_most(k: int, group_size: int, split: int) -> int:
     return split
 
 
-def mma_split(k: int, group_size: int, n: int, sms: int) -> int:
-    """Warps a tile, each a run of whole groups of K: up to 8, while the grid has at most 64
-    warps an SM. On an H200 (gpu_w4a16_mma_h200_run1.json, one row of x, µs): qkv 8.0 with 8
-    against 8.3 with 4, o 5.8 against 7.4, down 14.6 against 21.7 (16: 18.0); gate_up (1,792
-    tiles) 22.0 with 4 against 24.2 with 8."""
+def mma_split(k: int, group_size: int, n: int, sms: int, m: int = 1) -> int:
+    """Warps a tile for m rows of x, each a run of whole groups of K: up to 8 (4 from 17 rows,
+    whose tiles of x hold 136 to 240 registers a thread), while the grid has at most 64 warps
+    an SM. On an H200 (gpu_w4a16_mma_h200_run1.json and run2, µs): one row of x, qkv 8.0 with
+    8 against 8.3 with 4, o 5.8 against 7.4, down 14.6 against 21.7 (16: 18.0), gate_up (1,792
+    tiles) 22.0 with 4 against 24.2 with 8; 32 rows, qkv 15.8 with 4 against 26.8 with 8,
+    gate_up 73.3 against 120.1, down 42.7 against 44.8; 64 rows, qkv 35.4 with 4 against
+    42.9 with 8 (2: 31.3), down 50.9 against 66.3."""
+    cap = 8 if n_tiles(m) <= 2 else 4
     split = 1
-    while split < 8 and k % (2 * split * group_size) == 0 and (n // TILE_N) * 2 * split <= 64 * sms:
+    while (
+        split < cap and k % (2 * split * group_size) == 0 and (n // TILE_N) * 2 * split <= 64 * sms
+    ):
         split *= 2
     return split
 
@@ -334,7 +442,7 @@ def w4a16_mma(
             f"(row stride {x.stride(0)}), n = {n}, group_size = {group_size}"
         )
     if split is None:
-        split = mma_split(k, group_size, n, sm_count(x.device) if x.is_cuda else 132)
+        split = mma_split(k, group_size, n, sm_count(x.device) if x.is_cuda else 132, m)
     if split < 1 or split & (split - 1) or k % (split * group_size):
         raise ValueError(f"{op}: split must be a power of two dividing k's groups, got {split}")
     if out is None:
@@ -344,7 +452,7 @@ def w4a16_mma(
         raise ValueError(f"{op}: out's columns must be contiguous, got strides {out.stride()}")
     _w4a16_mma_kernel[(tiles,)](
         x, qmma, scales, zeros, out, m, k, x.stride(0), scales.stride(0), zeros.stride(0),
-        out.stride(0), GROUP=group_size, SPLIT=split, EMULATE=interpreting(),
+        out.stride(0), GROUP=group_size, SPLIT=split, NB=n_tiles(m), EMULATE=interpreting(),
         num_warps=split, num_stages=1, **pdl_launch(x.device),
     )  # fmt: skip
     return out

@@ -43,6 +43,7 @@ from kernels.w4a16_dequant import w4a16_dequantize
 from kernels.w4a16_gemm import w4a16_gemm
 from kernels.w4a16_gemv import w4a16_gemv
 from kernels.w4a16_mma import w4a16_mma
+from kernels.w4a16_mma_dequant import w4a16_mma_dequantize
 from tests.kernels.native_compile import Case
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
@@ -111,6 +112,13 @@ def _w4a16_mma(dtype: torch.dtype, group: int, m: int, split: int) -> None:
     )
     scales = _t(n, k // group, dtype=FP16)
     w4a16_mma(_t(m, k, dtype=dtype), qmma, scales, zeros, group_size=group, split=split)
+
+
+def _w4a16_mma_dequant(dtype: torch.dtype, group: int) -> None:
+    n, k = 1024, 4096
+    qmma = _t(n // 16, k // 64, 32, 4, dtype=torch.int32)
+    scales, zeros = _t(n, k // group, dtype=FP16), _t(n, k // group, dtype=torch.uint8)
+    w4a16_mma_dequantize(qmma, scales, zeros, group_size=group, dtype=dtype)
 
 
 def _w4a16_dequant(dtype: torch.dtype, act_order: bool) -> None:
@@ -394,6 +402,11 @@ def _cases() -> list[Case]:
         ("w4a16_mma/bf16-m8-split-4", partial(_w4a16_mma, BF16, 128, 8, 4)),
         ("w4a16_mma/fp16-m3-group-64", partial(_w4a16_mma, FP16, 64, 3, 8)),
         ("w4a16_mma/fp16-m2-group-256", partial(_w4a16_mma, FP16, 256, 2, 2)),
+        ("w4a16_mma/bf16-m16-split-8", partial(_w4a16_mma, BF16, 128, 16, 8)),
+        ("w4a16_mma/bf16-m64-split-4", partial(_w4a16_mma, BF16, 128, 64, 4)),
+        ("w4a16_mma/fp16-m30-split-2", partial(_w4a16_mma, FP16, 128, 30, 2)),
+        ("w4a16_mma_dequant/bf16", partial(_w4a16_mma_dequant, BF16, 128)),
+        ("w4a16_mma_dequant/fp16-group-64", partial(_w4a16_mma_dequant, FP16, 64)),
         ("w4a16_dequant/bf16", partial(_w4a16_dequant, BF16, False)),
         ("w4a16_dequant/fp16-act-order", partial(_w4a16_dequant, FP16, True)),
         *((f"gguf_gemv/{q}", partial(_gguf, "gemv", q, BF16)) for q in LAYOUTS),

@@ -9,8 +9,17 @@ import pytest
 import torch
 
 from kernels.w4a16 import pack_int4
-from kernels.w4a16_matmul import w4a16_matmul
-from kernels.w4a16_mma import MAX_M, mma_split, shuffle_w4, split_at_most, w4a16_mma
+from kernels.w4a16_dequant import w4a16_dequantize
+from kernels.w4a16_matmul import w4a16_mma_matmul
+from kernels.w4a16_mma import (
+    MAX_M,
+    mma_split,
+    shuffle_w4,
+    split_at_most,
+    unshuffle_w4,
+    w4a16_mma,
+)
+from kernels.w4a16_mma_dequant import w4a16_mma_dequantize
 from tests.kernels.helpers import DEVICE, poison
 from tests.kernels.test_w4a16 import W4
 
@@ -45,7 +54,7 @@ def test_the_shuffled_words_hold_each_weight_where_the_layout_says() -> None:
 
 
 @pytest.mark.parametrize("dtype", HALF)
-@pytest.mark.parametrize("m", [1, 2, 3, 5, MAX_M])
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 9, 17, 40, MAX_M])
 def test_every_row_count_against_the_twin(dtype: torch.dtype, m: int) -> None:
     gen = torch.Generator().manual_seed(m)
     w = W4(48, 512, 128, gen)
@@ -104,21 +113,39 @@ def test_the_same_bits_every_call_and_whatever_the_batch_holds() -> None:
 
 
 @pytest.mark.parametrize("act_order", [False, True])
-def test_w4a16_matmul_takes_the_mma_when_given_the_shuffled_words(act_order: bool) -> None:
-    """Up to 8 rows with qmma: the MMA's bits (after the act-order gather of x's columns);
-    9 rows go on to the GEMM, whatever qmma says (fp16: the interpreter's tl.dot is wrong in
-    bf16)."""
+def test_w4a16_mma_matmul_routes_by_rows(act_order: bool) -> None:
+    """The shuffled words' products: up to 64 rows the MMA's bits (after the act-order gather
+    of x's columns, padding columns 0), past that the weight expanded from the shuffled words
+    (in slices of whole tiles) for a dense product: both against the twin."""
     gen = torch.Generator().manual_seed(11)
-    w = W4(32, 512, 128, gen, act_order=act_order)
+    w = W4(48, 512, 128, gen, act_order=act_order)
     qm = shuffle_w4(w.qweight)
-    for m in (1, 8, 9):
+    for m in (1, 8, 24, 64, 65):
         x = torch.randn(m, w.k_in, generator=gen).to(DEVICE, torch.float16)
-        got = w4a16_matmul(x, w.qweight, w.scales, w.zeros, group_size=128, perm=w.perm, qmma=qm)
+        got = w4a16_mma_matmul(
+            x, qm, w.scales, w.zeros, group_size=128, perm=w.perm, chunk_elems=16 * 512
+        )
         _check(got, w.ref(x.float()), torch.float16)
         if m <= MAX_M:
             xs = x if w.perm is None else x[:, w.perm.clamp_min(0).long()] * (w.perm >= 0)
             mma = w4a16_mma(xs.contiguous(), qm, w.scales, w.zeros, group_size=128)
             assert torch.equal(got, mma)
+
+
+def test_the_shuffled_words_unshuffle_and_expand_as_the_plain_ones() -> None:
+    """unshuffle_w4 inverts shuffle_w4; the expansion from the shuffled words gives the plain
+    layout's expansion (kernels/w4a16_dequant) bit for bit, in slices of tiles too."""
+    gen = torch.Generator().manual_seed(5)
+    w = W4(64, 1024, 128, gen)
+    qm = shuffle_w4(w.qweight)
+    assert torch.equal(unshuffle_w4(qm), w.qweight)
+    for dtype in (torch.float16, torch.bfloat16):
+        want = w4a16_dequantize(w.qweight, w.scales, w.zeros, group_size=128, dtype=dtype)
+        got = w4a16_mma_dequantize(qm, w.scales, w.zeros, group_size=128, dtype=dtype)
+        assert torch.equal(got, want)
+        part = w4a16_mma_dequantize(qm[1:3], w.scales[16:48], w.zeros[16:48], group_size=128,
+                                    dtype=dtype)  # fmt: skip
+        assert torch.equal(part, want[16:48])
 
 
 def test_the_split_of_k_follows_the_grid() -> None:
@@ -129,6 +156,9 @@ def test_the_split_of_k_follows_the_grid() -> None:
     assert mma_split(14336, 128, 4096, 132) == 8
     assert mma_split(4096, 128, 28672, 132) == 4
     assert mma_split(256, 128, 4096, 132) == 2  # two groups: two warps
+    assert mma_split(4096, 128, 6144, 132, m=16) == 8
+    assert mma_split(4096, 128, 6144, 132, m=17) == 4  # 4 tiles of x: 4 warps at most
+    assert mma_split(14336, 128, 4096, 132, m=64) == 4
     assert split_at_most(4096, 128, 8) == 8
     assert split_at_most(384, 128, 8) == 1  # three groups
     assert split_at_most(64, 64, 4) == 1
@@ -137,7 +167,7 @@ def test_the_split_of_k_follows_the_grid() -> None:
 @pytest.mark.parametrize(
     ("case", "message"),
     [
-        ("rows", "1 to 8 rows"),
+        ("rows", "1 to 64 rows"),
         ("fp32", "must be one of bfloat16, float16"),
         ("group", "groups of at least 64"),
         ("misaligned", "16-byte aligned"),
@@ -150,7 +180,7 @@ def test_bad_arguments_are_refused_with_the_reason(case: str, message: str) -> N
     gen = torch.Generator().manual_seed(0)
     w = W4(32, 256, 64 if case == "group" else 128, gen)
     qm = shuffle_w4(w.qweight)
-    x = torch.randn(9 if case == "rows" else 2, 256, generator=gen).to(DEVICE, torch.bfloat16)
+    x = torch.randn(65 if case == "rows" else 2, 256, generator=gen).to(DEVICE, torch.bfloat16)
     group, split = (32 if case == "group" else w.group_size), None
     scales, zeros = w.scales, w.zeros
     if case == "fp32":

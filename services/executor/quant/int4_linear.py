@@ -9,10 +9,12 @@ frees the checkpoint's. The layer's `weight` is then the packed words [N, K / 8]
 reads a Linear's weight (choose_gemv's device and shape, the benchmark's byte count) sees
 what the kernels read.
 
-On CUDA every product goes through kernels/w4a16_matmul: the GEMV or the MMA (on a copy of
-the words shuffled for it, `PackedInt4.qmma`) for the few rows of decode, the tensor-core
-GEMM up to its GEMM_MAX_M rows, and past that (prefill) the weight dequantized a slice at a
-time for cuBLAS; elsewhere (the CPU) the weight is dequantized and multiplied in torch.
+On CUDA every product goes through kernels/w4a16_matmul. A bf16/fp16 model keeps the words
+shuffled for the tensor cores' MMA (`PackedInt4.qmma`, in place of the plain words): the MMA
+for decode's 1 to 64 rows, past that (prefill) the weight expanded a slice at a time for
+cuBLAS. Otherwise (fp32, shapes the MMA does not take) the GEMV for the few rows of decode,
+the tensor-core GEMM up to its GEMM_MAX_M rows, the expansion past that. Elsewhere (the CPU)
+the weight is dequantized and multiplied in torch.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.w4a16 import PACK, pack_int4
-from kernels.w4a16_mma import mma_shape_fits, shuffle_w4
+from kernels.w4a16_mma import mma_shape_fits, shuffle_w4, unshuffle_w4
 from services.executor.distributed.shard import WHOLE, LoadPlan, Shard
 from services.executor.errors import ModelLoadError, UnsupportedQuantizationError
 from services.executor.models.linear import GemvConfig, Linear
@@ -52,23 +54,37 @@ def _frozen(t: torch.Tensor) -> nn.Parameter:
 
 
 class PackedInt4(nn.Module):
-    """One projection's weight in the kernels' layout (int4_layouts.Int4Weight, registered),
-    and where the decode MMA takes it (`mma_layout`), the same words shuffled for it
-    (kernels/w4a16_mma.shuffle_w4)."""
+    """One projection's weight in the kernels' layout (int4_layouts.Int4Weight, registered):
+    the plain words (`qweight`), or on a GPU that runs kernels/w4a16_mma for it (`mma`) the
+    same words shuffled for the MMA (`qmma`, kernels/w4a16_mma.shuffle_w4) in their place."""
 
-    def __init__(self, w: Int4Weight, *, mma_layout: bool = False) -> None:
+    def __init__(self, w: Int4Weight, *, mma: bool = False) -> None:
         super().__init__()
-        self.qweight = _frozen(w.qweight)  # int32 [N, K / 8]
+        # int32 [N, K / 8] or int32 [N / 16, K / 64, 32, 4]: one of the two
+        self.qweight = None if mma else _frozen(w.qweight)
+        self.qmma = _frozen(shuffle_w4(w.qweight)) if mma else None
         self.scales = _frozen(w.scales)  # [N, G]
         self.zeros = _frozen(w.zeros)  # uint8 [N, G]
         self.perm = None if w.perm is None else _frozen(w.perm)  # int32 [K] (act-order)
         self.group_size, self.in_features = w.group_size, w.in_features
-        # int32 [N / 16, K / 64, 32, 4]
-        self.qmma = _frozen(shuffle_w4(w.qweight)) if mma_layout else None
+
+    def words(self) -> torch.Tensor:
+        """The words as [N, K / 8] int32, whichever layout holds them (the shuffled words
+        viewed so, for what reads a Linear's weight: its device, shape and bytes)."""
+        if self.qweight is not None:
+            return self.qweight
+        assert self.qmma is not None
+        return self.qmma.view(self.scales.shape[0], -1)
 
     def weight(self) -> Int4Weight:
+        """The weight in the plain layout (the shuffled words unshuffled: for the torch twin)."""
+        if self.qweight is not None:
+            plain: torch.Tensor = self.qweight
+        else:
+            assert self.qmma is not None
+            plain = unshuffle_w4(self.qmma)
         return Int4Weight(
-            qweight=self.qweight,
+            qweight=plain,
             scales=self.scales,
             zeros=self.zeros,
             group_size=self.group_size,
@@ -135,6 +151,7 @@ class Int4Method(LinearMethod):
     def __init__(self, layout: Int4Config) -> None:
         self.layout = layout
         self.tensors = _TENSORS[layout.method]
+        self.act_dtype = torch.float32
 
     def create_weights(self, layer: Linear) -> None:
         _check_packing(layer)
@@ -151,6 +168,7 @@ class Int4Method(LinearMethod):
             "g_idx": (parts * k,),
         }
         device = layer.weight.device
+        self.act_dtype = layer.weight.dtype  # the model's (every layer's): the MMA's is 16-bit
         del layer.weight
         for name in self.tensors:
             t = torch.empty(shapes[name], dtype=_DTYPES.get(name, torch.int32), device=device)
@@ -196,7 +214,7 @@ class Int4Method(LinearMethod):
                 t["qweight"], t["qzeros"], t["scales"], g_idx[0],
                 group_size=g, zero_offset=self.layout.zero_offset, k_start=k_start,
             )  # fmt: skip
-        _install(layer, w, list(self.tensors))
+        _install(layer, w, list(self.tensors), self.act_dtype)
 
     def init_dummy(self, layer: Linear, gen: torch.Generator) -> None:
         """Random nibbles 1..15 around a zero point of 8, scaled to a std of 0.02, in the
@@ -218,7 +236,7 @@ class Int4Method(LinearMethod):
             perm=perm,
             in_features=k,
         )
-        _install(layer, w, list(self.tensors))
+        _install(layer, w, list(self.tensors), self.act_dtype)
 
     def dequantized(self, layer: Linear) -> torch.Tensor:
         return _packed(layer).weight().dequantize()
@@ -226,19 +244,24 @@ class Int4Method(LinearMethod):
     def dense(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if not use_kernels(x):
             return F.linear(x, self.dequantized(layer).to(x.dtype), bias)
-        from kernels.w4a16_matmul import w4a16_matmul
+        from kernels.w4a16_matmul import w4a16_matmul, w4a16_mma_matmul
 
         p = _packed(layer)
-        out = w4a16_matmul(
-            x.reshape(-1, x.shape[-1]), p.qweight, p.scales, p.zeros,
-            group_size=p.group_size, perm=p.perm, qmma=p.qmma,
-        )  # fmt: skip
+        rows = x.reshape(-1, x.shape[-1])
+        if p.qmma is not None:
+            out = w4a16_mma_matmul(
+                rows, p.qmma, p.scales, p.zeros, group_size=p.group_size, perm=p.perm
+            )
+        else:
+            assert p.qweight is not None
+            out = w4a16_matmul(
+                rows, p.qweight, p.scales, p.zeros, group_size=p.group_size, perm=p.perm
+            )
         out = out.view(*x.shape[:-1], layer.out_features)
         return out if bias is None else out + bias
 
     def gemv_candidates(self, layer: Linear) -> tuple[GemvConfig, ...]:
-        mma = _packed(layer).qmma is not None
-        return INT4_CANDIDATES + MMA_CANDIDATES if mma else INT4_CANDIDATES
+        return MMA_CANDIDATES if _packed(layer).qmma is not None else INT4_CANDIDATES
 
     def gemv(self, layer: Linear, x: torch.Tensor, cfg: GemvConfig) -> torch.Tensor:
         from kernels.gather_cols import gather_columns
@@ -252,6 +275,7 @@ class Int4Method(LinearMethod):
                 x = gather_columns(x, p.perm)
             split = split_at_most(x.shape[1], p.group_size, cfg.num_warps)
             return w4a16_mma(x, p.qmma, p.scales, p.zeros, group_size=p.group_size, split=split)
+        assert p.qweight is not None, "a GEMV launch for a layer whose words are shuffled"
         return w4a16_gemv(
             x, p.qweight, p.scales, p.zeros, group_size=p.group_size, perm=p.perm,
             block_n=cfg.block_n, block_k=cfg.block_k,
@@ -259,23 +283,27 @@ class Int4Method(LinearMethod):
         )  # fmt: skip
 
 
-def mma_layout(w: Int4Weight) -> bool:
-    """Whether the layer keeps its words shuffled for kernels/w4a16_mma too: on a GPU with
-    the MMA (compute capability 8.0 and newer) for shapes it takes. Tests replace it to run
-    the kernel in Triton's CPU interpreter."""
+def mma_layout(w: Int4Weight, act_dtype: torch.dtype) -> bool:
+    """Whether the layer keeps its words shuffled for kernels/w4a16_mma (in place of the plain
+    layout): on a GPU with the MMA (compute capability 8.0 and newer), for 16-bit activations
+    and the shapes it takes."""
     n, words = w.qweight.shape
-    if not w.qweight.is_cuda or torch.cuda.get_device_capability(w.qweight.device)[0] < 8:
+    if not w.qweight.is_cuda or act_dtype not in (torch.bfloat16, torch.float16):
+        return False
+    if torch.cuda.get_device_capability(w.qweight.device)[0] < 8:
         return False
     return mma_shape_fits(n, words * PACK, w.group_size)
 
 
-def _install(layer: Linear, w: Int4Weight, checkpoint_tensors: list[str]) -> None:
+def _install(
+    layer: Linear, w: Int4Weight, checkpoint_tensors: list[str], act_dtype: torch.dtype
+) -> None:
     """The kernels' layout in place of the checkpoint's tensors."""
     for name in checkpoint_tensors:
         delattr(layer, name)
-    packed = PackedInt4(w, mma_layout=mma_layout(w))
+    packed = PackedInt4(w, mma=mma_layout(w, act_dtype))
     layer.int4 = packed
-    layer.weight = packed.qweight
+    layer.weight = packed.words()
 
 
 def _check_packing(layer: Linear) -> None:

@@ -1,0 +1,112 @@
+"""Dequantise int4 weights stored shuffled for the decode MMA (kernels/w4a16_mma.shuffle_w4) to
+a dense [N, K] matrix, for prefill's cuBLAS products (kernels/w4a16_matmul), as
+kernels/w4a16_dequant.py does for the plain layout.
+
+A program takes one tile of 16 weight rows and a run of 64-column chunks. A chunk is 32 lanes'
+16-byte loads of 4 words; each word's 8 nibbles are weights (row g + 8r, column 16p + 4v +
+2h + e) for lane 4g + p, step v and nibble 4e + 2h + r, so the [32, 4, 8] tile of nibbles is
+reordered into the chunk's [16, 64] block of the weight (rows r g, columns p v h e) before
+one contiguous store a row. A chunk lies in one quantisation group (groups of at least 64
+columns), whose scale and zero point are read once a row.
+
+The perm of an act-order weight is not applied (column k stays the weight's column k); the
+caller gathers x's columns, padding columns as 0, so that the padding weights, finite, add 0.
+
+Grid: (N / 16, cdiv(K / 64, CHUNKS)).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._checks import FLOAT_DTYPES, check_device, check_tensor
+from kernels.pdl import pdl_launch, pdl_prologue
+from kernels.w4a16 import SCALE_DTYPES
+from kernels.w4a16_mma import CHUNK, TILE_N
+
+CHUNKS = 8  # chunks of 64 columns a program
+
+
+@triton.jit
+def _mma_dequant_kernel(
+    qm_ptr,  # int32 [N / 16, K / 64, 32, 4]
+    s_ptr,  # [N, G]
+    z_ptr,  # uint8 [N, G]
+    out_ptr,  # [N, K]
+    NUM_CHUNKS,  # K / 64
+    stride_sn,
+    stride_zn,
+    stride_on,
+    GROUP: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    pdl_prologue(PDL)
+    tile = tl.program_id(0)
+    lane = tl.arange(0, 32)[:, None, None]
+    v = tl.arange(0, 4)[None, :, None]
+    j = tl.arange(0, 8)[None, None, :]
+    r = tl.arange(0, 16)  # the block's rows: 8 (j % 2) + lane // 4
+    rows = (tile * 16 + r).to(tl.int64)
+    cols = tl.arange(0, 64)
+    dtype = out_ptr.dtype.element_ty
+    for i in range(0, CHUNKS):
+        chunk = tl.program_id(1) * CHUNKS + i
+        if chunk < NUM_CHUNKS:
+            base = qm_ptr + (tile.to(tl.int64) * NUM_CHUNKS + chunk) * 128
+            words = tl.load(base + lane * 4 + v).to(tl.uint32, bitcast=True)  # [32, 4, 1]
+            q = ((words >> (4 * j)) & 0xF).to(tl.float32)  # [32, 4, 8]
+            # lane 4g + p, step v, nibble 4e + 2h + r -> [r, g, p, v, h, e] = [16, 64]
+            q = tl.reshape(q, [8, 4, 4, 2, 2, 2])  # g p v e h r
+            q = tl.reshape(tl.permute(q, [5, 0, 1, 2, 4, 3]), [16, 64])
+            grp = chunk * 64 // GROUP
+            s = tl.load(s_ptr + rows * stride_sn + grp).to(tl.float32)
+            z = tl.load(z_ptr + rows * stride_zn + grp).to(tl.float32)
+            w = (q - z[:, None]) * s[:, None]
+            ptrs = out_ptr + rows[:, None] * stride_on + (chunk * 64 + cols)[None, :]
+            tl.store(ptrs, w.to(dtype))
+
+
+def w4a16_mma_dequantize(
+    qmma: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    *,
+    group_size: int,
+    dtype: torch.dtype = torch.bfloat16,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The weight [n, k] of `dtype` from its words shuffled for the MMA (int32 [n / 16, k / 64,
+    32, 4], contiguous) and the layout's scales and zero points [n, k / group_size]; returns
+    out (optional, written: [n, k] of `dtype`, rows of any stride)."""
+    op = "w4a16_mma_dequantize"
+    check_tensor(op, "qmma", qmma, shape=(None, None, 32, 4), dims="[n / 16, k / 64, 32, 4]",
+                 dtypes=(torch.int32,))  # fmt: skip
+    check_device(op, qmma)
+    if not qmma.is_contiguous():
+        raise ValueError(f"{op}: qmma must be contiguous")
+    tiles, chunks = qmma.shape[:2]
+    n, k = tiles * TILE_N, chunks * CHUNK
+    if group_size < CHUNK or group_size & (group_size - 1) or k % group_size:
+        raise ValueError(
+            f"{op}: group_size must be a power of two of at least {CHUNK} dividing k = {k}, "
+            f"got {group_size}"
+        )
+    groups = k // group_size
+    for name, t, dtypes in (("scales", scales, SCALE_DTYPES), ("zeros", zeros, (torch.uint8,))):
+        check_tensor(op, name, t, shape=(n, groups), dims="[n, k / group_size]", dtypes=dtypes,
+                     device=qmma.device)  # fmt: skip
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{op}: dtype must be a float dtype, got {dtype}")
+    if out is None:
+        out = torch.empty((n, k), dtype=dtype, device=qmma.device)
+    check_tensor(op, "out", out, shape=(n, k), dims="[n, k]", dtypes=(dtype,), device=qmma.device)
+    if n == 0 or k == 0:
+        return out
+    _mma_dequant_kernel[(tiles, triton.cdiv(chunks, CHUNKS))](
+        qmma, scales, zeros, out, chunks, scales.stride(0), zeros.stride(0), out.stride(0),
+        GROUP=group_size, CHUNKS=CHUNKS, num_warps=4, **pdl_launch(qmma.device),
+    )  # fmt: skip
+    return out
