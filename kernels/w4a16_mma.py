@@ -122,11 +122,41 @@ def _mma_asm(kind: str, one_pair: str) -> str:
     )  # fmt: skip
 
 
+def _az_asm(kind: str, off_pair: str, one_pair: str) -> str:
+    """PTX of a step's A fragment less the zero points: register i is `(w >> 4i) & 0x000F000F
+    | OFF` times one plus -(OFF + z) of its row ($5 for rows g, $6 for rows g + 8), that is
+    q - z, exact."""
+    lines = ["{", ".reg .b32 t, u, one;", f"mov.b32 one, {one_pair};"]
+    for i in range(4):
+        src = "$4" if i == 0 else "u"
+        if i:
+            lines.append(f"shr.u32 u, $4, {4 * i};")
+        lines.append(f"lop3.b32 t, {src}, 0x000F000F, {off_pair}, 0xEA;")
+        lines.append(f"fma.rn.{kind}x2 ${i}, t, one, {'$5' if i % 2 == 0 else '$6'};")
+    return "\n".join([*lines, "}"])
+
+
+def _mma1_asm(kind: str) -> str:
+    """PTX of one MMA: d ($0..$3, in $4..$7) += A ($8..$11) @ x ($12, $13)."""
+    return (
+        f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32 {{$0, $1, $2, $3}}, "
+        "{$8, $9, $10, $11}, {$12, $13}, {$4, $5, $6, $7};"
+    )
+
+
 # OFF + q: 1024 + q in fp16 (0x6400), 128 + q in bf16 (0x4300); ones: 0x3C00, 0x3F80
 _A_F16: tl.constexpr = tl.constexpr(_a_asm("0x64006400"))
 _A_BF16: tl.constexpr = tl.constexpr(_a_asm("0x43004300"))
 _MMA_F16: tl.constexpr = tl.constexpr(_mma_asm("f16", "0x3C003C00"))
 _MMA_BF16: tl.constexpr = tl.constexpr(_mma_asm("bf16", "0x3F803F80"))
+_AZ_F16: tl.constexpr = tl.constexpr(_az_asm("f16", "0x64006400", "0x3C003C00"))
+_AZ_BF16: tl.constexpr = tl.constexpr(_az_asm("bf16", "0x43004300", "0x3F803F80"))
+_MMA1_F16: tl.constexpr = tl.constexpr(_mma1_asm("f16"))
+_MMA1_BF16: tl.constexpr = tl.constexpr(_mma1_asm("bf16"))
+# -(OFF + z) in the sign and exponent bits of a 16-bit float: 0xE400 + z in fp16, 0xC300 + z
+# in bf16 (exact for z up to 16)
+_NEG_OFF_F16: tl.constexpr = tl.constexpr(0xE400)
+_NEG_OFF_BF16: tl.constexpr = tl.constexpr(0xC300)
 
 
 @triton.jit
@@ -136,6 +166,34 @@ def _a_fragment(word, FP16: tl.constexpr):
         _A_F16 if FP16 else _A_BF16, "=r,=r,=r,=r,r", [word], dtype=(tl.uint32,) * 4,
         is_pure=True, pack=1,
     )  # fmt: skip
+
+
+@triton.jit
+def _a_fragment_z(word, nz_lo, nz_hi, FP16: tl.constexpr):
+    """A step's A fragment less the zero points (q - z, exact): nz_lo, nz_hi the pairs
+    -(OFF + z) of rows g and g + 8 ([T] uint32)."""
+    return tl.inline_asm_elementwise(
+        _AZ_F16 if FP16 else _AZ_BF16, "=r,=r,=r,=r,r,r,r", [word, nz_lo, nz_hi],
+        dtype=(tl.uint32,) * 4, is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _mma1(a, b0, b1, d, FP16: tl.constexpr):
+    """d += A @ x's columns (b0, b1): a [16, 8] fragment in fp32, 4 [T] values a lane."""
+    return tl.inline_asm_elementwise(
+        _MMA1_F16 if FP16 else _MMA1_BF16, "=f,=f,=f,=f,f,f,f,f,r,r,r,r,r,r",
+        [d[0], d[1], d[2], d[3], a[0], a[1], a[2], a[3], b0, b1],
+        dtype=(tl.float32,) * 4, is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _neg_off_z(z_ptr, row, stride_zn, grp, FP16: tl.constexpr):
+    """-(OFF + z) of a row's group as a pair of 16-bit floats ([T] uint32)."""
+    z = tl.load(z_ptr + row * stride_zn + grp).to(tl.uint32)
+    bits = (_NEG_OFF_F16 if FP16 else _NEG_OFF_BF16) + z
+    return bits | (bits << 16)
 
 
 @triton.jit
@@ -198,9 +256,14 @@ def _x_pairs(x_row, x_ok, chunk, p, NB: tl.constexpr, row_step):
 
 
 @triton.jit
-def _chunk_sums(words, xs, d, e, NB: tl.constexpr, FP16: tl.constexpr):
+def _chunk_sums(words, xs, d, e, nz, NB: tl.constexpr, ZSUB: tl.constexpr, FP16: tl.constexpr):
     """d, e plus a chunk's 4 steps on its words and x's pairs, for each of the NB tiles of
-    8 rows of x: one A fragment a step, shared by the tiles' MMAs."""
+    8 rows of x: one A fragment a step, shared by the tiles' MMAs. A holds OFF + q and e
+    gathers sum_k x from MMAs against ones, or (ZSUB: 2 and 4 tiles) A holds q - z (nz: the
+    rows' -(OFF + z) pairs), one MMA a tile and step, e untouched. On an H200
+    (loadtest/results/gpu_w4a16_mma_h200_run3.json, Llama-3.1-8B's four projections cold, the
+    best split each): 32 rows 114.9 µs with ZSUB against 147.3, 16 rows 80.7 against 83.0,
+    but 64 rows 239.5 against 217.7."""
     ws = split4(words)
     bs = ()
     for j in tl.static_range(NB):
@@ -208,15 +271,20 @@ def _chunk_sums(words, xs, d, e, NB: tl.constexpr, FP16: tl.constexpr):
         hi = split4(xs[j][1])
         bs = bs + ((lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]),)
     for v in tl.static_range(4):
-        a = _a_fragment(ws[v], FP16)
         nd = ()
-        ne = ()
-        for j in tl.static_range(NB):
-            dj, ej = _mma(a, bs[j][2 * v], bs[j][2 * v + 1], d[j], e[j], FP16)
-            nd = nd + (dj,)
-            ne = ne + (ej,)
+        if ZSUB:
+            a = _a_fragment_z(ws[v], nz[0], nz[1], FP16)
+            for j in tl.static_range(NB):
+                nd = nd + (_mma1(a, bs[j][2 * v], bs[j][2 * v + 1], d[j], FP16),)
+        else:
+            a = _a_fragment(ws[v], FP16)
+            ne = ()
+            for j in tl.static_range(NB):
+                dj, ej = _mma(a, bs[j][2 * v], bs[j][2 * v + 1], d[j], e[j], FP16)
+                nd = nd + (dj,)
+                ne = ne + (ej,)
+            e = ne
         d = nd
-        e = ne
     return d, e
 
 
@@ -273,6 +341,7 @@ def _w4a16_mma_kernel(
     # each load's latency exposed). More tiles of x read theirs as they go (L1 and L2 hits):
     # holding them ahead would take 16 registers a tile and chunk.
     X_AHEAD: tl.constexpr = NB == 1
+    ZSUB: tl.constexpr = NB == 2 or NB == 4  # _chunk_sums: the zero points inside A
     if not EMULATE:
         nxt_w = _words(qm_tile, first, lane)
         nxt2_w = _words(qm_tile, tl.minimum(first + 1, last), lane)
@@ -285,6 +354,10 @@ def _w4a16_mma_kernel(
         s_hi = tl.load(s_ptr + row_hi * stride_sn + grp).to(tl.float32)
         z_lo = tl.load(z_ptr + row_lo * stride_zn + grp).to(tl.float32) + OFF
         z_hi = tl.load(z_ptr + row_hi * stride_zn + grp).to(tl.float32) + OFF
+        nz = (zero, zero)
+        if ZSUB and not EMULATE:  # the zero points leave inside the A fragments
+            nz = (_neg_off_z(z_ptr, row_lo, stride_zn, grp, FP16),
+                  _neg_off_z(z_ptr, row_hi, stride_zn, grp, FP16))  # fmt: skip
         d = fresh_d
         e = fresh_e
         for ci in tl.static_range(CPG):
@@ -313,7 +386,7 @@ def _w4a16_mma_kernel(
                     nxt2_x = _x_pairs(x_row, x_ok, ahead, p, NB, row_step)
                 else:
                     cur_x = _x_pairs(x_row, x_ok, chunk, p, NB, row_step)
-                d, e = _chunk_sums(cur_w, cur_x, d, e, NB, FP16)
+                d, e = _chunk_sums(cur_w, cur_x, d, e, nz, NB, ZSUB, FP16)
         nt = ()
         for j in tl.static_range(NB):
             tj = t[j]
@@ -357,14 +430,14 @@ def split_at_most(k: int, group_size: int, split: int) -> int:
 
 
 def mma_split(k: int, group_size: int, n: int, sms: int, m: int = 1) -> int:
-    """Warps a tile for m rows of x, each a run of whole groups of K: up to 8 (4 from 17 rows,
-    whose tiles of x hold 136 to 240 registers a thread), while the grid has at most 64 warps
-    an SM. On an H200 (gpu_w4a16_mma_h200_run1.json and run2, µs): one row of x, qkv 8.0 with
-    8 against 8.3 with 4, o 5.8 against 7.4, down 14.6 against 21.7 (16: 18.0), gate_up (1,792
-    tiles) 22.0 with 4 against 24.2 with 8; 32 rows, qkv 15.8 with 4 against 26.8 with 8,
-    gate_up 73.3 against 120.1, down 42.7 against 44.8; 64 rows, qkv 35.4 with 4 against
-    42.9 with 8 (2: 31.3), down 50.9 against 66.3."""
-    cap = 8 if n_tiles(m) <= 2 else 4
+    """Warps a tile for m rows of x, each a run of whole groups of K: up to 8 (4 past 32 rows,
+    whose 8 tiles of x hold 240 registers a thread), while the grid has at most 64 warps an
+    SM. On an H200 (gpu_w4a16_mma_h200_run1.json to run3, µs): one row of x, qkv 8.0 with 8
+    against 8.3 with 4, o 5.8 against 7.4, down 14.6 against 21.7 (16: 18.0), gate_up (1,792
+    tiles) 22.0 with 4 against 24.2 with 8; 32 rows, o 11.6 with 8 against 14.2 with 4, down
+    26.0 against 43.5 (qkv 21.7 against 16.9); 64 rows, qkv 35.4 with 4 against 42.9 with 8
+    (2: 31.3), down 50.9 against 66.3."""
+    cap = 4 if n_tiles(m) == NB_MAX else 8
     split = 1
     while (
         split < cap and k % (2 * split * group_size) == 0 and (n // TILE_N) * 2 * split <= 64 * sms

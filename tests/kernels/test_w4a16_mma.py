@@ -156,8 +156,8 @@ def test_the_split_of_k_follows_the_grid() -> None:
     assert mma_split(14336, 128, 4096, 132) == 8
     assert mma_split(4096, 128, 28672, 132) == 4
     assert mma_split(256, 128, 4096, 132) == 2  # two groups: two warps
-    assert mma_split(4096, 128, 6144, 132, m=16) == 8
-    assert mma_split(4096, 128, 6144, 132, m=17) == 4  # 4 tiles of x: 4 warps at most
+    assert mma_split(4096, 128, 6144, 132, m=32) == 8
+    assert mma_split(4096, 128, 6144, 132, m=33) == 4  # 8 tiles of x: 4 warps at most
     assert mma_split(14336, 128, 4096, 132, m=64) == 4
     assert split_at_most(4096, 128, 8) == 8
     assert split_at_most(384, 128, 8) == 1  # three groups
