@@ -22,7 +22,9 @@ it with 7 integer instructions:
   as long as A and B agree on it;
 - the zero point and the offset never meet the weights: sum_k s (q_k - z) x_k = s (sum_k
   (OFF + q_k) x_k - (OFF + z) sum_k x_k), sum_k x_k coming from a second MMA of the same x
-  against ones; the scale multiplies each group's sums once.
+  against ones; the scale multiplies each group's sums once. For 2 and 4 tiles of x (9 to 32
+  rows) the A fragments take the zero points off themselves instead (one fma.rn a register,
+  q - z exact), one MMA a tile and step (`_chunk_sums`).
 
 A CTA's SPLIT warps share one tile and split K, each a run of whole groups, their fp32 sums
 added in a fixed order at the end (the same bits every call). Each chunk's words are loaded
@@ -30,7 +32,8 @@ two chunks before they are multiplied: a warp's run is otherwise a chain of depe
 trips to memory. Measured on an H200 (Llama-3.1-8B's four projections, cold weights in
 a CUDA graph, loadtest/results/gpu_w4a16_mma_h200_run1.json): one row of x 50.5 us against
 53.0 for the best GEMV launches, 4 rows 51.6 against 139.0, 8 rows 52.3 against 131.2 for
-kernels/w4a16_gemm.
+kernels/w4a16_gemm; 16, 32 and 64 rows 80.7, 114.9 and 217.7 against about 137, 169 and 239
+(gpu_w4a16_mma_h200_run2.json and run3).
 
 The MMAs are inline PTX; under the Triton interpreter (no PTX) the same sums are computed
 from the shuffled words by tensor operations in fp32 (`EMULATE`), which checks the layout's

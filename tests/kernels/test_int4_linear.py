@@ -83,13 +83,16 @@ def test_the_mma_launches_match_the_dequantized_weight(
     float_dir: Path, tmp_path: Path, fmt: str
 ) -> None:
     """Groups of 64 give every projection of the tiny model the words shuffled for
-    kernels/w4a16_mma; its launches (and the dense product up to 8 rows, which takes it) in
-    bf16 and fp16 against x @ dequantized.T in fp32, within the output's rounding."""
+    kernels/w4a16_mma (in place of the plain ones); its launches (and the dense product up to
+    8 rows, which takes it) in bf16 and fp16 against x @ dequantized.T in fp32, within the
+    output's rounding."""
     ckpt = write_int4(float_dir, tmp_path / fmt, **{**FORMATS[fmt], "group_size": 64})
     for dtype in (torch.bfloat16, torch.float16):
         model, _ = load_model(ckpt.path, DEVICE, dtype)
         layers = int4_layers(model)
+        # the shuffled words in place of the plain ones: one copy of the weight on the GPU
         assert layers and all(_packed(layer).qmma is not None for layer in layers)
+        assert all(_packed(layer).qweight is None for layer in layers)
         gen = torch.Generator(device=DEVICE).manual_seed(0)
         for layer in layers:
             w = layer.method.dequantized(layer).float()
