@@ -113,8 +113,8 @@ def w4a16_mma_matmul(
         x = gather_columns(x, perm)
     m, k = x.shape
     if m <= MMA_MAX_M:
-        if not mma_fits(x, n, k, group_size):  # a strided or misaligned view of x
-            x = x.contiguous()
+        if not mma_fits(x, n, k, group_size):  # a strided or misaligned view: a fresh copy
+            x = x.clone(memory_format=torch.contiguous_format)
         return w4a16_mma(x, qmma, scales, zeros, group_size=group_size, out=out)
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)

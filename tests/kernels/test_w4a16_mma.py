@@ -132,6 +132,20 @@ def test_w4a16_mma_matmul_routes_by_rows(act_order: bool) -> None:
             assert torch.equal(got, mma)
 
 
+def test_w4a16_mma_matmul_takes_views_the_kernel_refuses() -> None:
+    """A view of x whose rows start off a 16-byte boundary (the kernel's 16-byte loads refuse
+    it) is copied first: the same products as the aligned x."""
+    gen = torch.Generator().manual_seed(13)
+    w = W4(32, 256, 128, gen)
+    qm = shuffle_w4(w.qweight)
+    wide = torch.randn(3 * 256 + 2, generator=gen).to(DEVICE, torch.float16)
+    x = wide[2:].view(3, 256)  # 4 bytes past an aligned start
+    assert x.data_ptr() % 16
+    got = w4a16_mma_matmul(x, qm, w.scales, w.zeros, group_size=128)
+    want = w4a16_mma(x.clone(), qm, w.scales, w.zeros, group_size=128)
+    assert torch.equal(got, want)
+
+
 def test_the_shuffled_words_unshuffle_and_expand_as_the_plain_ones() -> None:
     """unshuffle_w4 inverts shuffle_w4; the expansion from the shuffled words gives the plain
     layout's expansion (kernels/w4a16_dequant) bit for bit, in slices of tiles too."""
