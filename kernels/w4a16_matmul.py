@@ -36,7 +36,7 @@ from kernels.w4a16_dequant import w4a16_dequantize
 from kernels.w4a16_gemm import w4a16_gemm
 from kernels.w4a16_gemv import w4a16_gemv
 from kernels.w4a16_mma import MAX_M as MMA_MAX_M
-from kernels.w4a16_mma import mma_fits, w4a16_mma
+from kernels.w4a16_mma import mma_fits, split_at_most, w4a16_mma
 from kernels.w4a16_mma_dequant import w4a16_mma_dequantize
 
 # The most rows the tensor-core GEMM takes; from GEMM_MAX_M + 1 rows, dequantise + cuBLAS.
@@ -98,6 +98,7 @@ def w4a16_mma_matmul(
     perm: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     chunk_elems: int = CHUNK_ELEMS,
+    split: int | None = None,
 ) -> torch.Tensor:
     """x @ w.T (x's columns through `perm` when given), w's words shuffled for the MMA
     (kernels/w4a16_mma.shuffle_w4, which a GPU keeps in place of the plain layout); returns
@@ -106,7 +107,8 @@ def w4a16_mma_matmul(
 
     x: [m, k_in] bf16/fp16, any row stride; qmma int32 [n / 16, k / 64, 32, 4]; scales, zeros,
     perm: the layout (kernels/w4a16.py). out (optional, written): [m, n] of x's dtype, any row
-    stride (contiguous columns)."""
+    stride (contiguous columns). split: the MMA's warps a tile (a launch the start-up timing
+    chose; lowered to what k's groups allow), None: its default."""
     op = "w4a16_mma_matmul"
     n = qmma.shape[0] * 16
     if perm is not None:
@@ -115,7 +117,9 @@ def w4a16_mma_matmul(
     if m <= MMA_MAX_M:
         if not mma_fits(x, n, k, group_size):  # a strided or misaligned view: a fresh copy
             x = x.clone(memory_format=torch.contiguous_format)
-        return w4a16_mma(x, qmma, scales, zeros, group_size=group_size, out=out)
+        if split is not None:
+            split = split_at_most(k, group_size, split)
+        return w4a16_mma(x, qmma, scales, zeros, group_size=group_size, out=out, split=split)
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     check_tensor(op, "out", out, shape=(m, n), dims="[m, n]", dtypes=(x.dtype,), device=x.device)

@@ -144,6 +144,9 @@ def test_w4a16_mma_matmul_takes_views_the_kernel_refuses() -> None:
     got = w4a16_mma_matmul(x, qm, w.scales, w.zeros, group_size=128)
     want = w4a16_mma(x.clone(), qm, w.scales, w.zeros, group_size=128)
     assert torch.equal(got, want)
+    # a launch's split (the start-up timing's) lowered to what k's two groups allow
+    got = w4a16_mma_matmul(x, qm, w.scales, w.zeros, group_size=128, split=8)
+    assert torch.equal(got, w4a16_mma(x.clone(), qm, w.scales, w.zeros, group_size=128, split=2))
 
 
 def test_the_shuffled_words_unshuffle_and_expand_as_the_plain_ones() -> None:

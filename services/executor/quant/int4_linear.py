@@ -264,17 +264,16 @@ class Int4Method(LinearMethod):
         return MMA_CANDIDATES if _packed(layer).qmma is not None else INT4_CANDIDATES
 
     def gemv(self, layer: Linear, x: torch.Tensor, cfg: GemvConfig) -> torch.Tensor:
-        from kernels.gather_cols import gather_columns
         from kernels.w4a16_gemv import w4a16_gemv
-        from kernels.w4a16_mma import split_at_most, w4a16_mma
+        from kernels.w4a16_matmul import w4a16_mma_matmul
 
         p = _packed(layer)
         if cfg.mma:
             assert p.qmma is not None, "an MMA launch for a layer without the shuffled words"
-            if p.perm is not None:
-                x = gather_columns(x, p.perm)
-            split = split_at_most(x.shape[1], p.group_size, cfg.num_warps)
-            return w4a16_mma(x, p.qmma, p.scales, p.zeros, group_size=p.group_size, split=split)
+            return w4a16_mma_matmul(
+                x, p.qmma, p.scales, p.zeros, group_size=p.group_size, perm=p.perm,
+                split=cfg.num_warps,
+            )  # fmt: skip
         assert p.qweight is not None, "a GEMV launch for a layer whose words are shuffled"
         return w4a16_gemv(
             x, p.qweight, p.scales, p.zeros, group_size=p.group_size, perm=p.perm,
