@@ -25,10 +25,13 @@ host time per step at batch 256: gpu/scale.py), gguf_kernel (GGUF
 Q8_0/Q4_K/Q6_K blocks: the decode GEMV's bandwidth at Llama-3.1-8B's shapes, rows past it
 expanded for cuBLAS: gpu/gguf_kernel.py), w4a16_kernel (the int4 GEMV, GEMM and dequantise +
 cuBLAS at Llama-3.1-8B's projection shapes against bf16, the prefill paths' crossover:
-gpu/w4a16.py); quant_decode (batch-1 decode with bf16, fp8 per-channel, fp8 block and GGUF
+gpu/w4a16.py), w4a16_mma (the int4 decode MMA at 1 to 64 rows against the GEMV and GEMM it
+replaced, cold weights, and the expansion of its shuffled words: gpu/w4a16_mma.py);
+quant_decode (batch-1 decode with bf16, fp8 per-channel, fp8 block and GGUF
 Q4_K weights, each against its own roofline: gpu/quant.py; quant_decode_int4 the same with
 bf16, int4 AWQ and int4 GPTQ; quant_decode_act_order bf16 and int4 GPTQ without and with
-act-order; quant_prefill_int4 a 4,096-token prompt's prefill with bf16,
+act-order; quant_decode_batch32 and quant_decode_batch64 bf16 and int4 AWQ at 32 and 64
+requests at once; quant_prefill_int4 a 4,096-token prompt's prefill with bf16,
 int4 AWQ and GGUF Q4_K weights) and offline_fp8w (the 500 prompts with --quantization fp8
 weights and --kv-cache-dtype fp8_e4m3); serve_fp8 (those flags through `radixserve serve`: the
 openai client's completions and the 2,000-request bursts: gpu/serve_fp8.py); faults (every
@@ -66,6 +69,8 @@ QUANT_SECTION_NAMES = (
     "quant_decode_act_order",
     "quant_decode_batch8",
     "quant_decode_batch8_fp8",
+    "quant_decode_batch32",
+    "quant_decode_batch64",
     "quant_prefill_int4",
 )
 # Seconds per section; together they fit one ten-minute command.
@@ -94,6 +99,7 @@ TIME_LIMITS = {
     "moe_kernel": 240,
     "gguf_kernel": 300,
     "w4a16_kernel": 420,
+    "w4a16_mma": 360,  # 4 shapes x 7 row counts x (3 splits + the old kernels), cold weights
     "qwen3moe": 480,
     "dsv2lite": 480,
     "scale": 480,
@@ -107,6 +113,8 @@ TIME_LIMITS = {
     "quant_decode_act_order": 420,  # bf16, int4 GPTQ without and with act-order
     "quant_decode_batch8": 420,  # bf16, int4 AWQ and GGUF Q4_K, 8 requests at once
     "quant_decode_batch8_fp8": 420,  # bf16, fp8 per channel and fp8 blocks, the same
+    "quant_decode_batch32": 360,  # bf16 and int4 AWQ, 32 requests at once
+    "quant_decode_batch64": 360,  # bf16 and int4 AWQ, 64 requests at once
     "quant_prefill_int4": 420,  # bf16, int4 AWQ and GGUF Q4_K: one 4,096-token prompt each
     "offline_fp8w": 260,
     "flashinfer_kernel": 540,  # FlashInfer compiles its kernels on first use
@@ -202,6 +210,10 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         from loadtest.gpu.w4a16 import w4a16_kernel_section
 
         return w4a16_kernel_section()
+    if name == "w4a16_mma":
+        from loadtest.gpu.w4a16_mma import w4a16_mma_section
+
+        return w4a16_mma_section()
     if name == "scale":
         from loadtest.gpu.scale import scale_section
 
@@ -258,7 +270,7 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
     extra = ["burst", "engine_ab", "protocols", "dp", "observability", "tools"]
     extra += ["tp", "tp70b", "tp_kill", "mla_kernel", "moe_kernel", "qwen3moe", "dsv2lite"]
     extra += ["qwen3moe_decode", "dsv2lite_decode", "scale", "gguf_kernel", "w4a16_kernel"]
-    extra += ["qwen3moe_batches", "dsv2lite_batches"]
+    extra += ["qwen3moe_batches", "dsv2lite_batches", "w4a16_mma"]
     extra += [*QUANT_SECTION_NAMES, "offline_fp8w", "flashinfer_kernel"]
     extra += ["shared_prefix", "long_prefill", "shared_decode", "serve_fp8", "faults"]
     raise SystemExit(f"unknown section {name!r}; known: {', '.join([*SECTIONS, *extra])}")
@@ -431,6 +443,10 @@ def table(results: dict[str, Any]) -> str:
         from loadtest.gpu.w4a16 import table_rows as w4a16_rows
 
         rows += w4a16_rows(results["w4a16_kernel"])
+    if results.get("w4a16_mma"):
+        from loadtest.gpu.w4a16_mma import table_rows as mma_rows
+
+        rows += mma_rows(results["w4a16_mma"])
     for section in QUANT_SECTION_NAMES:
         if results.get(section):
             from loadtest.gpu.quant import table_rows as quant_rows

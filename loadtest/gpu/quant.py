@@ -99,8 +99,8 @@ SECTIONS: dict[str, Section] = {
     "quant_prefill_int4": Section(
         ("bf16", "int4_awq", "gguf_q4_k"), PREFILL_IN, PREFILL_OUT, "prefill_tok_s"
     ),
-    # decode batches past the GEMV's 4 rows: int4 weights take the tensor-core GEMM, GGUF
-    # blocks are expanded for cuBLAS
+    # decode batches past the GEMV's 4 rows: int4 weights take the MMA (bf16 and fp16 models;
+    # the tensor-core GEMM before it), GGUF blocks are expanded for cuBLAS
     "quant_decode_batch8": Section(
         ("bf16", "int4_awq", "gguf_q4_k"), IN_LEN, OUT_LEN, "decode_tok_s", batch_size=8
     ),
@@ -108,6 +108,14 @@ SECTIONS: dict[str, Section] = {
     # (per channel), the Triton block-scale GEMM (blocks)
     "quant_decode_batch8_fp8": Section(
         ("bf16", "fp8_channel", "fp8_block"), IN_LEN, OUT_LEN, "decode_tok_s", batch_size=8
+    ),
+    # int4 decode batches on the MMA (kernels/w4a16_mma.py: 4 tiles of 8 rows of x at 32, 8 at
+    # 64) against bf16's cuBLAS
+    "quant_decode_batch32": Section(
+        ("bf16", "int4_awq"), IN_LEN, OUT_LEN, "decode_tok_s", batch_size=32
+    ),
+    "quant_decode_batch64": Section(
+        ("bf16", "int4_awq"), IN_LEN, OUT_LEN, "decode_tok_s", batch_size=64
     ),
 }
 
@@ -127,6 +135,12 @@ def quant_decode_section(section: Section = SECTIONS["quant_decode"]) -> dict[st
     return out
 
 
+def pool_tokens(section: Section) -> int:
+    """The KV pool a section's engine gets: 8,192 tokens, or every request's whole context
+    with a page of slack each where the batch needs more (64 x 384 tokens at batch 64)."""
+    return max(8192, section.batch_size * (section.input_len + section.output_len + 64))
+
+
 def decode_one(
     name: str, fmt: WeightFormat, bandwidth: float, section: Section = SECTIONS["quant_decode"]
 ) -> dict[str, Any]:
@@ -140,8 +154,10 @@ def decode_one(
             *("latency", "--model", str(model), "--load-format", "dummy"),
             *("--batch-size", str(section.batch_size), "--input-len", str(section.input_len)),
             *("--output-len", str(section.output_len)),
-            # three models in one process: small pools (a prompt of PREFILL_IN fits one step)
-            *("--max-total-tokens", "8192", "--max-prefill-tokens", "8192"),
+            # three models in one process: small pools (a prompt of PREFILL_IN fits one step),
+            # large enough for every request of the batch to its last token
+            *("--max-total-tokens", str(pool_tokens(section))),
+            *("--max-prefill-tokens", "8192"),
             *fmt.flags,
         ]
     )
