@@ -460,9 +460,36 @@ def mma_shape_fits(n: int, k: int, group_size: int) -> bool:
     )
 
 
+def check_shuffled(
+    op: str,
+    qmma: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    group_size: int,
+    device: torch.device,
+) -> tuple[int, int]:
+    """Check a weight's shuffled words (contiguous int32 [n / 16, k / 64, 32, 4]), its groups
+    and the layout's scales and zero points [n, k / group_size], all on `device`; returns
+    (n, k)."""
+    check_tensor(op, "qmma", qmma, shape=(None, None, 32, 4), dims="[n / 16, k / 64, 32, 4]",
+                 dtypes=(torch.int32,), device=device)  # fmt: skip
+    if not qmma.is_contiguous():
+        raise ValueError(f"{op}: qmma must be contiguous, got strides {qmma.stride()}")
+    n, k = qmma.shape[0] * TILE_N, qmma.shape[1] * CHUNK
+    if group_size < CHUNK or group_size & (group_size - 1) or k % group_size:
+        raise ValueError(
+            f"{op}: group_size must be a power of two dividing k = {k}, groups of at least "
+            f"{CHUNK} columns, got {group_size}"
+        )
+    for name, t, dtypes in (("scales", scales, SCALE_DTYPES), ("zeros", zeros, (torch.uint8,))):
+        check_tensor(op, name, t, shape=(n, k // group_size), dims="[n, k / group_size]",
+                     dtypes=dtypes, device=device)  # fmt: skip
+    return n, k
+
+
 def mma_fits(x: torch.Tensor, n: int, k: int, group_size: int) -> bool:
     """Whether `w4a16_mma` takes this product: the weight's shape (`mma_shape_fits`) and 1 to
-    8 rows of 16-bit x, contiguous columns, 16-byte aligned rows."""
+    64 rows of 16-bit x, contiguous columns, 16-byte aligned rows."""
     return (
         mma_shape_fits(n, k, group_size)
         and 1 <= x.shape[0] <= MAX_M
@@ -484,7 +511,7 @@ def w4a16_mma(
     out: torch.Tensor | None = None,
     split: int | None = None,
 ) -> torch.Tensor:
-    """x @ w.T for 1 to 8 rows of x, w as `shuffle_w4` stores it; returns out.
+    """x @ w.T for 1 to 64 rows of x, w as `shuffle_w4` stores it; returns out.
 
     x: [m, k] bf16/fp16, contiguous columns, rows 16-byte aligned (`mma_fits`); qmma: int32
     [n / 16, k / 64, 32, 4]; scales [n, G], zeros uint8 [n, G] as in kernels/w4a16.py (no
@@ -499,18 +526,7 @@ def w4a16_mma(
     m, k = x.shape
     check_tensor(op, "qmma", qmma, shape=(None, k // CHUNK, 32, 4), dims="[n / 16, k / 64, 32, 4]",
                  dtypes=(torch.int32,), device=x.device)  # fmt: skip
-    tiles = qmma.shape[0]
-    n = tiles * TILE_N
-    if k % CHUNK or not qmma.is_contiguous():
-        raise ValueError(
-            f"{op}: qmma must be contiguous [n / 16, {k // CHUNK}, 32, 4] for k = {k}, got "
-            f"{tuple(qmma.shape)}"
-        )
-    groups = k // group_size if group_size else 0
-    check_tensor(op, "scales", scales, shape=(n, groups), dims="[n, k / group_size]",
-                 dtypes=SCALE_DTYPES, device=x.device)  # fmt: skip
-    check_tensor(op, "zeros", zeros, shape=(n, groups), dims="[n, k / group_size]",
-                 dtypes=(torch.uint8,), device=x.device)  # fmt: skip
+    n, _ = check_shuffled(op, qmma, scales, zeros, group_size, x.device)
     if not mma_fits(x, n, k, group_size):
         raise ValueError(
             f"{op}: takes 1 to {MAX_M} rows of x with 16-byte aligned rows, n % {TILE_N} == 0 "
@@ -526,7 +542,7 @@ def w4a16_mma(
     check_tensor(op, "out", out, shape=(m, n), dims="[m, n]", dtypes=(x.dtype,), device=x.device)
     if out.stride(1) != 1:
         raise ValueError(f"{op}: out's columns must be contiguous, got strides {out.stride()}")
-    _w4a16_mma_kernel[(tiles,)](
+    _w4a16_mma_kernel[(n // TILE_N,)](
         x, qmma, scales, zeros, out, m, k, x.stride(0), scales.stride(0), zeros.stride(0),
         out.stride(0), GROUP=group_size, SPLIT=split, NB=n_tiles(m), EMULATE=interpreting(),
         num_warps=split, num_stages=1, **pdl_launch(x.device),

@@ -23,8 +23,7 @@ import triton.language as tl
 
 from kernels._checks import FLOAT_DTYPES, check_device, check_tensor
 from kernels.pdl import pdl_launch, pdl_prologue
-from kernels.w4a16 import SCALE_DTYPES
-from kernels.w4a16_mma import CHUNK, TILE_N
+from kernels.w4a16_mma import CHUNK, TILE_N, check_shuffled
 
 CHUNKS = 8  # chunks of 64 columns a program
 
@@ -82,22 +81,9 @@ def w4a16_mma_dequantize(
     32, 4], contiguous) and the layout's scales and zero points [n, k / group_size]; returns
     out (optional, written: [n, k] of `dtype`, rows of any stride)."""
     op = "w4a16_mma_dequantize"
-    check_tensor(op, "qmma", qmma, shape=(None, None, 32, 4), dims="[n / 16, k / 64, 32, 4]",
-                 dtypes=(torch.int32,))  # fmt: skip
     check_device(op, qmma)
-    if not qmma.is_contiguous():
-        raise ValueError(f"{op}: qmma must be contiguous")
-    tiles, chunks = qmma.shape[:2]
-    n, k = tiles * TILE_N, chunks * CHUNK
-    if group_size < CHUNK or group_size & (group_size - 1) or k % group_size:
-        raise ValueError(
-            f"{op}: group_size must be a power of two of at least {CHUNK} dividing k = {k}, "
-            f"got {group_size}"
-        )
-    groups = k // group_size
-    for name, t, dtypes in (("scales", scales, SCALE_DTYPES), ("zeros", zeros, (torch.uint8,))):
-        check_tensor(op, name, t, shape=(n, groups), dims="[n, k / group_size]", dtypes=dtypes,
-                     device=qmma.device)  # fmt: skip
+    n, k = check_shuffled(op, qmma, scales, zeros, group_size, qmma.device)
+    tiles, chunks = n // TILE_N, k // CHUNK
     if dtype not in FLOAT_DTYPES:
         raise TypeError(f"{op}: dtype must be a float dtype, got {dtype}")
     if out is None:
