@@ -99,6 +99,7 @@ def w4a16_mma_matmul(
     out: torch.Tensor | None = None,
     chunk_elems: int = CHUNK_ELEMS,
     split: int | None = None,
+    ahead: int | None = None,
 ) -> torch.Tensor:
     """x @ w.T (x's columns through `perm` when given), w's words shuffled for the MMA
     (kernels/w4a16_mma.shuffle_w4, which a GPU keeps in place of the plain layout); returns
@@ -108,7 +109,8 @@ def w4a16_mma_matmul(
     x: [m, k_in] bf16/fp16, any row stride; qmma int32 [n / 16, k / 64, 32, 4]; scales, zeros,
     perm: the layout (kernels/w4a16.py). out (optional, written): [m, n] of x's dtype, any row
     stride (contiguous columns). split: the MMA's warps a tile (a launch the start-up timing
-    chose; lowered to what k's groups allow), None: its default."""
+    chose; lowered to what k's groups allow), None: its default; ahead: the MMA's chunks of
+    words in flight (`w4a16_mma`)."""
     op = "w4a16_mma_matmul"
     n = qmma.shape[0] * 16
     if perm is not None:
@@ -119,7 +121,9 @@ def w4a16_mma_matmul(
             x = x.clone(memory_format=torch.contiguous_format)
         if split is not None:
             split = split_at_most(k, group_size, split)
-        return w4a16_mma(x, qmma, scales, zeros, group_size=group_size, out=out, split=split)
+        return w4a16_mma(
+            x, qmma, scales, zeros, group_size=group_size, out=out, split=split, ahead=ahead
+        )
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     check_tensor(op, "out", out, shape=(m, n), dims="[m, n]", dtypes=(x.dtype,), device=x.device)

@@ -1,6 +1,7 @@
 # The @triton.jit code grows tuples of tensors from () by concatenation (Triton's compiler
-# takes no starred tuples or annotated tuples), which mypy reads as changing their type.
-# mypy: disable-error-code="assignment,var-annotated"
+# takes no starred tuples or annotated tuples), which mypy reads as changing their type (and
+# a tuple grown in a loop as too short to index).
+# mypy: disable-error-code="assignment,var-annotated,misc"
 """int4 matmul for decode on the tensor cores' warp-level MMA: out = x @ w.T for 1 to 64 rows
 of 16-bit x, w int4 in a layout shuffled for the MMA's fragments (`shuffle_w4`), which a GPU
 keeps in place of kernels/w4a16.py's plain one.
@@ -28,12 +29,16 @@ it with 7 integer instructions:
 
 A CTA's SPLIT warps share one tile and split K, each a run of whole groups, their fp32 sums
 added in a fixed order at the end (the same bits every call). Each chunk's words are loaded
-two chunks before they are multiplied: a warp's run is otherwise a chain of dependent round
-trips to memory. Measured on an H200 (Llama-3.1-8B's four projections, cold weights in
-a CUDA graph, loadtest/results/gpu_w4a16_mma_h200_run1.json): one row of x 50.5 us against
-53.0 for the best GEMV launches, 4 rows 51.6 against 139.0, 8 rows 52.3 against 131.2 for
-kernels/w4a16_gemm; 16, 32 and 64 rows 80.7, 114.9 and 217.7 against about 137, 169 and 239
-(gpu_w4a16_mma_h200_run2.json and run3).
+AHEAD chunks before they are multiplied: a warp's run is otherwise a chain of dependent round
+trips to memory. The rows of x past M are read as row M - 1, unmasked (their sums are not
+stored). Launch defaults (warps a tile, chunks ahead, where the zero points come off) by row
+count and grid: `mma_split`, `mma_ahead`, `zsub_default`.
+
+Measured on an H200 (Llama-3.1-8B's four projections, cold weights in a CUDA graph,
+loadtest/results/gpu_w4a16_mma_h200_run5.json, µs, the best launch each): one row of x 47.4
+against 52.8 for the best GEMV launches, 4 rows 48.6 against 139.0, 8 rows 50.2 against
+131.1 for kernels/w4a16_gemm; 16, 32 and 64 rows 66.3, 109.5 and 196.5 against 135.9, 166.8
+and 237.5.
 
 The MMAs are inline PTX; under the Triton interpreter (no PTX) the same sums are computed
 from the shuffled words by tensor operations in fp32 (`EMULATE`), which checks the layout's
@@ -60,6 +65,7 @@ TILE_N = 16  # weight rows a tile: the MMA's M
 CHUNK = 64  # columns a thread's 16-byte load of 4 words covers: 4 steps of K = 16
 NB_MAX = 8  # tiles of 8 rows of x
 MAX_M = 8 * NB_MAX  # rows of x
+AHEAD = 2  # chunks of words in flight ahead of the one multiplied, by default (`mma_ahead`)
 
 
 def shuffle_w4(qweight: torch.Tensor) -> torch.Tensor:
@@ -200,19 +206,27 @@ def _neg_off_z(z_ptr, row, stride_zn, grp, FP16: tl.constexpr):
 
 
 @triton.jit
-def _mma(a, b0, b1, d, e, FP16: tl.constexpr):
+def _mma(a, b0, b1, d, e, FP16: tl.constexpr, E4: tl.constexpr):
     """d += A @ x's columns (b0, b1), e += ones @ x's columns (every row the same: sum_k
-    x[n, k]), both [16, 8] fragments in fp32, 4 [T] values a lane (e's last two equal its
-    first two: only those are kept)."""
+    x[n, k]), both [16, 8] fragments in fp32, 4 [T] values a lane. e's last two equal its
+    first two; E4: e carries all four (an MMA's accumulator is 4 registers, and feeding it two
+    values twice costs two register copies a step, sm_90 SASS), else only the first two (8
+    tiles of x, where two more registers a tile would spill)."""
+    e2 = e[0]
+    e3 = e[1]
+    if E4:
+        e2 = e[2]
+        e3 = e[3]
     out = tl.inline_asm_elementwise(
         _MMA_F16 if FP16 else _MMA_BF16,
         "=f,=f,=f,=f,=f,=f,=f,=f,f,f,f,f,f,f,f,f,r,r,r,r,r,r",
-        [d[0], d[1], d[2], d[3], e[0], e[1], e[0], e[1], a[0], a[1], a[2], a[3], b0, b1],
-        dtype=(tl.float32,) * 8,
-        is_pure=True,
-        pack=1,
-    )
-    return (out[0], out[1], out[2], out[3]), (out[4], out[5])
+        [d[0], d[1], d[2], d[3], e[0], e[1], e2, e3, a[0], a[1], a[2], a[3], b0, b1],
+        dtype=(tl.float32,) * 8, is_pure=True, pack=1,
+    )  # fmt: skip
+    ne = (out[4], out[5])
+    if E4:
+        ne = (out[4], out[5], out[6], out[7])
+    return (out[0], out[1], out[2], out[3]), ne
 
 
 @triton.jit
@@ -245,28 +259,28 @@ def _words(qm_tile, chunk, lane):
 
 
 @triton.jit
-def _x_pairs(x_row, x_ok, chunk, p, NB: tl.constexpr, row_step):
-    """A lane's 16 columns of a chunk for each of its NB rows of x (row_step apart, in the
-    row pointer's units): per row 8 pairs as two 16-byte loads of [T, 4] (one load of
+def _x_pairs(x_pairs, x_rows, chunk, p, NB: tl.constexpr):
+    """A lane's 16 columns of a chunk for each of its NB rows of x (x_rows: their offsets
+    from x_pairs, in pairs): per row 8 pairs as two 16-byte loads of [T, 4] (one load of
     [T, 8] is split between two threads and regathered through shared memory)."""
     cols = (chunk * 32 + p * 8)[:, None] + tl.arange(0, 4)[None, :]
     pairs = ()
     for j in tl.static_range(NB):
-        ok = x_ok[j][:, None]
-        ptrs = x_row[:, None] + j * row_step + cols
-        pairs = pairs + ((tl.load(ptrs, mask=ok, other=0), tl.load(ptrs + 4, mask=ok, other=0)),)
+        ptrs = x_pairs + x_rows[j][:, None] + cols
+        pairs = pairs + ((tl.load(ptrs), tl.load(ptrs + 4)),)
     return pairs
 
 
 @triton.jit
-def _chunk_sums(words, xs, d, e, nz, NB: tl.constexpr, ZSUB: tl.constexpr, FP16: tl.constexpr):
+def _chunk_sums(words, xs, d, e, nz, NB: tl.constexpr, ZSUB: tl.constexpr, FP16: tl.constexpr,
+                E4: tl.constexpr):  # fmt: skip
     """d, e plus a chunk's 4 steps on its words and x's pairs, for each of the NB tiles of
     8 rows of x: one A fragment a step, shared by the tiles' MMAs. A holds OFF + q and e
-    gathers sum_k x from MMAs against ones, or (ZSUB: 2 and 4 tiles) A holds q - z (nz: the
-    rows' -(OFF + z) pairs), one MMA a tile and step, e untouched. On an H200
-    (loadtest/results/gpu_w4a16_mma_h200_run3.json, Llama-3.1-8B's four projections cold, the
-    best split each): 32 rows 114.9 µs with ZSUB against 147.3, 16 rows 80.7 against 83.0,
-    but 64 rows 239.5 against 217.7."""
+    gathers sum_k x from MMAs against ones, or (ZSUB) A holds q - z (nz: the rows' -(OFF + z)
+    pairs), one MMA a tile and step, e untouched. On an H200 (gpu_w4a16_mma_h200_run5.json,
+    Llama-3.1-8B's four projections cold, the best launch each way): 64 rows 196.5 µs with
+    ZSUB against 219.3, once the rows of x past M were read unmasked (run3, masked: 239.5
+    against 217.7); 16 rows, see `zsub_default`."""
     ws = split4(words)
     bs = ()
     for j in tl.static_range(NB):
@@ -283,7 +297,7 @@ def _chunk_sums(words, xs, d, e, nz, NB: tl.constexpr, ZSUB: tl.constexpr, FP16:
             a = _a_fragment(ws[v], FP16)
             ne = ()
             for j in tl.static_range(NB):
-                dj, ej = _mma(a, bs[j][2 * v], bs[j][2 * v + 1], d[j], e[j], FP16)
+                dj, ej = _mma(a, bs[j][2 * v], bs[j][2 * v + 1], d[j], e[j], FP16, E4)
                 nd = nd + (dj,)
                 ne = ne + (ej,)
             e = ne
@@ -307,6 +321,8 @@ def _w4a16_mma_kernel(
     GROUP: tl.constexpr,
     SPLIT: tl.constexpr,  # warps of the tile, each a run of K / SPLIT columns
     NB: tl.constexpr,  # tiles of 8 rows of x (the MMA's N)
+    AHEAD: tl.constexpr,  # chunks of words in flight ahead of the one multiplied
+    ZSUB: tl.constexpr,  # the zero points inside A (_chunk_sums)
     EMULATE: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -323,34 +339,37 @@ def _w4a16_mma_kernel(
     row_lo = (tile * 16 + g).to(tl.int64)
     row_hi = row_lo + 8
     k_run = K // SPLIT
-    x_ok = ()
+    # The lanes of a row of x past M read row M - 1 instead, unmasked: a column of B only
+    # reaches the same column of the MMA's sums, and those of rows past M are not stored.
+    x_rows = ()
     for j in tl.static_range(NB):
-        x_ok = x_ok + (8 * j + g < M,)
-    x_row = x_ptr.to(tl.pointer_type(tl.uint32)) + g.to(tl.int64) * (stride_xm // 2)
-    row_step = 8 * (stride_xm // 2)  # x's next tile of 8 rows, in pairs
+        x_rows = x_rows + (tl.minimum(8 * j + g, M - 1).to(tl.int64) * (stride_xm // 2),)
+    x_pairs = x_ptr.to(tl.pointer_type(tl.uint32))
     qm_tile = qm_ptr + tile.to(tl.int64) * (K // 64) * 128
     zero = tl.zeros([T], dtype=tl.float32)
     fresh_d = ()
     fresh_e = ()
+    E4: tl.constexpr = NB < 8 and not EMULATE  # _mma: e's four values carried
+    E_HI: tl.constexpr = 2 if E4 else 0  # e's values for rows g + 8
     for _ in tl.static_range(NB):
         fresh_d = fresh_d + ((zero, zero, zero, zero),)
-        fresh_e = fresh_e + ((zero, zero),)
+        fresh_e = fresh_e + (((zero, zero, zero, zero) if E4 else (zero, zero)),)
     t = fresh_d  # rows g, g + 8 by x's rows 8j + 2p, 8j + 2p + 1
     CPG: tl.constexpr = GROUP // 64  # chunks a group
     first = warp * (k_run // 64)  # the warp's chunks, a run of whole groups
     last = first + k_run // 64 - 1
-    # Each chunk's words (and with one tile of x, its x) are loaded two chunks before they
-    # are multiplied (ptxas issues a loop's loads late in its body: one chunk ahead left
-    # each load's latency exposed). More tiles of x read theirs as they go (L1 and L2 hits):
-    # holding them ahead would take 16 registers a tile and chunk.
+    # Each chunk's words are loaded AHEAD chunks before they are multiplied, and with one
+    # tile of x its x two chunks before (ptxas issues a loop's loads late in its body: one
+    # chunk ahead left each load's latency exposed). More tiles of x read theirs as they go
+    # (L1 and L2 hits): holding them ahead would take 16 registers a tile and chunk.
     X_AHEAD: tl.constexpr = NB == 1
-    ZSUB: tl.constexpr = NB == 2 or NB == 4  # _chunk_sums: the zero points inside A
     if not EMULATE:
-        nxt_w = _words(qm_tile, first, lane)
-        nxt2_w = _words(qm_tile, tl.minimum(first + 1, last), lane)
+        pend_w = ()  # the next AHEAD chunks' words, oldest first
+        for i in tl.static_range(AHEAD):
+            pend_w = pend_w + (_words(qm_tile, tl.minimum(first + i, last), lane),)
         if X_AHEAD:
-            nxt_x = _x_pairs(x_row, x_ok, first, p, NB, row_step)
-            nxt2_x = _x_pairs(x_row, x_ok, tl.minimum(first + 1, last), p, NB, row_step)
+            nxt_x = _x_pairs(x_pairs, x_rows, first, p, NB)
+            nxt2_x = _x_pairs(x_pairs, x_rows, tl.minimum(first + 1, last), p, NB)
     for gi in range(0, k_run // GROUP):
         grp = first // CPG + gi
         s_lo = tl.load(s_ptr + row_lo * stride_sn + grp).to(tl.float32)
@@ -379,17 +398,19 @@ def _w4a16_mma_kernel(
                 d = nd
                 e = ne
             else:
+                cur_w = pend_w[0]
+                rest = ()
+                for i in tl.static_range(1, AHEAD):
+                    rest = rest + (pend_w[i],)
+                pend_w = rest + (_words(qm_tile, tl.minimum(chunk + AHEAD, last), lane),)
                 ahead = tl.minimum(chunk + 2, last)
-                cur_w = nxt_w
-                nxt_w = nxt2_w
-                nxt2_w = _words(qm_tile, ahead, lane)
                 if X_AHEAD:
                     cur_x = nxt_x
                     nxt_x = nxt2_x
-                    nxt2_x = _x_pairs(x_row, x_ok, ahead, p, NB, row_step)
+                    nxt2_x = _x_pairs(x_pairs, x_rows, ahead, p, NB)
                 else:
-                    cur_x = _x_pairs(x_row, x_ok, chunk, p, NB, row_step)
-                d, e = _chunk_sums(cur_w, cur_x, d, e, nz, NB, ZSUB, FP16)
+                    cur_x = _x_pairs(x_pairs, x_rows, chunk, p, NB)
+                d, e = _chunk_sums(cur_w, cur_x, d, e, nz, NB, ZSUB, FP16, E4)
         nt = ()
         for j in tl.static_range(NB):
             tj = t[j]
@@ -397,7 +418,8 @@ def _w4a16_mma_kernel(
             ej = e[j]
             nt = nt + ((
                 tj[0] + s_lo * (dj[0] - z_lo * ej[0]), tj[1] + s_lo * (dj[1] - z_lo * ej[1]),
-                tj[2] + s_hi * (dj[2] - z_hi * ej[0]), tj[3] + s_hi * (dj[3] - z_hi * ej[1]),
+                tj[2] + s_hi * (dj[2] - z_hi * ej[E_HI]),
+                tj[3] + s_hi * (dj[3] - z_hi * ej[E_HI + 1]),
             ),)  # fmt: skip
         t = nt
     for j in tl.static_range(NB):
@@ -424,28 +446,55 @@ def n_tiles(m: int) -> int:
     return min(NB_MAX, triton.next_power_of_2(-(-m // 8)))
 
 
+# The most warps an SM a launch's grid fills by splitting K, by tiles of x (`n_tiles`), and
+# the fewest warps a tile from 4 tiles of x: more tiles of x hold more registers a warp, and
+# past these the partial sums cost more than the split's parallelism gives. Fitted on an H200
+# to Llama-3.1-8B's four projections at 1 to 64 rows of x, every launch of warps 2/4/8 x
+# chunks ahead 2/4/8 x zero points inside A or not (loadtest/results/
+# gpu_w4a16_mma_h200_run5.json, µs summed over the four): 64 rows 234.4 with the earlier rule
+# (4 warps a tile, 2 ahead, zero points by the MMAs against ones) against 196.5 for the best
+# launch each; 32 rows 125.5 against 109.5.
+_WARPS_PER_SM = {1: 64, 2: 64, 4: 16, 8: 8}
+_MIN_SPLIT = {1: 1, 2: 1, 4: 2, 8: 2}
+
+
+def mma_split(k: int, group_size: int, n: int, sms: int, m: int = 1) -> int:
+    """Warps a tile for m rows of x, each a run of whole groups of K: a power of two up to 8
+    (4 for 8 tiles of x, whose sums take most of a thread's registers), while the grid has at
+    most _WARPS_PER_SM warps an SM (_MIN_SPLIT at least). For one row of x on an H200: qkv
+    7.3 µs with 8 warps, o 5.8, down 13.7, gate_up (1,792 tiles) 20.6 with 4; for 64, qkv
+    27.8 with 2, gate_up 107.0 with 2, o 16.8 and down 44.9 with 4 (run5)."""
+    nb = n_tiles(m)
+    cap = 4 if nb == NB_MAX else 8
+    tiles = n // TILE_N
+    split = 1
+    while split < cap and k % (2 * split * group_size) == 0:
+        if split >= _MIN_SPLIT[nb] and tiles * 2 * split > _WARPS_PER_SM[nb] * sms:
+            break
+        split *= 2
+    return split
+
+
+def mma_ahead(m: int) -> int:
+    """Chunks of words a warp loads ahead for m rows of x by default: 4 for 8 tiles of x (64
+    rows: gate_up 107.4 µs against 114.7 with 2), else 2 (deeper was within noise or slower
+    with fewer tiles: down at 32 rows 25.6 µs with 2, 35.4 with 4; run5)."""
+    return 4 if n_tiles(m) == NB_MAX else AHEAD
+
+
+def zsub_default(m: int, n: int, split: int, sms: int) -> bool:
+    """Whether m rows of x take the zero points off inside A (`_chunk_sums`) by default: yes,
+    but for 2 tiles of x in a grid of fewer than 20 warps an SM, where the MMAs against ones
+    were faster (16 rows: o 7.7 µs against 8.6, down 17.0 against 20.4; qkv at 23 warps an
+    SM 10.2 against 11.2; run5). One row: 47.5 µs for the four projections against 48.0."""
+    return n_tiles(m) != 2 or (n // TILE_N) * split >= 20 * sms
+
+
 def split_at_most(k: int, group_size: int, split: int) -> int:
     """The largest power of two up to `split` that divides k's groups (a launch's warps a
     tile, for a shape with fewer groups than it asks)."""
     while split > 1 and k % (split * group_size):
         split //= 2
-    return split
-
-
-def mma_split(k: int, group_size: int, n: int, sms: int, m: int = 1) -> int:
-    """Warps a tile for m rows of x, each a run of whole groups of K: up to 8 (4 past 32 rows,
-    whose 8 tiles of x hold 240 registers a thread), while the grid has at most 64 warps an
-    SM. On an H200 (gpu_w4a16_mma_h200_run1.json to run3, µs): one row of x, qkv 8.0 with 8
-    against 8.3 with 4, o 5.8 against 7.4, down 14.6 against 21.7 (16: 18.0), gate_up (1,792
-    tiles) 22.0 with 4 against 24.2 with 8; 32 rows, o 11.6 with 8 against 14.2 with 4, down
-    26.0 against 43.5 (qkv 21.7 against 16.9); 64 rows, qkv 35.4 with 4 against 42.9 with 8
-    (2: 31.3), down 50.9 against 66.3."""
-    cap = 4 if n_tiles(m) == NB_MAX else 8
-    split = 1
-    while (
-        split < cap and k % (2 * split * group_size) == 0 and (n // TILE_N) * 2 * split <= 64 * sms
-    ):
-        split *= 2
     return split
 
 
@@ -510,6 +559,8 @@ def w4a16_mma(
     group_size: int,
     out: torch.Tensor | None = None,
     split: int | None = None,
+    ahead: int | None = None,
+    zsub: bool | None = None,
 ) -> torch.Tensor:
     """x @ w.T for 1 to 64 rows of x, w as `shuffle_w4` stores it; returns out.
 
@@ -517,7 +568,9 @@ def w4a16_mma(
     [n / 16, k / 64, 32, 4]; scales [n, G], zeros uint8 [n, G] as in kernels/w4a16.py (no
     act-order perm: gather x's columns first). out (optional, written): [m, n] of x's dtype,
     contiguous rows of any stride. split: warps a tile (a power of two dividing k's groups;
-    None: `mma_split`).
+    None: `mma_split`). ahead: chunks of 64 columns whose words a warp has in flight ahead of
+    the one it multiplies (1 to 16; None: `mma_ahead`). zsub: the zero points taken off
+    inside the A fragments instead of by MMAs against ones (None: `zsub_default`).
     """
     op = "w4a16_mma"
     check_tensor(
@@ -533,10 +586,17 @@ def w4a16_mma(
             f"and power-of-two groups of at least {CHUNK} dividing k; got x {tuple(x.shape)} "
             f"(row stride {x.stride(0)}), n = {n}, group_size = {group_size}"
         )
+    sms = sm_count(x.device) if x.is_cuda else 132
     if split is None:
-        split = mma_split(k, group_size, n, sm_count(x.device) if x.is_cuda else 132, m)
+        split = mma_split(k, group_size, n, sms, m)
+    if ahead is None:
+        ahead = mma_ahead(m)
+    if zsub is None:
+        zsub = zsub_default(m, n, split, sms)
     if split < 1 or split & (split - 1) or k % (split * group_size):
         raise ValueError(f"{op}: split must be a power of two dividing k's groups, got {split}")
+    if not 1 <= ahead <= 16:
+        raise ValueError(f"{op}: ahead must be 1 to 16 chunks, got {ahead}")
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     check_tensor(op, "out", out, shape=(m, n), dims="[m, n]", dtypes=(x.dtype,), device=x.device)
@@ -544,7 +604,8 @@ def w4a16_mma(
         raise ValueError(f"{op}: out's columns must be contiguous, got strides {out.stride()}")
     _w4a16_mma_kernel[(n // TILE_N,)](
         x, qmma, scales, zeros, out, m, k, x.stride(0), scales.stride(0), zeros.stride(0),
-        out.stride(0), GROUP=group_size, SPLIT=split, NB=n_tiles(m), EMULATE=interpreting(),
+        out.stride(0), GROUP=group_size, SPLIT=split, NB=n_tiles(m), AHEAD=ahead,
+        ZSUB=zsub, EMULATE=interpreting(),
         num_warps=split, num_stages=1, **pdl_launch(x.device),
     )  # fmt: skip
     return out

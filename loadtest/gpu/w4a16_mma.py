@@ -4,9 +4,11 @@ turn in one CUDA graph, so that each launch reads its weight from memory as a de
 does, not from the 50 MB L2).
 
 For each projection (qkv, o, gate_up, down) and row count of x in ROWS: the MMA's default
-launch and its best split of K, the int4 GEMV's best launch (up to 4 rows, the start-up
-timing's candidates) or the tensor-core GEMM (5 to 64 rows), bf16 cuBLAS, and the MMA's largest
-difference from the fp32 twin relative to the largest output. Summed over the four projections
+launch and every launch of SPLITS x AHEADS x ZSUBS (warps splitting K, chunks of words in
+flight, the zero points inside A or by MMAs against ones), the best of them, the int4 GEMV's
+best launch (up to 4 rows, the start-up timing's candidates) or the tensor-core GEMM (5 to 64
+rows), bf16 cuBLAS, and the MMA's largest difference from the fp32 twin relative to the
+largest output. Summed over the four projections
 per row count, each is what a decode step's projections take. Then the prefill expansion of
 each weight to bf16 from the plain words (kernels/w4a16_dequant) and from the shuffled ones
 (kernels/w4a16_mma_dequant), and whether their bits agree.
@@ -24,7 +26,9 @@ import torch.nn.functional as F
 from loadtest.gpu.w4a16 import GROUP, LLAMA_8B
 
 ROWS = (1, 2, 4, 8, 16, 32, 64)
-SPLITS = (2, 4, 8)
+SPLITS = (2, 4, 8)  # 1 was never the best at any shape or row count (run4)
+AHEADS = (2, 4, 8)
+ZSUBS = (False, True)
 COLD_BYTES = 400 * 2**20  # int4 words replayed in turn, against a 50 MB L2
 
 
@@ -57,21 +61,34 @@ def _at_rows(
     want = w4a16_ref(x.float(), qweight, scales.float(), zeros, group_size=GROUP)
     got = w4a16_mma(x, qmma, scales, zeros, group_size=GROUP).float()
 
-    def mma(q: torch.Tensor, s: torch.Tensor, z: torch.Tensor, split: int | None = None) -> None:
-        w4a16_mma(x, q, s, z, group_size=GROUP, out=out, split=split)
+    def mma(
+        q: torch.Tensor,
+        s: torch.Tensor,
+        z: torch.Tensor,
+        split: int | None = None,
+        ahead: int = 2,
+        zsub: bool | None = None,
+    ) -> None:
+        w4a16_mma(x, q, s, z, group_size=GROUP, out=out, split=split, ahead=ahead, zsub=zsub)
 
     row: dict[str, Any] = {
         "mma_rel_err": float((got - want).abs().max() / want.abs().max()),
         "mma_default_us": _cold_us(shuffled, mma),
         "bf16_us": _cold_us(dense, lambda w: F.linear(x, w)),
     }
-    by_split = {
-        split: _cold_us(shuffled, partial(mma, split=split))
+    by_launch = {
+        (split, ahead, zsub): _cold_us(shuffled, partial(mma, split=split, ahead=ahead, zsub=zsub))
         for split in SPLITS
+        for ahead in AHEADS
+        for zsub in ZSUBS
         if split_at_most(k, GROUP, split) == split
     }
-    best = min(by_split, key=by_split.__getitem__)
-    row["mma_best_us"], row["mma_best_split"] = by_split[best], best
+    row["mma_us"] = {
+        f"split {s} ahead {a} zsub {int(z)}": us for (s, a, z), us in by_launch.items()
+    }
+    best = min(by_launch, key=by_launch.__getitem__)
+    row["mma_best_us"] = by_launch[best]
+    row["mma_best_split"], row["mma_best_ahead"], row["mma_best_zsub"] = best
     if m <= GEMV_MAX_M:
 
         def gemv(c: Any) -> Callable[..., object]:
@@ -109,6 +126,7 @@ def _shape(n: int, k: int, gen: torch.Generator) -> dict[str, Any]:
     for m in ROWS:
         x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
         rows[str(m)] = _at_rows(x, words, plain, shuffled, dense)
+        print(f"[{n} x {k}, {m} rows] {rows[str(m)]}", flush=True)  # the log keeps what ran
     expanded = torch.empty(n, k, dtype=torch.bfloat16, device="cuda")
     a = w4a16_dequantize(qweight, scales, zeros, group_size=GROUP, out=expanded).clone()
     b = w4a16_mma_dequantize(qmma, scales, zeros, group_size=GROUP, out=expanded)
@@ -153,7 +171,7 @@ def table_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     for m, s in result.get("layer", {}).items():
         old = s.get("gemv_best_us", s.get("gemm_us"))
         kind = "GEMV" if "gemv_best_us" in s else "GEMM"
-        line = f"MMA {s['mma_default_us']:.1f} us (best split {s['mma_best_us']:.1f})"
+        line = f"MMA {s['mma_default_us']:.1f} us (best launch {s['mma_best_us']:.1f})"
         if old is not None:
             line += f", int4 {kind} {old:.1f} us"
         rows.append(

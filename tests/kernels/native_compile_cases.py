@@ -104,14 +104,22 @@ def _w4a16(gemm: bool, dtype: torch.dtype, group: int, act_order: bool, m: int) 
     launch(_t(m, k, dtype=dtype), qweight, scales, zeros, group_size=group, perm=perm)
 
 
-def _w4a16_mma(dtype: torch.dtype, group: int, m: int, split: int) -> None:
+def _w4a16_mma(
+    dtype: torch.dtype,
+    group: int,
+    m: int,
+    split: int,
+    ahead: int | None = None,
+    zsub: bool | None = None,
+) -> None:
     n, k = 1024, 4096
     qmma, zeros = (
         _t(n // 16, k // 64, 32, 4, dtype=torch.int32),
         _t(n, k // group, dtype=torch.uint8),
     )
     scales = _t(n, k // group, dtype=FP16)
-    w4a16_mma(_t(m, k, dtype=dtype), qmma, scales, zeros, group_size=group, split=split)
+    x = _t(m, k, dtype=dtype)
+    w4a16_mma(x, qmma, scales, zeros, group_size=group, split=split, ahead=ahead, zsub=zsub)
 
 
 def _w4a16_mma_dequant(dtype: torch.dtype, group: int) -> None:
@@ -405,6 +413,8 @@ def _cases() -> list[Case]:
         ("w4a16_mma/bf16-m16-split-8", partial(_w4a16_mma, BF16, 128, 16, 8)),
         ("w4a16_mma/bf16-m64-split-4", partial(_w4a16_mma, BF16, 128, 64, 4)),
         ("w4a16_mma/fp16-m30-split-2", partial(_w4a16_mma, FP16, 128, 30, 2)),
+        ("w4a16_mma/bf16-m1-ones-ahead-8", partial(_w4a16_mma, BF16, 128, 1, 4, 8, False)),
+        ("w4a16_mma/fp16-m64-ones", partial(_w4a16_mma, FP16, 128, 64, 2, 4, False)),
         ("w4a16_mma_dequant/bf16", partial(_w4a16_mma_dequant, BF16, 128)),
         ("w4a16_mma_dequant/fp16-group-64", partial(_w4a16_mma_dequant, FP16, 64)),
         ("w4a16_dequant/bf16", partial(_w4a16_dequant, BF16, False)),

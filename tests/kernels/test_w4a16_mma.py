@@ -13,11 +13,13 @@ from kernels.w4a16_dequant import w4a16_dequantize
 from kernels.w4a16_matmul import w4a16_mma_matmul
 from kernels.w4a16_mma import (
     MAX_M,
+    mma_ahead,
     mma_split,
     shuffle_w4,
     split_at_most,
     unshuffle_w4,
     w4a16_mma,
+    zsub_default,
 )
 from kernels.w4a16_mma_dequant import w4a16_mma_dequantize
 from tests.kernels.helpers import DEVICE, poison
@@ -80,6 +82,25 @@ def test_groups_splits_and_scale_dtypes(group: int, split: int, scale_dtype: tor
     w = W4(32, 1024, group, gen, scale_dtype=scale_dtype)
     x = torch.randn(4, 1024, generator=gen).to(DEVICE, torch.bfloat16)
     got = w4a16_mma(x, shuffle_w4(w.qweight), w.scales, w.zeros, group_size=group, split=split)
+    _check(got, w.ref(x.float()), torch.bfloat16)
+
+
+@pytest.mark.parametrize(
+    ("m", "split", "ahead", "zsub"),
+    [(1, 1, 1, False), (1, 2, 8, True), (3, 4, 5, False), (12, 1, 4, False), (12, 2, 2, True),
+     (30, 2, 16, False), (64, 1, 3, True), (64, 4, 2, False)],
+)  # fmt: skip
+def test_words_in_flight_and_the_zero_points(m: int, split: int, ahead: int, zsub: bool) -> None:
+    """Chunks of words loaded 1 to 16 ahead of the one multiplied, past the end of a warp's
+    run (16 ahead of runs of 8 and 16 chunks; clamped to its last chunk), and the zero points
+    taken off inside A or by the MMAs against ones, for 1, 2, 4 and 8 tiles of x: the twin's
+    sums. Groups of 64 (one chunk a group) so that the group loop carries the words in
+    flight."""
+    gen = torch.Generator().manual_seed(m + ahead)
+    w = W4(32, 1024, 64, gen)
+    qm = shuffle_w4(w.qweight)
+    x = torch.randn(m, 1024, generator=gen).to(DEVICE, torch.bfloat16)
+    got = w4a16_mma(x, qm, w.scales, w.zeros, group_size=64, split=split, ahead=ahead, zsub=zsub)
     _check(got, w.ref(x.float()), torch.bfloat16)
 
 
@@ -165,17 +186,24 @@ def test_the_shuffled_words_unshuffle_and_expand_as_the_plain_ones() -> None:
         assert torch.equal(part, want[16:48])
 
 
-def test_the_split_of_k_follows_the_grid() -> None:
-    """8 warps a tile for Llama-3.1-8B's qkv, o and down on 132 SMs, 4 for gate_up (1,792
-    tiles); never more than the groups allow."""
-    assert mma_split(4096, 128, 6144, 132) == 8
-    assert mma_split(4096, 128, 4096, 132) == 8
-    assert mma_split(14336, 128, 4096, 132) == 8
-    assert mma_split(4096, 128, 28672, 132) == 4
+def test_the_launch_defaults_follow_the_rows_and_the_grid() -> None:
+    """Llama-3.1-8B's projections on 132 SMs (qkv 384 tiles, o and down 256, gate_up 1,792):
+    up to 16 rows of x as many warps a tile as keep the grid within 64 warps an SM (8, and 4
+    for gate_up); 32 rows within 16 an SM, at least 2; 64 rows within 8, at least 2 and at
+    most 4. Never more than the groups allow. Zero points inside A but for 2 tiles of x in a
+    grid of fewer than 20 warps an SM; 4 chunks ahead for 8 tiles of x, else 2."""
+    qkv, o, gate_up, down = (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)
+    want = {1: (8, 8, 4, 8), 16: (8, 8, 4, 8), 32: (4, 8, 2, 8), 64: (2, 4, 2, 4)}
+    for m, splits in want.items():
+        got = tuple(mma_split(k, 128, n, 132, m) for n, k in (qkv, o, gate_up, down))
+        assert got == splits, m
     assert mma_split(256, 128, 4096, 132) == 2  # two groups: two warps
-    assert mma_split(4096, 128, 6144, 132, m=32) == 8
-    assert mma_split(4096, 128, 6144, 132, m=33) == 4  # 8 tiles of x: 4 warps at most
-    assert mma_split(14336, 128, 4096, 132, m=64) == 4
+    assert mma_split(128, 128, 28672, 132, m=64) == 1  # one group: one warp, whatever the rule
+    assert [zsub_default(m, 4096, 8, 132) for m in (1, 9, 16, 17, 33)] == [
+        True, False, False, True, True
+    ]  # fmt: skip
+    assert zsub_default(16, 6144, 8, 132)  # 384 tiles x 8 warps: 23 an SM
+    assert [mma_ahead(m) for m in (1, 8, 32, 33, 64)] == [2, 2, 2, 4, 4]
     assert split_at_most(4096, 128, 8) == 8
     assert split_at_most(384, 128, 8) == 1  # three groups
     assert split_at_most(64, 64, 4) == 1
@@ -189,6 +217,7 @@ def test_the_split_of_k_follows_the_grid() -> None:
         ("group", "groups of at least 64"),
         ("misaligned", "16-byte aligned"),
         ("split", "split must be a power of two"),
+        ("ahead", "ahead must be 1 to 16 chunks"),
         ("qmma", "qmma must have shape"),
         ("n", "zeros must have shape"),
     ],
@@ -198,7 +227,7 @@ def test_bad_arguments_are_refused_with_the_reason(case: str, message: str) -> N
     w = W4(32, 256, 64 if case == "group" else 128, gen)
     qm = shuffle_w4(w.qweight)
     x = torch.randn(65 if case == "rows" else 2, 256, generator=gen).to(DEVICE, torch.bfloat16)
-    group, split = (32 if case == "group" else w.group_size), None
+    group, split, ahead = (32 if case == "group" else w.group_size), None, 2
     scales, zeros = w.scales, w.zeros
     if case == "fp32":
         x = x.float()
@@ -206,6 +235,8 @@ def test_bad_arguments_are_refused_with_the_reason(case: str, message: str) -> N
         x = torch.randn(2, 260, generator=gen).to(DEVICE, torch.bfloat16)[:, 2:258]
     elif case == "split":
         split = 3
+    elif case == "ahead":
+        ahead = 17
     elif case == "qmma":
         qm = qm[:, :2]
     elif case == "n":
@@ -214,4 +245,4 @@ def test_bad_arguments_are_refused_with_the_reason(case: str, message: str) -> N
         scales = torch.cat([w.scales, w.scales], dim=1)
         zeros = torch.cat([w.zeros, w.zeros], dim=1)
     with pytest.raises((ValueError, TypeError), match=message):
-        w4a16_mma(x, qm, scales, zeros, group_size=group, split=split)
+        w4a16_mma(x, qm, scales, zeros, group_size=group, split=split, ahead=ahead)

@@ -28,11 +28,11 @@ def test_layer_sums_and_table_rows() -> None:
     assert rows == [
         (
             "int4 projections of a layer, 1 row(s)",
-            "MMA 10.0 us (best split 8.0), int4 GEMV 12.0 us, bf16 20.0 us",
+            "MMA 10.0 us (best launch 8.0), int4 GEMV 12.0 us, bf16 20.0 us",
         ),
         (
             "int4 projections of a layer, 8 row(s)",
-            "MMA 12.0 us (best split 10.0), int4 GEMM 24.0 us, bf16 20.0 us",
+            "MMA 12.0 us (best launch 10.0), int4 GEMM 24.0 us, bf16 20.0 us",
         ),
         ("int4 expansion qkv", "shuffled 24.0 us, plain 20.0 us (BITS DIFFER)"),
         ("int4 expansion o", "shuffled 24.0 us, plain 20.0 us (same bits)"),

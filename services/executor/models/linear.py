@@ -40,7 +40,8 @@ class GemvConfig:
     num_stages: int
     # fp8 weights: kernels/fp8_gemv_packed.py (fp16x2 products) where it takes the product
     packed: bool = False
-    # int4 weights: kernels/w4a16_mma.py (the tensor cores' MMA), num_warps warps a tile
+    # int4 weights: kernels/w4a16_mma.py (the tensor cores' MMA), num_warps warps a tile and
+    # num_stages chunks of words loaded ahead
     mma: bool = False
 
     def __call__(

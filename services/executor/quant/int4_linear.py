@@ -138,9 +138,14 @@ INT4_CANDIDATES = (
     GemvConfig(2, 2048, 2, 3),
 )
 # kernels/w4a16_mma.py where the layer has the shuffled words: a tile of 16 weight rows, 64
-# columns a chunk, 4 or 8 warps splitting K (8 won qkv, o and down of Llama-3.1-8B at one
-# row of x on an H200, 4 gate_up: loadtest/results/gpu_w4a16_mma_h200_run1.json)
-MMA_CANDIDATES = (GemvConfig(16, 64, 4, 1, mma=True), GemvConfig(16, 64, 8, 1, mma=True))
+# columns a chunk, num_warps warps splitting K, num_stages chunks of words loaded ahead (at
+# one to four rows of x on an H200, the best launches of Llama-3.1-8B's projections:
+# loadtest/results/gpu_w4a16_mma_h200_run5.json)
+MMA_CANDIDATES = (
+    GemvConfig(16, 64, 4, 2, mma=True),
+    GemvConfig(16, 64, 8, 2, mma=True),
+    GemvConfig(16, 64, 8, 4, mma=True),
+)
 
 
 class Int4Method(LinearMethod):
@@ -272,7 +277,7 @@ class Int4Method(LinearMethod):
             assert p.qmma is not None, "an MMA launch for a layer without the shuffled words"
             return w4a16_mma_matmul(
                 x, p.qmma, p.scales, p.zeros, group_size=p.group_size, perm=p.perm,
-                split=cfg.num_warps,
+                split=cfg.num_warps, ahead=cfg.num_stages,
             )  # fmt: skip
         assert p.qweight is not None, "a GEMV launch for a layer whose words are shuffled"
         return w4a16_gemv(
