@@ -34,7 +34,8 @@ act-order; quant_decode_batch32 and quant_decode_batch64 bf16 and int4 AWQ at 32
 requests at once; quant_prefill_int4 a 4,096-token prompt's prefill with bf16,
 int4 AWQ and GGUF Q4_K weights) and offline_fp8w (the 500 prompts with --quantization fp8
 weights and --kv-cache-dtype fp8_e4m3); serve_fp8 (those flags through `radixserve serve`: the
-openai client's completions and the 2,000-request bursts: gpu/serve_fp8.py); faults (every
+openai client's completions and the 2,000-request bursts: gpu/serve_fp8.py); serve_int4 (the
+same with an int4 AWQ checkpoint's dummy weights); faults (every
 service SIGKILLed mid-load, Redis restarted and hostile input, with the executor on the GPU:
 gpu/faults.py).
 """
@@ -122,6 +123,7 @@ TIME_LIMITS = {
     "long_prefill": 420,  # one engine, four 100K-token prompts, FlashInfer's chunk kernels
     "shared_decode": 150,
     "serve_fp8": 480,  # --quantization fp8 through `radixserve serve`: openai client, bursts
+    "serve_int4": 480,  # an int4 AWQ checkpoint through `radixserve serve`: the same
     "faults": 580,  # every service killed mid-load, Redis restarted, hostile input (gpu/faults.py)
 }
 OFFLINE_RUN_S = 130  # the 500-prompt run stops here and reports what it finished
@@ -259,6 +261,10 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         from loadtest.gpu.serve_fp8 import serve_fp8_section
 
         return serve_fp8_section(str(out_dir))
+    if name == "serve_int4":
+        from loadtest.gpu.serve_fp8 import serve_int4_section
+
+        return serve_int4_section(str(out_dir))
     if name == "faults":
         from loadtest.gpu.faults import gpu_faults_section
 
@@ -272,7 +278,8 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
     extra += ["qwen3moe_decode", "dsv2lite_decode", "scale", "gguf_kernel", "w4a16_kernel"]
     extra += ["qwen3moe_batches", "dsv2lite_batches", "w4a16_mma"]
     extra += [*QUANT_SECTION_NAMES, "offline_fp8w", "flashinfer_kernel"]
-    extra += ["shared_prefix", "long_prefill", "shared_decode", "serve_fp8", "faults"]
+    extra += ["shared_prefix", "long_prefill", "shared_decode", "serve_fp8", "serve_int4"]
+    extra += ["faults"]
     raise SystemExit(f"unknown section {name!r}; known: {', '.join([*SECTIONS, *extra])}")
 
 

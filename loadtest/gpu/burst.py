@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -72,10 +73,16 @@ def _shared_prefix(
 
 
 @contextmanager
-def serving_words(log: Path, port: int, *flags: str) -> Iterator[Path]:
+def serving_words(
+    log: Path, port: int, *flags: str, config: dict[str, Any] | None = None
+) -> Iterator[Path]:
     """`radixserve serve` (and `flags`) on Llama-3.1-8B's shapes with dummy weights and the
-    word tokenizer, for the with-block; yields the model's directory."""
+    word tokenizer, for the with-block; yields the model's directory. config: entries added
+    to its config.json (a quantization_config, say)."""
     model = llama8b_dir(Path(tempfile.mkdtemp()), tokenizer="words")
+    if config:
+        path = model / "config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **config}, indent=1))
     proc = _serve(model, log, port, *flags)
     try:
         yield model

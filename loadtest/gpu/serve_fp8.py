@@ -1,9 +1,12 @@
-"""The `serve_fp8` section: fp8 weights and an fp8 KV cache through `radixserve serve`, as a
-user meets them, on the GPU.
+"""The `serve_fp8` and `serve_int4` sections: quantized weights through `radixserve serve`, as
+a user meets them, on the GPU.
 
 `radixserve serve --quantization fp8 --kv-cache-dtype fp8_e4m3` runs Llama-3.1-8B's shapes
 with dummy weights (the word tokenizer, so every sampled id decodes), so decode's products
-take kernels/fp8_gemv_packed.py at one to four rows and the fp8 GEMMs past that. Then:
+take kernels/fp8_gemv_packed.py at one to four rows and the fp8 GEMMs past that. `serve_int4`
+serves the same shapes as an AWQ checkpoint (config.json's quantization_config; dummy int4
+weights), whose decode batches run the int4 MMA (kernels/w4a16_mma.py) and prefill its
+expansion for cuBLAS. Then, for each:
 
 - the openai client: each prompt plain (its prefix then cached), then plain again and
   streamed, greedy, 48 tokens with EOS ignored, one request at a time; the streamed text must
@@ -63,7 +66,7 @@ def _completion(client: Any, model: str, prompt: str, stream: bool) -> dict[str,
     return {"text": "".join(text), "finish_reason": finish, "completion_tokens": tokens}
 
 
-def _openai_checks(port: int) -> dict[str, Any]:
+def _openai_checks(port: int, label: str) -> dict[str, Any]:
     from openai import OpenAI
 
     client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
@@ -95,7 +98,7 @@ def _openai_checks(port: int) -> dict[str, Any]:
         "first_text": alone[0]["text"][:200],
     }
     print(
-        f"openai client, fp8: {out['streamed_equals_plain']}/{len(PROMPTS)} streamed = plain, "
+        f"openai client, {label}: {out['streamed_equals_plain']}/{len(PROMPTS)} streamed = plain, "
         f"{out['cached_equals_cold']}/{len(PROMPTS)} cached prefix = cold, "
         f"{out['together_equals_alone']}/{len(PROMPTS)} together = alone, "
         f"{len(problems)} problems {problems[:3]}",
@@ -110,7 +113,21 @@ def serve_fp8_section(log_dir: str) -> dict[str, Any]:
     with serving_words(Path(log_dir) / "serve_fp8.log", port, *flags):
         return {
             "flags": list(flags),
-            "openai": _openai_checks(port),
+            "openai": _openai_checks(port, "fp8"),
+            "burst_2000": burst_2000(port, retry=False),
+            "burst_2000_retry": burst_2000(port, retry=True),
+        }
+
+
+def serve_int4_section(log_dir: str) -> dict[str, Any]:
+    from loadtest.gpu.quant import FORMATS
+
+    port = 18121
+    config = {"quantization_config": FORMATS["int4_awq"].quantization_config}
+    with serving_words(Path(log_dir) / "serve_int4.log", port, config=config):
+        return {
+            "config": config,
+            "openai": _openai_checks(port, "int4 AWQ"),
             "burst_2000": burst_2000(port, retry=False),
             "burst_2000_retry": burst_2000(port, retry=True),
         }
