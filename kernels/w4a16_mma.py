@@ -322,6 +322,7 @@ def _w4a16_mma_kernel(
     SPLIT: tl.constexpr,  # warps of the tile, each a run of K / SPLIT columns
     NB: tl.constexpr,  # tiles of 8 rows of x (the MMA's N)
     AHEAD: tl.constexpr,  # chunks of words in flight ahead of the one multiplied
+    X_AHEAD: tl.constexpr,  # chunks of x loaded ahead of the one multiplied (0: as it goes)
     ZSUB: tl.constexpr,  # the zero points inside A (_chunk_sums)
     EMULATE: tl.constexpr,
     PDL: tl.constexpr,
@@ -351,6 +352,7 @@ def _w4a16_mma_kernel(
     fresh_e = ()
     E4: tl.constexpr = NB < 8 and not EMULATE  # _mma: e's four values carried
     E_HI: tl.constexpr = 2 if E4 else 0  # e's values for rows g + 8
+    ZA: tl.constexpr = ZSUB and not EMULATE  # the zero points inside A (the interpreter: e)
     for _ in tl.static_range(NB):
         fresh_d = fresh_d + ((zero, zero, zero, zero),)
         fresh_e = fresh_e + (((zero, zero, zero, zero) if E4 else (zero, zero)),)
@@ -358,28 +360,31 @@ def _w4a16_mma_kernel(
     CPG: tl.constexpr = GROUP // 64  # chunks a group
     first = warp * (k_run // 64)  # the warp's chunks, a run of whole groups
     last = first + k_run // 64 - 1
-    # Each chunk's words are loaded AHEAD chunks before they are multiplied, and with one
-    # tile of x its x two chunks before (ptxas issues a loop's loads late in its body: one
-    # chunk ahead left each load's latency exposed). More tiles of x read theirs as they go
-    # (L1 and L2 hits): holding them ahead would take 16 registers a tile and chunk.
-    X_AHEAD: tl.constexpr = NB == 1
+    # Each chunk's words are loaded AHEAD chunks before they are multiplied, and its x
+    # X_AHEAD chunks before (by default 2 with one tile of x: ptxas issues a loop's loads late
+    # in its body, and one chunk ahead left each load's latency exposed). More tiles of x
+    # read theirs as they go (L1 and L2 hits): holding them ahead would take 16 registers a
+    # tile and chunk.
     if not EMULATE:
         pend_w = ()  # the next AHEAD chunks' words, oldest first
         for i in tl.static_range(AHEAD):
             pend_w = pend_w + (_words(qm_tile, tl.minimum(first + i, last), lane),)
-        if X_AHEAD:
-            nxt_x = _x_pairs(x_pairs, x_rows, first, p, NB)
-            nxt2_x = _x_pairs(x_pairs, x_rows, tl.minimum(first + 1, last), p, NB)
+        pend_x = ()  # the next X_AHEAD chunks' x, oldest first
+        for i in tl.static_range(X_AHEAD):
+            pend_x = pend_x + (_x_pairs(x_pairs, x_rows, tl.minimum(first + i, last), p, NB),)
     for gi in range(0, k_run // GROUP):
         grp = first // CPG + gi
         s_lo = tl.load(s_ptr + row_lo * stride_sn + grp).to(tl.float32)
         s_hi = tl.load(s_ptr + row_hi * stride_sn + grp).to(tl.float32)
-        z_lo = tl.load(z_ptr + row_lo * stride_zn + grp).to(tl.float32) + OFF
-        z_hi = tl.load(z_ptr + row_hi * stride_zn + grp).to(tl.float32) + OFF
-        nz = (zero, zero)
-        if ZSUB and not EMULATE:  # the zero points leave inside the A fragments
+        if ZA:  # the zero points leave inside the A fragments
             nz = (_neg_off_z(z_ptr, row_lo, stride_zn, grp, FP16),
                   _neg_off_z(z_ptr, row_hi, stride_zn, grp, FP16))  # fmt: skip
+            z_lo = zero
+            z_hi = zero
+        else:
+            nz = (zero, zero)
+            z_lo = tl.load(z_ptr + row_lo * stride_zn + grp).to(tl.float32) + OFF
+            z_hi = tl.load(z_ptr + row_hi * stride_zn + grp).to(tl.float32) + OFF
         d = fresh_d
         e = fresh_e
         for ci in tl.static_range(CPG):
@@ -403,11 +408,13 @@ def _w4a16_mma_kernel(
                 for i in tl.static_range(1, AHEAD):
                     rest = rest + (pend_w[i],)
                 pend_w = rest + (_words(qm_tile, tl.minimum(chunk + AHEAD, last), lane),)
-                ahead = tl.minimum(chunk + 2, last)
-                if X_AHEAD:
-                    cur_x = nxt_x
-                    nxt_x = nxt2_x
-                    nxt2_x = _x_pairs(x_pairs, x_rows, ahead, p, NB)
+                if X_AHEAD > 0:
+                    cur_x = pend_x[0]
+                    rest_x = ()
+                    for i in tl.static_range(1, X_AHEAD):
+                        rest_x = rest_x + (pend_x[i],)
+                    nxt = _x_pairs(x_pairs, x_rows, tl.minimum(chunk + X_AHEAD, last), p, NB)
+                    pend_x = rest_x + (nxt,)
                 else:
                     cur_x = _x_pairs(x_pairs, x_rows, chunk, p, NB)
                 d, e = _chunk_sums(cur_w, cur_x, d, e, nz, NB, ZSUB, FP16, E4)
@@ -416,11 +423,15 @@ def _w4a16_mma_kernel(
             tj = t[j]
             dj = d[j]
             ej = e[j]
-            nt = nt + ((
-                tj[0] + s_lo * (dj[0] - z_lo * ej[0]), tj[1] + s_lo * (dj[1] - z_lo * ej[1]),
-                tj[2] + s_hi * (dj[2] - z_hi * ej[E_HI]),
-                tj[3] + s_hi * (dj[3] - z_hi * ej[E_HI + 1]),
-            ),)  # fmt: skip
+            if ZA:  # d holds sum_k (q - z) x already
+                nt = nt + ((tj[0] + s_lo * dj[0], tj[1] + s_lo * dj[1],
+                            tj[2] + s_hi * dj[2], tj[3] + s_hi * dj[3]),)  # fmt: skip
+            else:
+                nt = nt + ((
+                    tj[0] + s_lo * (dj[0] - z_lo * ej[0]), tj[1] + s_lo * (dj[1] - z_lo * ej[1]),
+                    tj[2] + s_hi * (dj[2] - z_hi * ej[E_HI]),
+                    tj[3] + s_hi * (dj[3] - z_hi * ej[E_HI + 1]),
+                ),)  # fmt: skip
         t = nt
     for j in tl.static_range(NB):
         _store_sums(out_ptr, stride_om, tile, t[j][0], 8 * j, 0, M, SPLIT)
@@ -561,6 +572,7 @@ def w4a16_mma(
     split: int | None = None,
     ahead: int | None = None,
     zsub: bool | None = None,
+    x_ahead: int | None = None,
 ) -> torch.Tensor:
     """x @ w.T for 1 to 64 rows of x, w as `shuffle_w4` stores it; returns out.
 
@@ -570,7 +582,11 @@ def w4a16_mma(
     contiguous rows of any stride. split: warps a tile (a power of two dividing k's groups;
     None: `mma_split`). ahead: chunks of 64 columns whose words a warp has in flight ahead of
     the one it multiplies (1 to 16; None: `mma_ahead`). zsub: the zero points taken off
-    inside the A fragments instead of by MMAs against ones (None: `zsub_default`).
+    inside the A fragments instead of by MMAs against ones (None: `zsub_default`). x_ahead:
+    chunks of x loaded ahead (0 to 4; None: 2 for up to 8 rows, else 0: more tiles of x read
+    theirs as they go). One row of x on an H200, the four projections' best split: 48.0 µs
+    with 2 ahead, 50.0 with 1 (48 registers a thread against 56, 40 warps an SM against 36),
+    52.1 with 0 (loadtest/results/gpu_w4a16_mma_xahead_h200_run1.json).
     """
     op = "w4a16_mma"
     check_tensor(
@@ -597,6 +613,8 @@ def w4a16_mma(
         raise ValueError(f"{op}: split must be a power of two dividing k's groups, got {split}")
     if not 1 <= ahead <= 16:
         raise ValueError(f"{op}: ahead must be 1 to 16 chunks, got {ahead}")
+    if x_ahead is not None and not 0 <= x_ahead <= 4:
+        raise ValueError(f"{op}: x_ahead must be 0 to 4 chunks, got {x_ahead}")
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     check_tensor(op, "out", out, shape=(m, n), dims="[m, n]", dtypes=(x.dtype,), device=x.device)
@@ -605,6 +623,7 @@ def w4a16_mma(
     _w4a16_mma_kernel[(n // TILE_N,)](
         x, qmma, scales, zeros, out, m, k, x.stride(0), scales.stride(0), zeros.stride(0),
         out.stride(0), GROUP=group_size, SPLIT=split, NB=n_tiles(m), AHEAD=ahead,
+        X_AHEAD=(2 if n_tiles(m) == 1 else 0) if x_ahead is None else x_ahead,
         ZSUB=zsub, EMULATE=interpreting(),
         num_warps=split, num_stages=1, **pdl_launch(x.device),
     )  # fmt: skip

@@ -48,11 +48,18 @@ def _at_rows(
 ) -> dict[str, Any]:
     """The kernels' cold times and the MMA's error at one row count (x's rows); dense: bf16
     copies of a weight of the shape, replayed in turn as the int4 ones are."""
+    from kernels._checks import sm_count
     from kernels.gemv import MAX_M as GEMV_MAX_M
     from kernels.w4a16 import w4a16_ref
     from kernels.w4a16_gemm import w4a16_gemm
     from kernels.w4a16_gemv import w4a16_gemv
-    from kernels.w4a16_mma import split_at_most, w4a16_mma
+    from kernels.w4a16_mma import (
+        mma_ahead,
+        mma_split,
+        split_at_most,
+        w4a16_mma,
+        zsub_default,
+    )
     from services.executor.quant.int4_linear import INT4_CANDIDATES
 
     m, k = x.shape
@@ -66,14 +73,13 @@ def _at_rows(
         s: torch.Tensor,
         z: torch.Tensor,
         split: int | None = None,
-        ahead: int = 2,
+        ahead: int | None = None,
         zsub: bool | None = None,
     ) -> None:
         w4a16_mma(x, q, s, z, group_size=GROUP, out=out, split=split, ahead=ahead, zsub=zsub)
 
     row: dict[str, Any] = {
         "mma_rel_err": float((got - want).abs().max() / want.abs().max()),
-        "mma_default_us": _cold_us(shuffled, mma),
         "bf16_us": _cold_us(dense, lambda w: F.linear(x, w)),
     }
     by_launch = {
@@ -86,6 +92,14 @@ def _at_rows(
     row["mma_us"] = {
         f"split {s} ahead {a} zsub {int(z)}": us for (s, a, z), us in by_launch.items()
     }
+    # The default launch (`mma_split`, `mma_ahead`, `zsub_default`) read from the grid where
+    # it is there: timed on its own, first, it read 5-10% slower than the same launch in the
+    # grid (gpu_w4a16_mma_h200_run6.json, one row of x).
+    n = qmma.shape[0] * 16
+    split = mma_split(k, GROUP, n, sm_count(x.device), m)
+    default = (split, mma_ahead(m), zsub_default(m, n, split, sm_count(x.device)))
+    row["mma_default"] = f"split {default[0]} ahead {default[1]} zsub {int(default[2])}"
+    row["mma_default_us"] = by_launch.get(default) or _cold_us(shuffled, mma)
     best = min(by_launch, key=by_launch.__getitem__)
     row["mma_best_us"] = by_launch[best]
     row["mma_best_split"], row["mma_best_ahead"], row["mma_best_zsub"] = best

@@ -86,21 +86,24 @@ def test_groups_splits_and_scale_dtypes(group: int, split: int, scale_dtype: tor
 
 
 @pytest.mark.parametrize(
-    ("m", "split", "ahead", "zsub"),
-    [(1, 1, 1, False), (1, 2, 8, True), (3, 4, 5, False), (12, 1, 4, False), (12, 2, 2, True),
-     (30, 2, 16, False), (64, 1, 3, True), (64, 4, 2, False)],
+    ("m", "split", "ahead", "zsub", "x_ahead"),
+    [(1, 1, 1, False, 0), (1, 2, 8, True, 3), (3, 4, 5, False, 1), (12, 1, 4, False, None),
+     (12, 2, 2, True, 2), (30, 2, 16, False, None), (64, 1, 3, True, 1), (64, 4, 2, False, 0)],
 )  # fmt: skip
-def test_words_in_flight_and_the_zero_points(m: int, split: int, ahead: int, zsub: bool) -> None:
+def test_operands_in_flight_and_the_zero_points(
+    m: int, split: int, ahead: int, zsub: bool, x_ahead: int | None
+) -> None:
     """Chunks of words loaded 1 to 16 ahead of the one multiplied, past the end of a warp's
-    run (16 ahead of runs of 8 and 16 chunks; clamped to its last chunk), and the zero points
-    taken off inside A or by the MMAs against ones, for 1, 2, 4 and 8 tiles of x: the twin's
-    sums. Groups of 64 (one chunk a group) so that the group loop carries the words in
-    flight."""
+    run (16 ahead of runs of 8 and 16 chunks; clamped to its last chunk), x 0 to 3 ahead, and
+    the zero points taken off inside A or by the MMAs against ones, for 1, 2, 4 and 8 tiles
+    of x: the twin's sums. Groups of 64 (one chunk a group) so that the group loop carries
+    the operands in flight."""
     gen = torch.Generator().manual_seed(m + ahead)
     w = W4(32, 1024, 64, gen)
     qm = shuffle_w4(w.qweight)
     x = torch.randn(m, 1024, generator=gen).to(DEVICE, torch.bfloat16)
-    got = w4a16_mma(x, qm, w.scales, w.zeros, group_size=64, split=split, ahead=ahead, zsub=zsub)
+    got = w4a16_mma(x, qm, w.scales, w.zeros, group_size=64, split=split, ahead=ahead, zsub=zsub,
+                    x_ahead=x_ahead)  # fmt: skip
     _check(got, w.ref(x.float()), torch.bfloat16)
 
 
@@ -218,6 +221,7 @@ def test_the_launch_defaults_follow_the_rows_and_the_grid() -> None:
         ("misaligned", "16-byte aligned"),
         ("split", "split must be a power of two"),
         ("ahead", "ahead must be 1 to 16 chunks"),
+        ("x_ahead", "x_ahead must be 0 to 4 chunks"),
         ("qmma", "qmma must have shape"),
         ("n", "zeros must have shape"),
     ],
@@ -227,7 +231,7 @@ def test_bad_arguments_are_refused_with_the_reason(case: str, message: str) -> N
     w = W4(32, 256, 64 if case == "group" else 128, gen)
     qm = shuffle_w4(w.qweight)
     x = torch.randn(65 if case == "rows" else 2, 256, generator=gen).to(DEVICE, torch.bfloat16)
-    group, split, ahead = (32 if case == "group" else w.group_size), None, 2
+    group, split, ahead, x_ahead = (32 if case == "group" else w.group_size), None, 2, None
     scales, zeros = w.scales, w.zeros
     if case == "fp32":
         x = x.float()
@@ -237,6 +241,8 @@ def test_bad_arguments_are_refused_with_the_reason(case: str, message: str) -> N
         split = 3
     elif case == "ahead":
         ahead = 17
+    elif case == "x_ahead":
+        x_ahead = 5
     elif case == "qmma":
         qm = qm[:, :2]
     elif case == "n":
@@ -245,4 +251,5 @@ def test_bad_arguments_are_refused_with_the_reason(case: str, message: str) -> N
         scales = torch.cat([w.scales, w.scales], dim=1)
         zeros = torch.cat([w.zeros, w.zeros], dim=1)
     with pytest.raises((ValueError, TypeError), match=message):
-        w4a16_mma(x, qm, scales, zeros, group_size=group, split=split, ahead=ahead)
+        w4a16_mma(x, qm, scales, zeros, group_size=group, split=split, ahead=ahead,
+                  x_ahead=x_ahead)  # fmt: skip
