@@ -76,6 +76,8 @@ def test_checkpoint_matches_its_dequantized_weights(
     assert len(layers) == 4 * config.num_layers  # qkv, o, gate_up, down; not the LM head
     assert all(isinstance(layer.int4, PackedInt4) for layer in layers)
     assert not any(hasattr(layer, "qweight") for layer in layers)  # the checkpoint's freed
+    # the plain words (no MMA on the CPU): nothing specialises by rows past the gemv's
+    assert all(layer.method.dense_ahead_rows(layer) == () for layer in layers)
     assert model.lm_head.weight.dtype == torch.float32
     if FORMATS[fmt].get("desc_act"):  # scattered groups: the kernels' layout is permuted
         assert all(

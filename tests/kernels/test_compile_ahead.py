@@ -63,12 +63,17 @@ class RecordingUnquantized(Recorder, Unquantized):
 
 class RecordingFormat(Recorder, LinearMethod):
     name = "recording-format"
+    AHEAD = (8, 24)
+
+    def dense_ahead_rows(self, layer: Any) -> tuple[int, ...]:
+        return self.AHEAD
 
 
 @pytest.mark.parametrize("method", [RecordingUnquantized, RecordingFormat])
 def test_every_timed_launch_is_compiled_ahead(method: type[Recorder]) -> None:
     """_launches covers what _plan times: each candidate at each row count, and the dense
-    product only where it is not cuBLAS (a quantized format's)."""
+    product only where it is not cuBLAS (a quantized format's), there also at the decode
+    batches' row counts the format's kernels specialise by."""
     layer = Linear(64, 32)
     recorder = method()
     recorder.made = []
@@ -80,7 +85,7 @@ def test_every_timed_launch_is_compiled_ahead(method: type[Recorder]) -> None:
         (m, cfg, torch.float16) for m in rows for cfg in CANDIDATES
     }
     if method is RecordingFormat:
-        want |= {(m, None, torch.float16) for m in rows}
+        want |= {(m, None, torch.float16) for m in [*rows, *RecordingFormat.AHEAD]}
     assert len(recorder.made) == len(want)
     assert set(recorder.made) == want
 

@@ -14,7 +14,12 @@ import torch
 from kernels.gemv import MAX_M
 from kernels.w4a16_matmul import GEMM_MAX_M
 from services.executor.models.linear import Linear, choose_gemv
-from services.executor.quant.int4_linear import INT4_CANDIDATES, MMA_CANDIDATES, _packed
+from services.executor.quant.int4_linear import (
+    INT4_CANDIDATES,
+    MMA_CANDIDATES,
+    MMA_TILE_ROWS,
+    _packed,
+)
 from services.executor.weights import load_model
 from tests.executor.helpers import BatchDriver, greedy_generate, write_tiny_model
 from tests.executor.test_int4_weights import FORMATS, write_int4
@@ -98,6 +103,8 @@ def test_the_mma_launches_match_the_dequantized_weight(
             w = layer.method.dequantized(layer).float()
             cfgs = [c for c in layer.method.gemv_candidates(layer) if c.mma]
             assert cfgs == list(MMA_CANDIDATES)
+            # compile_ahead runs the dense product at one batch of each tile count of x
+            assert layer.method.dense_ahead_rows(layer) == MMA_TILE_ROWS
             for m in range(1, 9):
                 x = torch.randn(m, layer.in_features, device=DEVICE, generator=gen).to(dtype)
                 want = x.float() @ w.T

@@ -167,7 +167,9 @@ def _time_us(fn: Callable[[], object], reps: int = 20) -> float:
 def _launches(layer: Linear, act_dtype: torch.dtype | None) -> list[Callable[[], object]]:
     """Every product `_plan` times for `layer`, once each, for compile_ahead: its gemv
     candidates at each row count, and its dense product where that is a Triton kernel too (a
-    quantized format's; the unquantized ones are cuBLAS, with nothing to compile)."""
+    quantized format's; the unquantized ones are cuBLAS, with nothing to compile), there also
+    at the decode batches' row counts its kernels specialise by (`dense_ahead_rows`), which
+    the CUDA graphs' capture would otherwise compile one after another."""
     from kernels.gemv import MAX_M
 
     method, w = layer.method, layer.weight
@@ -182,7 +184,10 @@ def _launches(layer: Linear, act_dtype: torch.dtype | None) -> list[Callable[[],
 
     dense: list[GemvConfig | None] = [] if isinstance(method, Unquantized) else [None]
     cfgs = [*dense, *method.gemv_candidates(layer)]
-    return [partial(call, m, cfg) for m in range(1, MAX_M + 1) for cfg in cfgs]
+    calls: list[Callable[[], object]] = [
+        partial(call, m, cfg) for m in range(1, MAX_M + 1) for cfg in cfgs
+    ]
+    return calls + [partial(call, m, None) for m in method.dense_ahead_rows(layer)]
 
 
 def _plan(layer: Linear, dtype: torch.dtype) -> tuple[dict[int, GemvConfig], float]:

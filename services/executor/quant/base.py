@@ -90,6 +90,11 @@ class LinearMethod:
 
         return CANDIDATES
 
+    def dense_ahead_rows(self, layer: Linear) -> tuple[int, ...]:
+        """Row counts past the gemv's at which `dense`'s Triton kernels specialise, for
+        compile_ahead to compile at start (none: cuBLAS, or one kernel at any count)."""
+        return ()
+
     def apply(
         self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:

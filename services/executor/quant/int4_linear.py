@@ -141,6 +141,7 @@ INT4_CANDIDATES = (
 # columns a chunk, num_warps warps splitting K, num_stages chunks of words loaded ahead (at
 # one to four rows of x on an H200, the best launches of Llama-3.1-8B's projections:
 # loadtest/results/gpu_w4a16_mma_h200_run5.json)
+MMA_TILE_ROWS = (8, 16, 32, 64)  # a decode batch's rows for each specialisation of the MMA
 MMA_CANDIDATES = (
     GemvConfig(16, 64, 4, 2, mma=True),
     GemvConfig(16, 64, 8, 2, mma=True),
@@ -267,6 +268,10 @@ class Int4Method(LinearMethod):
 
     def gemv_candidates(self, layer: Linear) -> tuple[GemvConfig, ...]:
         return MMA_CANDIDATES if _packed(layer).qmma is not None else INT4_CANDIDATES
+
+    def dense_ahead_rows(self, layer: Linear) -> tuple[int, ...]:
+        # the MMA's 1, 2, 4 and 8 tiles of 8 rows of x, each with its own launch defaults
+        return MMA_TILE_ROWS if _packed(layer).qmma is not None else ()
 
     def gemv(self, layer: Linear, x: torch.Tensor, cfg: GemvConfig) -> torch.Tensor:
         from kernels.w4a16_gemv import w4a16_gemv
