@@ -23,9 +23,10 @@ it with 7 integer instructions:
   as long as A and B agree on it;
 - the zero point and the offset never meet the weights: sum_k s (q_k - z) x_k = s (sum_k
   (OFF + q_k) x_k - (OFF + z) sum_k x_k), sum_k x_k coming from a second MMA of the same x
-  against ones; the scale multiplies each group's sums once. For 2 and 4 tiles of x (9 to 32
-  rows) the A fragments take the zero points off themselves instead (one fma.rn a register,
-  q - z exact), one MMA a tile and step (`_chunk_sums`).
+  against ones; the scale multiplies each group's sums once. Or the A fragments take the
+  zero points off themselves (one fma.rn a register, q - z exact), one MMA a tile and step
+  (`_chunk_sums`; a launch argument, by default `zsub_default`: for every tile count of x
+  but 2 tiles in small grids).
 
 A CTA's SPLIT warps share one tile and split K, each a run of whole groups, their fp32 sums
 added in a fixed order at the end (the same bits every call). Each chunk's words are loaded
@@ -611,10 +612,10 @@ def w4a16_mma(
         zsub = zsub_default(m, n, split, sms)
     if split < 1 or split & (split - 1) or k % (split * group_size):
         raise ValueError(f"{op}: split must be a power of two dividing k's groups, got {split}")
-    if not 1 <= ahead <= 16:
-        raise ValueError(f"{op}: ahead must be 1 to 16 chunks, got {ahead}")
-    if x_ahead is not None and not 0 <= x_ahead <= 4:
-        raise ValueError(f"{op}: x_ahead must be 0 to 4 chunks, got {x_ahead}")
+    if not isinstance(ahead, int) or not 1 <= ahead <= 16:
+        raise ValueError(f"{op}: ahead must be 1 to 16 chunks, got {ahead!r}")
+    if x_ahead is not None and (not isinstance(x_ahead, int) or not 0 <= x_ahead <= 4):
+        raise ValueError(f"{op}: x_ahead must be 0 to 4 chunks, got {x_ahead!r}")
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     check_tensor(op, "out", out, shape=(m, n), dims="[m, n]", dtypes=(x.dtype,), device=x.device)

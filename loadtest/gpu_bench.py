@@ -100,7 +100,7 @@ TIME_LIMITS = {
     "moe_kernel": 240,
     "gguf_kernel": 300,
     "w4a16_kernel": 420,
-    "w4a16_mma": 420,  # 4 shapes x 7 row counts x (12 launches + the old kernels), cold weights
+    "w4a16_mma": 420,  # 4 shapes x 7 row counts x (18 launches + the old kernels), cold weights
     "qwen3moe": 480,
     "dsv2lite": 480,
     "scale": 480,

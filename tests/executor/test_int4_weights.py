@@ -220,3 +220,24 @@ def test_the_engine_serves_an_awq_checkpoint(float_dir: Path, tmp_path: Path) ->
     twin, _ = load_model(ckpt.reference, "cpu")
     want = greedy_generate(twin, twin.config, PROMPTS, 6, eos_ids=())
     assert engine_greedy(engine, PROMPTS, 6) == want
+
+
+def test_compile_ahead_reaches_every_mma_specialisation_the_graphs_use() -> None:
+    """The int4 MMA specialises by its tiles of 8 rows of x (and their launch defaults) and,
+    as Triton does for an integer argument, by M being 1 or a multiple of 16. Every decode
+    batch size the CUDA graphs capture up to its 64 rows falls on a specialisation that the
+    start-up timing (1 to 4 rows) or `dense_ahead_rows` compiles, and each of those rows
+    adds one the others do not."""
+    from kernels.w4a16_mma import MAX_M, mma_ahead, n_tiles
+    from services.executor.cuda_graph import capture_sizes
+    from services.executor.quant.int4_linear import MMA_TILE_ROWS
+
+    def key(m: int) -> tuple[int, int, bool, bool]:
+        return n_tiles(m), mma_ahead(m), m == 1, m % 16 == 0
+
+    timed = {key(m) for m in range(1, 5)}
+    ahead = [key(m) for m in MMA_TILE_ROWS]
+    assert len(set(ahead)) == len(ahead) and not timed & set(ahead)
+    for m in capture_sizes(512):
+        if m <= MAX_M:
+            assert key(m) in timed | set(ahead), m

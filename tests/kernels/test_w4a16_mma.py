@@ -94,7 +94,7 @@ def test_operands_in_flight_and_the_zero_points(
     m: int, split: int, ahead: int, zsub: bool, x_ahead: int | None
 ) -> None:
     """Chunks of words loaded 1 to 16 ahead of the one multiplied, past the end of a warp's
-    run (16 ahead of runs of 8 and 16 chunks; clamped to its last chunk), x 0 to 3 ahead, and
+    run (16 and 8 ahead of runs of 8 chunks; clamped to its last chunk), x 0 to 3 ahead, and
     the zero points taken off inside A or by the MMAs against ones, for 1, 2, 4 and 8 tiles
     of x: the twin's sums. Groups of 64 (one chunk a group) so that the group loop carries
     the operands in flight."""

@@ -91,8 +91,9 @@ class LinearMethod:
         return CANDIDATES
 
     def dense_ahead_rows(self, layer: Linear) -> tuple[int, ...]:
-        """Row counts past the gemv's at which `dense`'s Triton kernels specialise, for
-        compile_ahead to compile at start (none: cuBLAS, or one kernel at any count)."""
+        """Row counts past the gemv's, one for each specialisation of `dense`'s Triton kernels
+        that the CUDA graphs' batch sizes reach, for compile_ahead to compile at start (none:
+        cuBLAS, or one kernel at any count)."""
         return ()
 
     def apply(

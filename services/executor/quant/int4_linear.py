@@ -141,7 +141,12 @@ INT4_CANDIDATES = (
 # columns a chunk, num_warps warps splitting K, num_stages chunks of words loaded ahead (at
 # one to four rows of x on an H200, the best launches of Llama-3.1-8B's projections:
 # loadtest/results/gpu_w4a16_mma_h200_run5.json)
-MMA_TILE_ROWS = (8, 16, 32, 64)  # a decode batch's rows for each specialisation of the MMA
+# A decode batch's rows for each specialisation of the MMA that the CUDA graphs' batch sizes
+# (services/executor/cuda_graph.capture_sizes) reach past the start-up timing's 1 to 4: 2, 4
+# and 8 tiles of 8 rows of x, each with its own launch defaults, and Triton's specialisation
+# of M on being a multiple of 16 (16, 32, 48, 64 against 24, 40, 56). One to 8 rows are one
+# tile, compiled by the timing.
+MMA_TILE_ROWS = (16, 24, 32, 40, 64)
 MMA_CANDIDATES = (
     GemvConfig(16, 64, 4, 2, mma=True),
     GemvConfig(16, 64, 8, 2, mma=True),
@@ -270,7 +275,6 @@ class Int4Method(LinearMethod):
         return MMA_CANDIDATES if _packed(layer).qmma is not None else INT4_CANDIDATES
 
     def dense_ahead_rows(self, layer: Linear) -> tuple[int, ...]:
-        # the MMA's 1, 2, 4 and 8 tiles of 8 rows of x, each with its own launch defaults
         return MMA_TILE_ROWS if _packed(layer).qmma is not None else ()
 
     def gemv(self, layer: Linear, x: torch.Tensor, cfg: GemvConfig) -> torch.Tensor:
