@@ -15,7 +15,9 @@ Products of bf16/fp16 weights: gemv.py (decode's few rows), head_gemv.py (per-he
 fp8 weights: fp8_weights.py (layouts), fp8_gemv.py and fp8_gemv_packed.py (decode's few rows),
 fp8_gemm.py (decode batches to 32 rows), fp8_act_quant.py with fp8_block_gemm.py (w8a8 past
 that), fp8_widen.py and f16x2.py (helpers).
-int4 weights: w4a16.py (the layout), w4a16_gemv.py, w4a16_gemm.py (5 to 64 rows),
+int4 weights: w4a16.py (the layout), w4a16_mma.py (decode's 1 to 64 rows on the tensor
+cores' MMA, words shuffled at load) and w4a16_mma_dequant.py (their expansion for prefill),
+w4a16_gemv.py and w4a16_gemm.py (fp32 models and shapes the MMA does not take),
 w4a16_dequant.py, w4a16_matmul.py (the routing by rows), gather_cols.py (x in act-order).
 GGUF blocks: gguf_blocks.py (layouts), gguf_gemv.py, gguf_dequant.py, gguf_matmul.py.
 Shared by the dequantising paths: split_k.py (K over programs), expand_mm.py (prefill through
