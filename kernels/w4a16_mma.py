@@ -254,6 +254,15 @@ def _emulated_step(qm_chunk, x_ptr, stride_xm, M, chunk, v, g, p, row0, d, e,
 
 
 @triton.jit
+def _pop(pend, DEPTH: tl.constexpr):
+    """A queue of DEPTH operands in flight, oldest first: (the oldest, the rest)."""
+    rest = ()
+    for i in tl.static_range(1, DEPTH):
+        rest = rest + (pend[i],)
+    return pend[0], rest
+
+
+@triton.jit
 def _words(qm_tile, chunk, lane):
     """A lane's 4 words of a chunk of 64 columns ([T, 4], one 16-byte load)."""
     return tl.load(qm_tile + (chunk * 128 + lane * 4)[:, None] + tl.arange(0, 4)[None, :])
@@ -380,8 +389,6 @@ def _w4a16_mma_kernel(
         if ZA:  # the zero points leave inside the A fragments
             nz = (_neg_off_z(z_ptr, row_lo, stride_zn, grp, FP16),
                   _neg_off_z(z_ptr, row_hi, stride_zn, grp, FP16))  # fmt: skip
-            z_lo = zero
-            z_hi = zero
         else:
             nz = (zero, zero)
             z_lo = tl.load(z_ptr + row_lo * stride_zn + grp).to(tl.float32) + OFF
@@ -404,18 +411,12 @@ def _w4a16_mma_kernel(
                 d = nd
                 e = ne
             else:
-                cur_w = pend_w[0]
-                rest = ()
-                for i in tl.static_range(1, AHEAD):
-                    rest = rest + (pend_w[i],)
-                pend_w = rest + (_words(qm_tile, tl.minimum(chunk + AHEAD, last), lane),)
+                cur_w, rest_w = _pop(pend_w, AHEAD)
+                pend_w = rest_w + (_words(qm_tile, tl.minimum(chunk + AHEAD, last), lane),)
                 if X_AHEAD > 0:
-                    cur_x = pend_x[0]
-                    rest_x = ()
-                    for i in tl.static_range(1, X_AHEAD):
-                        rest_x = rest_x + (pend_x[i],)
-                    nxt = _x_pairs(x_pairs, x_rows, tl.minimum(chunk + X_AHEAD, last), p, NB)
-                    pend_x = rest_x + (nxt,)
+                    cur_x, rest_x = _pop(pend_x, X_AHEAD)
+                    nxt_x = _x_pairs(x_pairs, x_rows, tl.minimum(chunk + X_AHEAD, last), p, NB)
+                    pend_x = rest_x + (nxt_x,)
                 else:
                     cur_x = _x_pairs(x_pairs, x_rows, chunk, p, NB)
                 d, e = _chunk_sums(cur_w, cur_x, d, e, nz, NB, ZSUB, FP16, E4)
