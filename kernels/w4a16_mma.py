@@ -67,13 +67,17 @@ CHUNK = 64  # columns a thread's 16-byte load of 4 words covers: 4 steps of K = 
 NB_MAX = 8  # tiles of 8 rows of x
 MAX_M = 8 * NB_MAX  # rows of x
 AHEAD = 2  # chunks of words in flight ahead of the one multiplied, by default (`mma_ahead`)
+G32 = 32  # groups of 32 columns: a layout of their own (`shuffle_w4`), two groups a chunk
 
 
-def shuffle_w4(qweight: torch.Tensor) -> torch.Tensor:
+def shuffle_w4(qweight: torch.Tensor, group_size: int = CHUNK) -> torch.Tensor:
     """The plain layout's int32 [N, K / 8] words (kernels/w4a16.py) -> int32 [N / 16, K / 64,
     32, 4]: tile t, chunk c, lane l = 4 g + p, step v. Bits 4j..4j+3 of that word (j = 4 e +
     2 h + r) hold the weight of row 16 t + g + 8 r and column 64 c + 16 p + 4 v + 2 h + e.
-    Converted a slice of rows at a time (a few bytes a weight of scratch)."""
+    For groups of 32 columns (`group_size` 32) each step's columns lie in one group instead:
+    column 64 c + 32 (v // 2) + 8 p + 4 (v % 2) + 2 h + e, steps 0-1 the chunk's first group
+    and 2-3 its second (`_x_pairs` reads x to match). Converted a slice of rows at a time (a
+    few bytes a weight of scratch)."""
     n, words = qweight.shape
     k = words * PACK
     if n % TILE_N or k % CHUNK:
@@ -86,16 +90,21 @@ def shuffle_w4(qweight: torch.Tensor) -> torch.Tensor:
     for r0 in range(0, n, step):
         rows = min(step, n - r0)
         q = unpack_int4(qweight[r0 : r0 + rows]).to(torch.int64)  # [rows, K]
-        #           t                r  g  c           p  v  h  e
-        q = q.view(rows // TILE_N, 2, 8, k // CHUNK, 4, 4, 2, 2)
-        q = q.permute(0, 3, 2, 4, 5, 7, 6, 1)  # t c g p v e h r: nibble j = 4e + 2h + r
+        if group_size == G32:
+            #           t                r  g  c           vh p  vl h  e
+            q = q.view(rows // TILE_N, 2, 8, k // CHUNK, 2, 4, 2, 2, 2)
+            q = q.permute(0, 3, 2, 5, 4, 6, 8, 7, 1)  # t c g p vh vl e h r
+        else:
+            #           t                r  g  c           p  v  h  e
+            q = q.view(rows // TILE_N, 2, 8, k // CHUNK, 4, 4, 2, 2)
+            q = q.permute(0, 3, 2, 4, 5, 7, 6, 1)  # t c g p v e h r: nibble j = 4e + 2h + r
         q = q.reshape(rows // TILE_N, k // CHUNK, 32, 4, PACK) << shifts
         w = q.sum(dim=-1)  # 0 .. 2^32 - 1, as two's complement int32 below
         out[r0 // TILE_N : (r0 + rows) // TILE_N] = torch.where(w >= 2**31, w - 2**32, w)
     return out
 
 
-def unshuffle_w4(qmma: torch.Tensor) -> torch.Tensor:
+def unshuffle_w4(qmma: torch.Tensor, group_size: int = CHUNK) -> torch.Tensor:
     """The inverse of `shuffle_w4`: int32 [N / 16, K / 64, 32, 4] -> the plain layout's int32
     [N, K / 8] (for the torch twin and reference products; a slice of tiles at a time)."""
     tiles, chunks = qmma.shape[:2]
@@ -106,8 +115,12 @@ def unshuffle_w4(qmma: torch.Tensor) -> torch.Tensor:
     for t0 in range(0, tiles, step):
         t1 = min(tiles, t0 + step)
         q = (qmma[t0:t1, ..., None] >> shifts) & 0xF  # t c (g p) v (e h r)
-        q = q.view(t1 - t0, chunks, 8, 4, 4, 2, 2, 2)  # t c g p v e h r
-        q = q.permute(0, 7, 2, 1, 3, 4, 6, 5)  # t r g c p v h e
+        if group_size == G32:
+            q = q.view(t1 - t0, chunks, 8, 4, 2, 2, 2, 2, 2)  # t c g p vh vl e h r
+            q = q.permute(0, 8, 2, 1, 4, 3, 5, 7, 6)  # t r g c vh p vl h e
+        else:
+            q = q.view(t1 - t0, chunks, 8, 4, 4, 2, 2, 2)  # t c g p v e h r
+            q = q.permute(0, 7, 2, 1, 3, 4, 6, 5)  # t r g c p v h e
         out[t0 * TILE_N : t1 * TILE_N] = pack_int4(q.reshape((t1 - t0) * TILE_N, k))
     return out
 
@@ -232,7 +245,7 @@ def _mma(a, b0, b1, d, e, FP16: tl.constexpr, E4: tl.constexpr):
 
 @triton.jit
 def _emulated_step(qm_chunk, x_ptr, stride_xm, M, chunk, v, g, p, row0, d, e,
-                   OFF: tl.constexpr):  # fmt: skip
+                   OFF: tl.constexpr, G32: tl.constexpr):  # fmt: skip
     """The interpreter's step: lane (g, p)'s sums for x's rows row0 + 2p, row0 + 2p + 1,
     computed from memory in fp32, reading the words of the 4 lanes that share its weight rows
     (the MMA's exchange between lanes): the shuffled layout's meaning, without the registers."""
@@ -242,7 +255,10 @@ def _emulated_step(qm_chunk, x_ptr, stride_xm, M, chunk, v, g, p, row0, d, e,
     j = 4 * (cc % 2) + 2 * ((cc // 2) % 2)  # nibble 4e + 2h of the low row (r = 0)
     w_lo = ((word >> (4 * j)) & 0xF).to(tl.float32) + OFF
     w_hi = ((word >> (4 * j + 4)) & 0xF).to(tl.float32) + OFF
-    col = chunk[:, None] * 64 + 16 * (cc // 4) + 4 * v + cc % 4
+    if G32:
+        col = chunk[:, None] * 64 + 32 * (v // 2) + 8 * (cc // 4) + 4 * (v % 2) + cc % 4
+    else:
+        col = chunk[:, None] * 64 + 16 * (cc // 4) + 4 * v + cc % 4
     n_a = (row0 + 2 * p)[:, None]
     x_a = tl.load(x_ptr + n_a * stride_xm + col, mask=n_a < M, other=0.0).to(tl.float32)
     x_b = tl.load(x_ptr + (n_a + 1) * stride_xm + col, mask=n_a + 1 < M, other=0.0).to(tl.float32)
@@ -269,22 +285,25 @@ def _words(qm_tile, chunk, lane):
 
 
 @triton.jit
-def _x_pairs(x_pairs, x_rows, chunk, p, NB: tl.constexpr):
+def _x_pairs(x_pairs, x_rows, chunk, p, NB: tl.constexpr, G32: tl.constexpr):
     """A lane's 16 columns of a chunk for each of its NB rows of x (x_rows: their offsets
     from x_pairs, in pairs): per row 8 pairs as two 16-byte loads of [T, 4] (one load of
-    [T, 8] is split between two threads and regathered through shared memory)."""
-    cols = (chunk * 32 + p * 8)[:, None] + tl.arange(0, 4)[None, :]
+    [T, 8] is split between two threads and regathered through shared memory). Columns
+    16p to 16p + 15, or with groups of 32 columns (G32) 8p to 8p + 7 and 32 + 8p to 32 + 8p +
+    7 (`shuffle_w4`)."""
+    cols = (chunk * 32 + p * (4 if G32 else 8))[:, None] + tl.arange(0, 4)[None, :]
     pairs = ()
     for j in tl.static_range(NB):
         ptrs = x_pairs + x_rows[j][:, None] + cols
-        pairs = pairs + ((tl.load(ptrs), tl.load(ptrs + 4)),)
+        pairs = pairs + ((tl.load(ptrs), tl.load(ptrs + (16 if G32 else 4))),)
     return pairs
 
 
 @triton.jit
 def _chunk_sums(words, xs, d, e, nz, NB: tl.constexpr, ZSUB: tl.constexpr, FP16: tl.constexpr,
-                E4: tl.constexpr):  # fmt: skip
-    """d, e plus a chunk's 4 steps on its words and x's pairs, for each of the NB tiles of
+                E4: tl.constexpr, V0: tl.constexpr, V1: tl.constexpr):  # fmt: skip
+    """d, e plus a chunk's steps V0 to V1 - 1 (a group's: all 4, or 2 of groups of 32
+    columns) on its words and x's pairs, for each of the NB tiles of
     8 rows of x: one A fragment a step, shared by the tiles' MMAs. A holds OFF + q and e
     gathers sum_k x from MMAs against ones, or (ZSUB) A holds q - z (nz: the rows' -(OFF + z)
     pairs), one MMA a tile and step, e untouched. On an H200 (gpu_w4a16_mma_h200_run5.json,
@@ -297,7 +316,7 @@ def _chunk_sums(words, xs, d, e, nz, NB: tl.constexpr, ZSUB: tl.constexpr, FP16:
         lo = split4(xs[j][0])
         hi = split4(xs[j][1])
         bs = bs + ((lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]),)
-    for v in tl.static_range(4):
+    for v in tl.static_range(V0, V1):
         nd = ()
         if ZSUB:
             a = _a_fragment_z(ws[v], nz[0], nz[1], FP16)
@@ -320,7 +339,7 @@ def _w4a16_mma_kernel(
     x_ptr,  # [M, K] 16-bit
     qm_ptr,  # int32 [N / 16, K / 64, 32, 4]
     s_ptr,  # [N, G]
-    z_ptr,  # uint8 [N, G]
+    z_ptr,  # uint8 [N, G] zero points, or (MINS) float mins
     out_ptr,  # [M, N]
     M,
     K,
@@ -334,6 +353,7 @@ def _w4a16_mma_kernel(
     AHEAD: tl.constexpr,  # chunks of words in flight ahead of the one multiplied
     X_AHEAD: tl.constexpr,  # chunks of x loaded ahead of the one multiplied (0: as it goes)
     ZSUB: tl.constexpr,  # the zero points inside A (_chunk_sums)
+    MINS: tl.constexpr,  # z_ptr holds float mins m (w = s q - m) in place of zero points
     EMULATE: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -367,8 +387,14 @@ def _w4a16_mma_kernel(
         fresh_d = fresh_d + ((zero, zero, zero, zero),)
         fresh_e = fresh_e + (((zero, zero, zero, zero) if E4 else (zero, zero)),)
     t = fresh_d  # rows g, g + 8 by x's rows 8j + 2p, 8j + 2p + 1
-    CPG: tl.constexpr = GROUP // 64  # chunks a group
-    first = warp * (k_run // 64)  # the warp's chunks, a run of whole groups
+    # A block: a group of 64 columns or more (CPB chunks), or two groups of 32 (one chunk,
+    # steps 0-1 the first group's and 2-3 the second's: `shuffle_w4`)
+    G32: tl.constexpr = GROUP == 32
+    BLOCK: tl.constexpr = 64 if G32 else GROUP
+    CPB: tl.constexpr = BLOCK // 64  # chunks a block
+    GPB: tl.constexpr = BLOCK // GROUP  # groups a block
+    VPG: tl.constexpr = 4 // GPB  # steps of a chunk a group takes
+    first = warp * (k_run // 64)  # the warp's chunks, a run of whole blocks
     last = first + k_run // 64 - 1
     # Each chunk's words are loaded AHEAD chunks before they are multiplied, and its x
     # X_AHEAD chunks before (by default 2 with one tile of x: ptxas issues a loop's loads late
@@ -381,60 +407,93 @@ def _w4a16_mma_kernel(
             pend_w = pend_w + (_words(qm_tile, tl.minimum(first + i, last), lane),)
         pend_x = ()  # the next X_AHEAD chunks' x, oldest first
         for i in tl.static_range(X_AHEAD):
-            pend_x = pend_x + (_x_pairs(x_pairs, x_rows, tl.minimum(first + i, last), p, NB),)
-    for gi in range(0, k_run // GROUP):
-        grp = first // CPG + gi
-        s_lo = tl.load(s_ptr + row_lo * stride_sn + grp).to(tl.float32)
-        s_hi = tl.load(s_ptr + row_hi * stride_sn + grp).to(tl.float32)
-        if ZA:  # the zero points leave inside the A fragments
-            nz = (_neg_off_z(z_ptr, row_lo, stride_zn, grp, FP16),
-                  _neg_off_z(z_ptr, row_hi, stride_zn, grp, FP16))  # fmt: skip
-        else:
-            nz = (zero, zero)
-            z_lo = tl.load(z_ptr + row_lo * stride_zn + grp).to(tl.float32) + OFF
-            z_hi = tl.load(z_ptr + row_hi * stride_zn + grp).to(tl.float32) + OFF
-        d = fresh_d
-        e = fresh_e
-        for ci in tl.static_range(CPG):
-            chunk = grp * CPG + ci
+            nxt = _x_pairs(x_pairs, x_rows, tl.minimum(first + i, last), p, NB, G32)
+            pend_x = pend_x + (nxt,)
+    for bi in range(0, k_run // BLOCK):
+        blk = first // CPB + bi
+        sc = ()  # a group's scales and zero points (or mins) for rows g and g + 8
+        acc = ()  # a group's sums (d, e)
+        for gq in tl.static_range(GPB):
+            grp = blk * GPB + gq
+            s_lo = tl.load(s_ptr + row_lo * stride_sn + grp).to(tl.float32)
+            s_hi = tl.load(s_ptr + row_hi * stride_sn + grp).to(tl.float32)
+            if ZA:  # the zero points leave inside the A fragments
+                nz = (_neg_off_z(z_ptr, row_lo, stride_zn, grp, FP16),
+                      _neg_off_z(z_ptr, row_hi, stride_zn, grp, FP16))  # fmt: skip
+                z_lo = zero
+                z_hi = zero
+            elif MINS:  # w = s q - m: the fold takes s OFF + m off each sum against ones
+                nz = (zero, zero)
+                z_lo = s_lo * OFF + tl.load(z_ptr + row_lo * stride_zn + grp).to(tl.float32)
+                z_hi = s_hi * OFF + tl.load(z_ptr + row_hi * stride_zn + grp).to(tl.float32)
+            else:
+                nz = (zero, zero)
+                z_lo = tl.load(z_ptr + row_lo * stride_zn + grp).to(tl.float32) + OFF
+                z_hi = tl.load(z_ptr + row_hi * stride_zn + grp).to(tl.float32) + OFF
+            sc = sc + ((s_lo, s_hi, z_lo, z_hi, nz),)
+            acc = acc + ((fresh_d, fresh_e),)
+        for ci in tl.static_range(CPB):
+            chunk = blk * CPB + ci
             if EMULATE:
-                nd = ()
-                ne = ()
-                for j in tl.static_range(NB):
-                    dj = d[j]
-                    ej = e[j]
-                    for v in tl.static_range(4):
-                        dj, ej = _emulated_step(qm_tile + chunk * 128, x_ptr, stride_xm, M,
-                                                chunk, v, g, p, 8 * j, dj, ej, OFF)  # fmt: skip
-                    nd = nd + (dj,)
-                    ne = ne + (ej,)
-                d = nd
-                e = ne
+                nacc = ()
+                for gq in tl.static_range(GPB):
+                    nd = ()
+                    ne = ()
+                    for j in tl.static_range(NB):
+                        dj = acc[gq][0][j]
+                        ej = acc[gq][1][j]
+                        for v in tl.static_range(gq * VPG, gq * VPG + VPG):
+                            dj, ej = _emulated_step(qm_tile + chunk * 128, x_ptr, stride_xm,
+                                                    M, chunk, v, g, p, 8 * j, dj, ej, OFF,
+                                                    G32)  # fmt: skip
+                        nd = nd + (dj,)
+                        ne = ne + (ej,)
+                    nacc = nacc + ((nd, ne),)
+                acc = nacc
             else:
                 cur_w, rest_w = _pop(pend_w, AHEAD)
                 pend_w = rest_w + (_words(qm_tile, tl.minimum(chunk + AHEAD, last), lane),)
                 if X_AHEAD > 0:
                     cur_x, rest_x = _pop(pend_x, X_AHEAD)
-                    nxt_x = _x_pairs(x_pairs, x_rows, tl.minimum(chunk + X_AHEAD, last), p, NB)
+                    nxt_x = _x_pairs(x_pairs, x_rows, tl.minimum(chunk + X_AHEAD, last), p, NB,
+                                     G32)  # fmt: skip
                     pend_x = rest_x + (nxt_x,)
                 else:
-                    cur_x = _x_pairs(x_pairs, x_rows, chunk, p, NB)
-                d, e = _chunk_sums(cur_w, cur_x, d, e, nz, NB, ZSUB, FP16, E4)
-        nt = ()
-        for j in tl.static_range(NB):
-            tj = t[j]
-            dj = d[j]
-            ej = e[j]
-            if ZA:  # d holds sum_k (q - z) x already
-                nt = nt + ((tj[0] + s_lo * dj[0], tj[1] + s_lo * dj[1],
-                            tj[2] + s_hi * dj[2], tj[3] + s_hi * dj[3]),)  # fmt: skip
-            else:
-                nt = nt + ((
-                    tj[0] + s_lo * (dj[0] - z_lo * ej[0]), tj[1] + s_lo * (dj[1] - z_lo * ej[1]),
-                    tj[2] + s_hi * (dj[2] - z_hi * ej[E_HI]),
-                    tj[3] + s_hi * (dj[3] - z_hi * ej[E_HI + 1]),
-                ),)  # fmt: skip
-        t = nt
+                    cur_x = _x_pairs(x_pairs, x_rows, chunk, p, NB, G32)
+                nacc = ()
+                for gq in tl.static_range(GPB):
+                    d, e = _chunk_sums(cur_w, cur_x, acc[gq][0], acc[gq][1], sc[gq][4], NB,
+                                       ZSUB, FP16, E4, gq * VPG, gq * VPG + VPG)  # fmt: skip
+                    nacc = nacc + ((d, e),)
+                acc = nacc
+        for gq in tl.static_range(GPB):
+            s_lo = sc[gq][0]
+            s_hi = sc[gq][1]
+            z_lo = sc[gq][2]
+            z_hi = sc[gq][3]
+            nt = ()
+            for j in tl.static_range(NB):
+                tj = t[j]
+                dj = acc[gq][0][j]
+                ej = acc[gq][1][j]
+                if ZA:  # d holds sum_k (q - z) x already
+                    nt = nt + ((tj[0] + s_lo * dj[0], tj[1] + s_lo * dj[1],
+                                tj[2] + s_hi * dj[2], tj[3] + s_hi * dj[3]),)  # fmt: skip
+                elif MINS:  # z: s OFF + m
+                    nt = nt + ((
+                        tj[0] + (s_lo * dj[0] - z_lo * ej[0]),
+                        tj[1] + (s_lo * dj[1] - z_lo * ej[1]),
+                        tj[2] + (s_hi * dj[2] - z_hi * ej[E_HI]),
+                        tj[3] + (s_hi * dj[3] - z_hi * ej[E_HI + 1]),
+                    ),)  # fmt: skip
+                else:
+                    nt = nt + ((
+                        tj[0] + s_lo * (dj[0] - z_lo * ej[0]),
+                        tj[1] + s_lo * (dj[1] - z_lo * ej[1]),
+                        tj[2] + s_hi * (dj[2] - z_hi * ej[E_HI]),
+                        tj[3] + s_hi * (dj[3] - z_hi * ej[E_HI + 1]),
+                    ),)  # fmt: skip
+            t = nt
     for j in tl.static_range(NB):
         _store_sums(out_ptr, stride_om, tile, t[j][0], 8 * j, 0, M, SPLIT)
         _store_sums(out_ptr, stride_om, tile, t[j][1], 8 * j + 1, 0, M, SPLIT)
@@ -511,14 +570,16 @@ def split_at_most(k: int, group_size: int, split: int) -> int:
     return split
 
 
-def mma_shape_fits(n: int, k: int, group_size: int) -> bool:
+def mma_shape_fits(n: int, k: int, group_size: int, min_group: int = CHUNK) -> bool:
     """Whether a weight [n, k] with these groups can be shuffled for `w4a16_mma`: n a multiple
-    of 16, power-of-two groups of at least 64 columns dividing k."""
+    of 16, power-of-two groups of at least `min_group` columns (64: what the expansion for
+    prefill takes; the MMA also takes 32) dividing k, k a multiple of 64."""
     return (
         n % TILE_N == 0
-        and group_size >= CHUNK
+        and group_size >= min_group
         and group_size & (group_size - 1) == 0
         and k % group_size == 0
+        and k % CHUNK == 0
     )
 
 
@@ -526,34 +587,43 @@ def check_shuffled(
     op: str,
     qmma: torch.Tensor,
     scales: torch.Tensor,
-    zeros: torch.Tensor,
+    zeros: torch.Tensor | None,
     group_size: int,
     device: torch.device,
+    *,
+    mins: torch.Tensor | None = None,
+    min_group: int = CHUNK,
 ) -> tuple[int, int]:
     """Check a weight's shuffled words (contiguous int32 [n / 16, k / 64, 32, 4]), its groups
-    and the layout's scales and zero points [n, k / group_size], all on `device`; returns
-    (n, k)."""
+    (power-of-two, at least `min_group` columns) and the layout's scales and either its uint8
+    zero points or float mins [n, k / group_size], all on `device`; returns (n, k)."""
     check_tensor(op, "qmma", qmma, shape=(None, None, 32, 4), dims="[n / 16, k / 64, 32, 4]",
                  dtypes=(torch.int32,), device=device)  # fmt: skip
     if not qmma.is_contiguous():
         raise ValueError(f"{op}: qmma must be contiguous, got strides {qmma.stride()}")
     n, k = qmma.shape[0] * TILE_N, qmma.shape[1] * CHUNK
-    if group_size < CHUNK or group_size & (group_size - 1) or k % group_size:
+    if group_size < min_group or group_size & (group_size - 1) or k % group_size:
         raise ValueError(
             f"{op}: group_size must be a power of two dividing k = {k}, groups of at least "
-            f"{CHUNK} columns, got {group_size}"
+            f"{min_group} columns, got {group_size}"
         )
-    for name, t, dtypes in (("scales", scales, SCALE_DTYPES), ("zeros", zeros, (torch.uint8,))):
+    if zeros is not None and mins is None:
+        offsets = ("zeros", zeros, (torch.uint8,))
+    elif mins is not None and zeros is None:
+        offsets = ("mins", mins, SCALE_DTYPES)
+    else:
+        raise ValueError(f"{op}: give zero points (zeros) or mins, not both or neither")
+    for name, t, dtypes in (("scales", scales, SCALE_DTYPES), offsets):
         check_tensor(op, name, t, shape=(n, k // group_size), dims="[n, k / group_size]",
                      dtypes=dtypes, device=device)  # fmt: skip
     return n, k
 
 
-def mma_fits(x: torch.Tensor, n: int, k: int, group_size: int) -> bool:
+def mma_fits(x: torch.Tensor, n: int, k: int, group_size: int, min_group: int = CHUNK) -> bool:
     """Whether `w4a16_mma` takes this product: the weight's shape (`mma_shape_fits`) and 1 to
     64 rows of 16-bit x, contiguous columns, 16-byte aligned rows."""
     return (
-        mma_shape_fits(n, k, group_size)
+        mma_shape_fits(n, k, group_size, min_group)
         and 1 <= x.shape[0] <= MAX_M
         and x.shape[1] == k
         and x.dtype in (torch.bfloat16, torch.float16)
@@ -567,7 +637,7 @@ def w4a16_mma(
     x: torch.Tensor,
     qmma: torch.Tensor,
     scales: torch.Tensor,
-    zeros: torch.Tensor,
+    zeros: torch.Tensor | None,
     *,
     group_size: int,
     out: torch.Tensor | None = None,
@@ -575,12 +645,15 @@ def w4a16_mma(
     ahead: int | None = None,
     zsub: bool | None = None,
     x_ahead: int | None = None,
+    mins: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x @ w.T for 1 to 64 rows of x, w as `shuffle_w4` stores it; returns out.
 
     x: [m, k] bf16/fp16, contiguous columns, rows 16-byte aligned (`mma_fits`); qmma: int32
     [n / 16, k / 64, 32, 4]; scales [n, G], zeros uint8 [n, G] as in kernels/w4a16.py (no
-    act-order perm: gather x's columns first). out (optional, written): [m, n] of x's dtype,
+    act-order perm: gather x's columns first), or zeros None and mins [n, G] floats for
+    weights s q - m (GGUF's Q4_K). Groups of 32 columns take `shuffle_w4`'s layout of their
+    own. out (optional, written): [m, n] of x's dtype,
     contiguous rows of any stride. split: warps a tile (a power of two dividing k's groups;
     None: `mma_split`). ahead: chunks of 64 columns whose words a warp has in flight ahead of
     the one it multiplies (1 to 16; None: `mma_ahead`). zsub: the zero points taken off
@@ -597,21 +670,25 @@ def w4a16_mma(
     m, k = x.shape
     check_tensor(op, "qmma", qmma, shape=(None, k // CHUNK, 32, 4), dims="[n / 16, k / 64, 32, 4]",
                  dtypes=(torch.int32,), device=x.device)  # fmt: skip
-    n, _ = check_shuffled(op, qmma, scales, zeros, group_size, x.device)
-    if not mma_fits(x, n, k, group_size):
+    n, _ = check_shuffled(op, qmma, scales, zeros, group_size, x.device, mins=mins,
+                          min_group=G32)  # fmt: skip
+    if not mma_fits(x, n, k, group_size, G32):
         raise ValueError(
             f"{op}: takes 1 to {MAX_M} rows of x with 16-byte aligned rows, n % {TILE_N} == 0 "
-            f"and power-of-two groups of at least {CHUNK} dividing k; got x {tuple(x.shape)} "
+            f"and power-of-two groups of at least {G32} dividing k; got x {tuple(x.shape)} "
             f"(row stride {x.stride(0)}), n = {n}, group_size = {group_size}"
         )
+    block = max(group_size, CHUNK)  # a warp's run is whole blocks: two groups of 32 a chunk
     sms = sm_count(x.device) if x.is_cuda else 132
     if split is None:
-        split = mma_split(k, group_size, n, sms, m)
+        split = mma_split(k, block, n, sms, m)
     if ahead is None:
         ahead = mma_ahead(m)
     if zsub is None:
-        zsub = zsub_default(m, n, split, sms)
-    if split < 1 or split & (split - 1) or k % (split * group_size):
+        zsub = mins is None and zsub_default(m, n, split, sms)
+    if zsub and mins is not None:
+        raise ValueError(f"{op}: zsub takes integer zero points, not mins")
+    if split < 1 or split & (split - 1) or k % (split * block):
         raise ValueError(f"{op}: split must be a power of two dividing k's groups, got {split}")
     if not isinstance(ahead, int) or not 1 <= ahead <= 16:
         raise ValueError(f"{op}: ahead must be 1 to 16 chunks, got {ahead!r}")
@@ -622,11 +699,13 @@ def w4a16_mma(
     check_tensor(op, "out", out, shape=(m, n), dims="[m, n]", dtypes=(x.dtype,), device=x.device)
     if out.stride(1) != 1:
         raise ValueError(f"{op}: out's columns must be contiguous, got strides {out.stride()}")
+    offsets = mins if zeros is None else zeros
+    assert offsets is not None  # check_shuffled: one of them
     _w4a16_mma_kernel[(n // TILE_N,)](
-        x, qmma, scales, zeros, out, m, k, x.stride(0), scales.stride(0), zeros.stride(0),
+        x, qmma, scales, offsets, out, m, k, x.stride(0), scales.stride(0), offsets.stride(0),
         out.stride(0), GROUP=group_size, SPLIT=split, NB=n_tiles(m), AHEAD=ahead,
         X_AHEAD=(2 if n_tiles(m) == 1 else 0) if x_ahead is None else x_ahead,
-        ZSUB=zsub, EMULATE=interpreting(),
+        ZSUB=zsub, MINS=mins is not None, EMULATE=interpreting(),
         num_warps=split, num_stages=1, **pdl_launch(x.device),
     )  # fmt: skip
     return out

@@ -111,6 +111,7 @@ def _w4a16_mma(
     split: int,
     ahead: int | None = None,
     zsub: bool | None = None,
+    mins: bool = False,
 ) -> None:
     n, k = 1024, 4096
     qmma, zeros = (
@@ -119,7 +120,8 @@ def _w4a16_mma(
     )
     scales = _t(n, k // group, dtype=FP16)
     x = _t(m, k, dtype=dtype)
-    w4a16_mma(x, qmma, scales, zeros, group_size=group, split=split, ahead=ahead, zsub=zsub)
+    w4a16_mma(x, qmma, scales, None if mins else zeros, group_size=group, split=split,
+              ahead=ahead, zsub=zsub, mins=scales if mins else None)  # fmt: skip
 
 
 def _w4a16_mma_dequant(dtype: torch.dtype, group: int) -> None:
@@ -415,6 +417,10 @@ def _cases() -> list[Case]:
         ("w4a16_mma/fp16-m30-split-2", partial(_w4a16_mma, FP16, 128, 30, 2)),
         ("w4a16_mma/bf16-m1-ones-ahead-8", partial(_w4a16_mma, BF16, 128, 1, 4, 8, False)),
         ("w4a16_mma/fp16-m64-ones", partial(_w4a16_mma, FP16, 128, 64, 2, 4, False)),
+        ("w4a16_mma/bf16-m1-group-32", partial(_w4a16_mma, BF16, 32, 1, 8)),
+        ("w4a16_mma/fp16-m40-group-32-zsub", partial(_w4a16_mma, FP16, 32, 40, 2, 4, True)),
+        ("w4a16_mma/bf16-m16-group-32-mins", partial(_w4a16_mma, BF16, 32, 16, 4, 2, None, True)),
+        ("w4a16_mma/bf16-m1-mins", partial(_w4a16_mma, BF16, 128, 1, 4, 2, None, True)),
         ("w4a16_mma_dequant/bf16", partial(_w4a16_mma_dequant, BF16, 128)),
         ("w4a16_mma_dequant/fp16-group-64", partial(_w4a16_mma_dequant, FP16, 64)),
         ("w4a16_dequant/bf16", partial(_w4a16_dequant, BF16, False)),

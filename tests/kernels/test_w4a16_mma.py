@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.w4a16 import pack_int4
+from kernels.w4a16 import pack_int4, unpack_int4
 from kernels.w4a16_dequant import w4a16_dequantize
 from kernels.w4a16_matmul import w4a16_mma_matmul
 from kernels.w4a16_mma import (
@@ -37,22 +37,57 @@ def _check(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
     assert err <= 2 * eps, f"error {err} of the row's largest output (dtype {dtype})"
 
 
-def test_the_shuffled_words_hold_each_weight_where_the_layout_says() -> None:
+@pytest.mark.parametrize("group", [64, 32])
+def test_the_shuffled_words_hold_each_weight_where_the_layout_says(group: int) -> None:
     """Bits 4j..4j+3 (j = 4e + 2h + r) of word [t, c, 4g + p, v] hold the weight of row
-    16t + g + 8r and column 64c + 16p + 4v + 2h + e, for every weight of a 32 x 256 matrix."""
+    16t + g + 8r and column 64c + 16p + 4v + 2h + e (groups of 32: 64c + 32 (v // 2) + 8p +
+    4 (v % 2) + 2h + e, each step inside one group), for every weight of a 32 x 256 matrix;
+    unshuffled, the plain words again."""
     gen = torch.Generator().manual_seed(0)
     q = torch.randint(0, 16, (32, 256), generator=gen)
-    words = shuffle_w4(pack_int4(q)).to(torch.int64) & 0xFFFFFFFF
+    shuffled = shuffle_w4(pack_int4(q), group_size=group)
+    assert torch.equal(unshuffle_w4(shuffled, group_size=group), pack_int4(q))
+    words = shuffled.to(torch.int64) & 0xFFFFFFFF
     assert words.shape == (2, 4, 32, 4)
     t, c, lane, v, j = torch.meshgrid(*(torch.arange(s) for s in (2, 4, 32, 4, 8)), indexing="ij")
     g, p = lane // 4, lane % 4
     e, h, r = j // 4, (j // 2) % 2, j % 2
     rows = 16 * t + g + 8 * r
-    cols = 64 * c + 16 * p + 4 * v + 2 * h + e
+    if group == 32:
+        cols = 64 * c + 32 * (v // 2) + 8 * p + 4 * (v % 2) + 2 * h + e
+        assert torch.equal((cols % 64) // 32, v // 2)  # a step's 16 columns in one group
+    else:
+        cols = 64 * c + 16 * p + 4 * v + 2 * h + e
     nibbles = (words[t, c, lane, v] >> (4 * j)) & 0xF
     assert torch.equal(nibbles, q[rows, cols])
     # every weight appears exactly once
     assert torch.equal(torch.sort((rows * 256 + cols).flatten()).values, torch.arange(32 * 256))
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize(("m", "split"), [(1, None), (3, 2), (9, None), (30, 4), (MAX_M, None)])
+def test_groups_of_32_with_zero_points_or_mins(
+    dtype: torch.dtype, m: int, split: int | None
+) -> None:
+    """Groups of 32 columns (two a chunk, their own layout) with AWQ's zero points, and with
+    float mins instead (w = s q - m, GGUF's Q4_K once its 6-bit scales and mins are applied),
+    against the twin."""
+    gen = torch.Generator().manual_seed(m)
+    w = W4(48, 512, 32, gen)
+    qm = shuffle_w4(w.qweight, group_size=32)
+    x = torch.randn(m, 512, generator=gen).to(DEVICE, dtype)
+    got = w4a16_mma(x, qm, w.scales, w.zeros, group_size=32, split=split)
+    _check(got, w.ref(x.float()), dtype)
+    q = unpack_int4(w.qweight).float()
+    s = w.scales.float().repeat_interleave(32, dim=1)
+    mins = (torch.rand(48, 16, generator=gen) * 0.1).to(DEVICE, torch.float16)
+    want = x.float() @ (s * q - mins.float().repeat_interleave(32, dim=1)).T
+    got = w4a16_mma(x, qm, w.scales, None, group_size=32, split=split, mins=mins)
+    _check(got, want, dtype)
+    # the zero points as mins (s z) give the zero points' sums
+    as_mins = (w.scales.float() * w.zeros.float()).to(torch.float16)
+    want = x.float() @ (s * q - (w.scales.float() * w.zeros.float()).repeat_interleave(32, 1)).T
+    _check(w4a16_mma(x, qm, w.scales, None, group_size=32, mins=as_mins), want, dtype)
 
 
 @pytest.mark.parametrize("dtype", HALF)
@@ -217,7 +252,9 @@ def test_the_launch_defaults_follow_the_rows_and_the_grid() -> None:
     [
         ("rows", "1 to 64 rows"),
         ("fp32", "must be one of bfloat16, float16"),
-        ("group", "groups of at least 64"),
+        ("group", "groups of at least 32"),
+        ("both", "zero points \\(zeros\\) or mins, not both"),
+        ("zsub-mins", "zsub takes integer zero points"),
         ("misaligned", "16-byte aligned"),
         ("split", "split must be a power of two"),
         ("ahead", "ahead must be 1 to 16 chunks"),
@@ -231,8 +268,11 @@ def test_bad_arguments_are_refused_with_the_reason(case: str, message: str) -> N
     w = W4(32, 256, 64 if case == "group" else 128, gen)
     qm = shuffle_w4(w.qweight)
     x = torch.randn(65 if case == "rows" else 2, 256, generator=gen).to(DEVICE, torch.bfloat16)
-    group, split, ahead, x_ahead = (32 if case == "group" else w.group_size), None, 2, None
-    scales, zeros = w.scales, w.zeros
+    group, split, ahead, x_ahead = (16 if case == "group" else w.group_size), None, 2, None
+    mins: torch.Tensor | None = None
+    zsub: bool | None = None
+    scales = w.scales
+    zeros: torch.Tensor | None = w.zeros
     if case == "fp32":
         x = x.float()
     elif case == "misaligned":
@@ -246,10 +286,14 @@ def test_bad_arguments_are_refused_with_the_reason(case: str, message: str) -> N
     elif case == "qmma":
         qm = qm[:, :2]
     elif case == "n":
-        zeros = zeros[:16]
+        zeros = w.zeros[:16]
+    elif case == "both":
+        mins = w.scales
+    elif case == "zsub-mins":
+        zeros, mins, zsub = None, w.scales, True
     if case == "group":
-        scales = torch.cat([w.scales, w.scales], dim=1)
-        zeros = torch.cat([w.zeros, w.zeros], dim=1)
+        scales = torch.cat([w.scales] * 4, dim=1)
+        zeros = torch.cat([w.zeros] * 4, dim=1)
     with pytest.raises((ValueError, TypeError), match=message):
         w4a16_mma(x, qm, scales, zeros, group_size=group, split=split, ahead=ahead,
-                  x_ahead=x_ahead)  # fmt: skip
+                  x_ahead=x_ahead, mins=mins, zsub=zsub)  # fmt: skip
