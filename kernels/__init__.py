@@ -19,7 +19,8 @@ int4 weights: w4a16.py (the layout), w4a16_mma.py (decode's 1 to 64 rows on the 
 cores' MMA, words shuffled at load) and w4a16_mma_dequant.py (their expansion for prefill),
 w4a16_gemv.py and w4a16_gemm.py (fp32 models and shapes the MMA does not take),
 w4a16_dequant.py, w4a16_matmul.py (the routing by rows), gather_cols.py (x in act-order).
-GGUF blocks: gguf_blocks.py (layouts), gguf_gemv.py, gguf_dequant.py, gguf_matmul.py.
+GGUF blocks: gguf_blocks.py (layouts), gguf_gemv.py, gguf_dequant.py, gguf_matmul.py,
+gguf_q4k_mma.py (Q4_K in the int4 MMA's layout).
 Shared by the dequantising paths: split_k.py (K over programs), expand_mm.py (prefill through
 cuBLAS on expanded slices).
 Mixture of experts: moe_topk.py (routing), moe_align.py, fused_moe.py, moe_gemv.py.

@@ -156,6 +156,21 @@ def _fp16_field(b: torch.Tensor, at: int) -> torch.Tensor:
     return b[..., at : at + 2].contiguous().view(torch.float16).float()
 
 
+def q4k_fields(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_K rows of blocks [n, row bytes] -> (q int32 [n, k] in 0..15, scale and min fp32
+    [n, k / 32]): each weight is scale * q - min of its sub-block of 32."""
+    n = blocks.shape[0]
+    b = blocks.reshape(n, -1, 144)  # [n, blocks, bytes]
+    s = b[..., 4:16].int()
+    sc = torch.cat([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)], -1)
+    mn = torch.cat([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], -1)
+    scale = _fp16_field(b, 0) * sc.float()  # [n, blocks, 8]
+    minv = _fp16_field(b, 2) * mn.float()
+    qs = b[..., 16:].int().reshape(n, -1, 4, 1, 32)
+    q = torch.cat([qs & 15, qs >> 4], dim=3).reshape(n, -1)
+    return q, scale.reshape(n, -1), minv.reshape(n, -1)
+
+
 def dequantize_ref(blocks: torch.Tensor, qtype: str) -> torch.Tensor:
     """The torch twin of `decode_groups`: fp32 weights [n, k] of rows of blocks [n, row bytes]
     (any device)."""
@@ -166,13 +181,8 @@ def dequantize_ref(blocks: torch.Tensor, qtype: str) -> torch.Tensor:
         q = b[..., 2:].contiguous().view(torch.int8).float()
         return (q * _fp16_field(b, 0)).reshape(n, -1)
     if qtype == "Q4_K":
-        s = b[..., 4:16].int()
-        sc = torch.cat([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)], -1)
-        mn = torch.cat([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], -1)
-        scale = _fp16_field(b, 0) * sc.float()  # [n, blocks, 8]
-        minv = _fp16_field(b, 2) * mn.float()
-        qs = b[..., 16:].int().reshape(n, -1, 4, 1, 32)
-        q = torch.cat([qs & 15, qs >> 4], dim=3).reshape(n, -1, 8, 32).float()
+        q, scale, minv = q4k_fields(blocks)
+        q = q.reshape(n, -1, 32).float()
         return (scale[..., None] * q - minv[..., None]).reshape(n, -1)
     ql = b[..., :128].int().reshape(n, -1, 2, 1, 64)
     qh = b[..., 128:192].int().reshape(n, -1, 2, 1, 32)
