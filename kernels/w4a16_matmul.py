@@ -35,8 +35,8 @@ from kernels.w4a16 import check_w4
 from kernels.w4a16_dequant import w4a16_dequantize
 from kernels.w4a16_gemm import w4a16_gemm
 from kernels.w4a16_gemv import w4a16_gemv
+from kernels.w4a16_mma import G32, mma_fits, split_at_most, w4a16_mma
 from kernels.w4a16_mma import MAX_M as MMA_MAX_M
-from kernels.w4a16_mma import mma_fits, split_at_most, w4a16_mma
 from kernels.w4a16_mma_dequant import w4a16_mma_dequantize
 
 # The most rows the tensor-core GEMM takes; from GEMM_MAX_M + 1 rows, dequantise + cuBLAS.
@@ -92,7 +92,7 @@ def w4a16_mma_matmul(
     x: torch.Tensor,
     qmma: torch.Tensor,
     scales: torch.Tensor,
-    zeros: torch.Tensor,
+    zeros: torch.Tensor | None,
     *,
     group_size: int,
     perm: torch.Tensor | None = None,
@@ -100,6 +100,7 @@ def w4a16_mma_matmul(
     chunk_elems: int = CHUNK_ELEMS,
     split: int | None = None,
     ahead: int | None = None,
+    mins: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x @ w.T (x's columns through `perm` when given), w's words shuffled for the MMA
     (kernels/w4a16_mma.shuffle_w4, which a GPU keeps in place of the plain layout); returns
@@ -110,28 +111,29 @@ def w4a16_mma_matmul(
     perm: the layout (kernels/w4a16.py). out (optional, written): [m, n] of x's dtype, any row
     stride (contiguous columns). split: the MMA's warps a tile (a launch the start-up timing
     chose; lowered to what k's groups allow), None: its default; ahead: the MMA's chunks of
-    words in flight (`w4a16_mma`)."""
+    words in flight (`w4a16_mma`). mins: float mins in place of the zero points (zeros None;
+    w = s q - m: GGUF's Q4_K, kernels/gguf_q4k_mma.py)."""
     op = "w4a16_mma_matmul"
     n = qmma.shape[0] * 16
     if perm is not None:
         x = gather_columns(x, perm)
     m, k = x.shape
     if m <= MMA_MAX_M:
-        if not mma_fits(x, n, k, group_size):  # a strided or misaligned view: a fresh copy
+        if not mma_fits(x, n, k, group_size, G32):  # a strided or misaligned view: a copy
             x = x.clone(memory_format=torch.contiguous_format)
         if split is not None:
-            split = split_at_most(k, group_size, split)
-        return w4a16_mma(
-            x, qmma, scales, zeros, group_size=group_size, out=out, split=split, ahead=ahead
-        )
+            split = split_at_most(k, max(group_size, 64), split)
+        return w4a16_mma(x, qmma, scales, zeros, group_size=group_size, out=out, split=split,
+                         ahead=ahead, mins=mins)  # fmt: skip
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     check_tensor(op, "out", out, shape=(m, n), dims="[m, n]", dtypes=(x.dtype,), device=x.device)
 
     def dequantize(n0: int, n1: int, buf: torch.Tensor) -> torch.Tensor:
         return w4a16_mma_dequantize(
-            qmma[n0 // 16 : n1 // 16], scales[n0:n1], zeros[n0:n1],
+            qmma[n0 // 16 : n1 // 16], scales[n0:n1], None if zeros is None else zeros[n0:n1],
             group_size=group_size, dtype=x.dtype, out=buf,
+            mins=None if mins is None else mins[n0:n1],
         )  # fmt: skip
 
     return expand_mm(x, out, dequantize, chunk_elems=chunk_elems, row_align=16)

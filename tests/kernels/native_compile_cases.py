@@ -124,11 +124,12 @@ def _w4a16_mma(
               ahead=ahead, zsub=zsub, mins=scales if mins else None)  # fmt: skip
 
 
-def _w4a16_mma_dequant(dtype: torch.dtype, group: int) -> None:
+def _w4a16_mma_dequant(dtype: torch.dtype, group: int, mins: bool = False) -> None:
     n, k = 1024, 4096
     qmma = _t(n // 16, k // 64, 32, 4, dtype=torch.int32)
     scales, zeros = _t(n, k // group, dtype=FP16), _t(n, k // group, dtype=torch.uint8)
-    w4a16_mma_dequantize(qmma, scales, zeros, group_size=group, dtype=dtype)
+    w4a16_mma_dequantize(qmma, scales, None if mins else zeros, group_size=group, dtype=dtype,
+                         mins=scales if mins else None)  # fmt: skip
 
 
 def _w4a16_dequant(dtype: torch.dtype, act_order: bool) -> None:
@@ -423,6 +424,8 @@ def _cases() -> list[Case]:
         ("w4a16_mma/bf16-m1-mins", partial(_w4a16_mma, BF16, 128, 1, 4, 2, None, True)),
         ("w4a16_mma_dequant/bf16", partial(_w4a16_mma_dequant, BF16, 128)),
         ("w4a16_mma_dequant/fp16-group-64", partial(_w4a16_mma_dequant, FP16, 64)),
+        ("w4a16_mma_dequant/bf16-group-32-mins", partial(_w4a16_mma_dequant, BF16, 32, True)),
+        ("w4a16_mma_dequant/fp16-group-32", partial(_w4a16_mma_dequant, FP16, 32)),
         ("w4a16_dequant/bf16", partial(_w4a16_dequant, BF16, False)),
         ("w4a16_dequant/fp16-act-order", partial(_w4a16_dequant, FP16, True)),
         *((f"gguf_gemv/{q}", partial(_gguf, "gemv", q, BF16)) for q in LAYOUTS),

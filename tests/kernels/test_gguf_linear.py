@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import services.executor.quant.gguf_linear as gguf_linear
-from services.executor.models.linear import choose_gemv
+from services.executor.models.linear import Linear, choose_gemv
 from services.executor.models.llama import LlamaForCausalLM
 from services.executor.weights import load_model
 from tests.executor.helpers import BatchDriver, greedy_generate
@@ -57,3 +57,56 @@ def test_a_block_gguf_model_on_cuda_gives_the_dequantised_tokens(tmp_path: Path)
     assert greedy_generate(model, config, PROMPTS, 16, device="cuda") == want
     choose_gemv(model, torch.float32)  # the GEMV configurations where they win
     assert greedy_generate(model, config, PROMPTS, 16, device="cuda") == want
+
+
+def _close_in_bf16(got: torch.Tensor, want: torch.Tensor) -> None:
+    """A bf16 model's logits against the fp32 dequantised model's: within a few of bf16's
+    roundings of the largest logit."""
+    err = (got.float() - want.float()).abs().max().item()
+    assert err <= 0.05 * want.abs().max().item(), err
+
+
+def _q4k_layers(model: LlamaForCausalLM) -> list[Linear]:
+    return [m for m in model.modules() if isinstance(m, Linear) and m.method.name == "gguf-Q4_K"]
+
+
+def test_q4k_projections_converted_for_the_mma_in_the_interpreter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bf16 model whose Q4_K projections take the int4 MMA's layout (as on a GPU; here the
+    kernel's interpreter sums): converted at load, blocks gone, and an extend (the expansion
+    past 64 rows is not reached: 9 rows, the MMA) and a decode step close to the dequantised
+    load."""
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter run; on CUDA the gpu test below covers it")
+    path = write_mixed_gguf(tmp_path / "mixed.gguf")
+    monkeypatch.setattr(gguf_linear, "q4k_mma_layout", lambda layer, dtype: True)
+    monkeypatch.setattr(gguf_linear, "use_kernels", lambda x: True)
+    model, _ = load_model(path, "cpu", torch.bfloat16, gguf_blocks=True)
+    layers = _q4k_layers(model)
+    assert len(layers) == 4  # gate_up of both layers, layer 1's qkv and o
+    assert all(gguf_linear._q4k(m) is not None and m.weight.dtype == torch.int32 for m in layers)
+    dense, _ = load_model(path, "cpu", torch.float32)
+    for g, w in zip(
+        extend_then_decode(model, "cpu"), extend_then_decode(dense, "cpu"), strict=True
+    ):
+        _close_in_bf16(g, w)
+
+
+@pytest.mark.gpu
+def test_q4k_projections_of_a_16_bit_model_run_on_the_mma(tmp_path: Path) -> None:
+    """On a GPU a bf16 model's Q4_K projections are converted at load (kernels/gguf_q4k_mma.py)
+    and run on the MMA: logits close to the fp32 dequantised load, before and after the
+    start-up timing (whose candidates are the MMA's launches)."""
+    path = write_mixed_gguf(tmp_path / "mixed.gguf")
+    model, _ = load_model(path, "cuda", torch.bfloat16)
+    layers = _q4k_layers(model)
+    assert layers and all(gguf_linear._q4k(m) is not None for m in layers)
+    assert all(c.mma for m in layers for c in m.method.gemv_candidates(m))
+    dense, _ = load_model(path, "cuda", torch.float32, gguf_blocks=False)
+    want = extend_then_decode(dense, "cuda")
+    for g, w in zip(extend_then_decode(model, "cuda"), want, strict=True):
+        _close_in_bf16(g, w)
+    choose_gemv(model, torch.bfloat16)
+    for g, w in zip(extend_then_decode(model, "cuda"), want, strict=True):
+        _close_in_bf16(g, w)

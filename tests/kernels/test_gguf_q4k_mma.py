@@ -44,10 +44,8 @@ def test_the_mma_multiplies_converted_q4k_weights(m: int) -> None:
     blocks = random_blocks(32, 1024, "Q4_K", gen).to(DEVICE)
     qmma, scales, mins = q4k_to_mma(blocks, 1024)
     x = torch.randn(m, 1024, generator=gen).to(DEVICE, torch.bfloat16)
-    got = w4a16_mma(x, qmma, scales, None, group_size=32, mins=mins).float()
-    want = x.float() @ _weights(qmma, scales, mins).T
-    scale = want.abs().amax(dim=-1, keepdim=True).clamp_min(1e-3)
-    assert ((got - want).abs() / scale).max().item() <= 2 * 2**-8
+    got = w4a16_mma(x, qmma, scales, None, group_size=32, mins=mins)
+    _close(got, x.float() @ _weights(qmma, scales, mins).T)
 
 
 @pytest.mark.parametrize(
@@ -63,3 +61,32 @@ def test_bad_blocks_are_refused(case: str, message: str) -> None:
         blocks = blocks[:, :144]
     with pytest.raises(ValueError, match=message):
         q4k_to_mma(blocks, 512)
+
+
+def test_the_expansion_and_the_routing_past_64_rows() -> None:
+    """Prefill's expansion of the converted weight (kernels/w4a16_mma_dequant with groups of
+    32 and mins) gives the converted weight bit for bit in fp32, and w4a16_mma_matmul routes
+    65 rows through it (in slices of whole tiles) and 64 through the MMA."""
+    from kernels.w4a16_matmul import w4a16_mma_matmul
+    from kernels.w4a16_mma_dequant import w4a16_mma_dequantize
+
+    gen = torch.Generator().manual_seed(5)
+    blocks = random_blocks(32, 512, "Q4_K", gen).to(DEVICE)
+    qmma, scales, mins = q4k_to_mma(blocks, 512)
+    weights = _weights(qmma, scales, mins)
+    got = w4a16_mma_dequantize(qmma, scales, None, group_size=32, dtype=torch.float32, mins=mins)
+    assert torch.equal(got, weights)
+    x = torch.randn(65, 512, generator=gen).to(DEVICE, torch.bfloat16)
+    out = w4a16_mma_matmul(x, qmma, scales, None, group_size=32, mins=mins, chunk_elems=16 * 512)
+    # past 64 rows: the product of the weight expanded to x's dtype, a slice at a time
+    expanded = w4a16_mma_dequantize(qmma, scales, None, group_size=32, mins=mins)
+    _close(out, x.float() @ expanded.float().T)
+    out = w4a16_mma_matmul(x[:64], qmma, scales, None, group_size=32, mins=mins)
+    _close(out, x[:64].float() @ weights.T)
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> None:
+    """fp32 sums in another order, one rounding to bf16: within two of bf16's roundings of
+    the row's largest output."""
+    scale = want.abs().amax(dim=-1, keepdim=True).clamp_min(1e-3)
+    assert ((got.float() - want).abs() / scale).max().item() <= 2 * 2**-8

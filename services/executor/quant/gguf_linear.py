@@ -4,7 +4,12 @@ output feature, as the file stores it.
 
 On CUDA every product reads the blocks (kernels/gguf_matmul: the GEMV for decode's few
 rows, slices expanded for cuBLAS past that), and
-choose_gemv may pick a GEMV launch configuration per row count. Elsewhere (the CPU) the
+choose_gemv may pick a GEMV launch configuration per row count. Q4_K projections of a 16-bit
+model on a GPU with the tensor cores' MMA (compute capability 8.0 and newer) are converted at
+load instead (`finish`) into the int4 MMA's layout (kernels/gguf_q4k_mma.py: the nibbles
+shuffled for groups of 32 columns, each sub-block's scale and min in fp16), which
+kernels/w4a16_mma.py multiplies for decode batches of 1 to 64 rows and expands for cuBLAS past
+that; only that copy is kept. Elsewhere (the CPU) the
 weight is dequantised per call (bit-exact with the gguf package), so a CPU model computes
 what the dequantised-at-load model does.
 
@@ -26,6 +31,7 @@ from services.executor.distributed.shard import LoadPlan, Shard
 from services.executor.errors import ModelLoadError
 from services.executor.models.linear import GemvConfig, Linear
 from services.executor.quant.base import LinearMethod, Slot, use_kernels
+from services.executor.quant.int4_linear import MMA_CANDIDATES, MMA_TILE_ROWS
 
 
 def _copy_blocks(param: torch.Tensor, start: int, end: int, part: torch.Tensor) -> None:
@@ -66,12 +72,54 @@ GGUF_CANDIDATES = {
 }
 
 
+def _frozen(t: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(t, requires_grad=False)
+
+
+class PackedQ4k(nn.Module):
+    """A Q4_K projection converted for kernels/w4a16_mma (kernels/gguf_q4k_mma.q4k_to_mma)."""
+
+    def __init__(self, qmma: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> None:
+        super().__init__()
+        self.qmma = _frozen(qmma)  # int32 [N / 16, K / 64, 32, 4]
+        self.scales = _frozen(scales)  # fp16 [N, K / 32]
+        self.mins = _frozen(mins)  # fp16 [N, K / 32]
+
+    def weight(self) -> torch.Tensor:
+        """fp32 [N, K]: scale * q - min, for references and the CPU path."""
+        from kernels.w4a16 import unpack_int4
+        from kernels.w4a16_mma import G32, unshuffle_w4
+
+        q = unpack_int4(unshuffle_w4(self.qmma, group_size=G32)).float()
+        scales = self.scales.float().repeat_interleave(G32, dim=1)
+        return scales * q - self.mins.float().repeat_interleave(G32, dim=1)
+
+
+def _q4k(layer: Linear) -> PackedQ4k | None:
+    packed = getattr(layer, "q4k", None)
+    return packed if isinstance(packed, PackedQ4k) else None
+
+
+def q4k_mma_layout(layer: Linear, act_dtype: torch.dtype) -> bool:
+    """Whether a Q4_K projection is converted for the MMA: its blocks on a GPU with the MMA,
+    16-bit activations, and shapes the MMA takes (N a multiple of 16, K of 64)."""
+    w = layer.weight
+    if not w.is_cuda or act_dtype not in (torch.bfloat16, torch.float16):
+        return False
+    if torch.cuda.get_device_capability(w.device)[0] < 8:
+        return False
+    return layer.out_features % 16 == 0 and layer.in_features % 64 == 0
+
+
 class GgufMethod(LinearMethod):
-    """weight: uint8 blocks of one GGUF type `qtype`, [out_features, row bytes]."""
+    """weight: uint8 blocks of one GGUF type `qtype`, [out_features, row bytes]; or, for Q4_K
+    on a GPU (`q4k_mma_layout`), `layer.q4k` (PackedQ4k) in their place and weight a [N, K /
+    8] int32 view of its words."""
 
     def __init__(self, qtype: str) -> None:
         self.qtype, self.lay = qtype, LAYOUTS[qtype]
         self.name = f"gguf-{qtype}"
+        self.act_dtype = torch.float32
 
     def refuses(self, layer: Linear) -> str | None:
         if layer.in_features % self.lay.elems:
@@ -84,6 +132,7 @@ class GgufMethod(LinearMethod):
 
     def create_weights(self, layer: Linear) -> None:
         n, k = layer.out_features, layer.in_features
+        self.act_dtype = layer.weight.dtype  # the model's (every layer's): the MMA's is 16-bit
         layer.weight = nn.Parameter(
             torch.empty(n, row_bytes(self.qtype, k), dtype=torch.uint8, device=layer.weight.device),
             requires_grad=False,
@@ -106,22 +155,61 @@ class GgufMethod(LinearMethod):
         )
         layer.weight.copy_(blocks)
 
+    def finish(self, layer: Linear) -> None:
+        if self.qtype != "Q4_K" or _q4k(layer) is not None:
+            return
+        if not q4k_mma_layout(layer, self.act_dtype):
+            return
+        from kernels.gguf_q4k_mma import q4k_to_mma
+
+        packed = PackedQ4k(*q4k_to_mma(layer.weight, layer.in_features))
+        del layer.weight  # the blocks: only the converted copy stays
+        layer.q4k = packed
+        layer.weight = packed.qmma.view(layer.out_features, -1)
+
     def dequantized(self, layer: Linear) -> torch.Tensor:
+        packed = _q4k(layer)
+        if packed is not None:
+            return packed.weight()
         return dequantize_ref(layer.weight, self.qtype)
 
     def dense(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if not use_kernels(x):
             return F.linear(x, self.dequantized(layer).to(x.dtype), bias)
-        from kernels.gguf_matmul import gguf_matmul
+        rows = x.reshape(-1, x.shape[-1])
+        packed = _q4k(layer)
+        if packed is not None:
+            out = self._mma(packed, rows)
+        else:
+            from kernels.gguf_matmul import gguf_matmul
 
-        out = gguf_matmul(x.reshape(-1, x.shape[-1]), layer.weight, qtype=self.qtype)
+            out = gguf_matmul(rows, layer.weight, qtype=self.qtype)
         out = out.view(*x.shape[:-1], layer.out_features)
         return out if bias is None else out + bias
 
+    @staticmethod
+    def _mma(packed: PackedQ4k, x: torch.Tensor, cfg: GemvConfig | None = None) -> torch.Tensor:
+        from kernels.w4a16_matmul import w4a16_mma_matmul
+        from kernels.w4a16_mma import G32
+
+        return w4a16_mma_matmul(
+            x, packed.qmma, packed.scales, None, group_size=G32, mins=packed.mins,
+            split=None if cfg is None else cfg.num_warps,
+            ahead=None if cfg is None else cfg.num_stages,
+        )  # fmt: skip
+
     def gemv_candidates(self, layer: Linear) -> tuple[GemvConfig, ...]:
-        return GGUF_CANDIDATES[self.qtype]
+        return MMA_CANDIDATES if _q4k(layer) is not None else GGUF_CANDIDATES[self.qtype]
+
+    def dense_ahead_rows(self, layer: Linear) -> tuple[int, ...]:
+        return MMA_TILE_ROWS if _q4k(layer) is not None else ()
 
     def gemv(self, layer: Linear, x: torch.Tensor, cfg: GemvConfig) -> torch.Tensor:
+        packed = _q4k(layer)
+        if cfg.mma:
+            assert packed is not None, "an MMA launch for a layer kept as blocks"
+            return self._mma(packed, x, cfg)
+        assert packed is None, "a block GEMV launch for a layer converted for the MMA"
         from kernels.gguf_gemv import gguf_gemv
 
         return gguf_gemv(
