@@ -83,15 +83,16 @@ def test_a_tiny_int4_model_on_the_gpu_gives_the_cpu_references_tokens(
         assert greedy(model, config, p, 12) == greedy_generate(twin, config, [p], 12, ())[0]
 
 
+@pytest.mark.parametrize("group", [64, 32])
 @pytest.mark.parametrize("fmt", ["awq", "gptq-act-order"])
 def test_the_mma_launches_match_the_dequantized_weight(
-    float_dir: Path, tmp_path: Path, fmt: str
+    float_dir: Path, tmp_path: Path, fmt: str, group: int
 ) -> None:
-    """Groups of 64 give every projection of the tiny model the words shuffled for
-    kernels/w4a16_mma (in place of the plain ones); its launches (and the dense product up to
-    8 rows, which takes it) in bf16 and fp16 against x @ dequantized.T in fp32, within the
-    output's rounding."""
-    ckpt = write_int4(float_dir, tmp_path / fmt, **{**FORMATS[fmt], "group_size": 64})
+    """Groups of 64, and of 32 (in their own layout), give every projection of the tiny model
+    the words shuffled for kernels/w4a16_mma (in place of the plain ones); its launches (and
+    the dense product up to 8 rows, which takes it) in bf16 and fp16 against x @
+    dequantized.T in fp32, within the output's rounding."""
+    ckpt = write_int4(float_dir, tmp_path / fmt, **{**FORMATS[fmt], "group_size": group})
     for dtype in (torch.bfloat16, torch.float16):
         model, _ = load_model(ckpt.path, DEVICE, dtype)
         layers = int4_layers(model)
@@ -120,9 +121,9 @@ def test_a_bf16_awq_model_stays_close_to_its_reference(
     float_dir: Path, tmp_path: Path, group: int
 ) -> None:
     """bf16 activations (as served): logits within a cosine of 0.99 of the fp32 reference;
-    greedy tokens may flip at near-ties, so most (not all) must agree. Groups of 64 decode
-    through kernels/w4a16_mma where choose_gemv plans it (and the dense product's 1 to 8
-    rows), 32 through the GEMV."""
+    greedy tokens may flip at near-ties, so most (not all) must agree. Groups of 64, and of 32
+    in their own layout, decode through kernels/w4a16_mma (and prefill through its
+    expansion)."""
     ckpt = write_int4(float_dir, tmp_path / "awq", **{**FORMATS["awq"], "group_size": group})
     model, config = load_model(ckpt.path, DEVICE, torch.bfloat16, attention_backend="triton")
     choose_gemv(model, torch.bfloat16)

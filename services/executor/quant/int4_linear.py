@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.w4a16 import PACK, pack_int4
-from kernels.w4a16_mma import mma_shape_fits, shuffle_w4, unshuffle_w4
+from kernels.w4a16_mma import G32, mma_shape_fits, shuffle_w4, unshuffle_w4
 from services.executor.distributed.shard import WHOLE, LoadPlan, Shard
 from services.executor.errors import ModelLoadError, UnsupportedQuantizationError
 from services.executor.models.linear import GemvConfig, Linear
@@ -62,7 +62,7 @@ class PackedInt4(nn.Module):
         super().__init__()
         # int32 [N, K / 8] or int32 [N / 16, K / 64, 32, 4]: one of the two
         self.qweight = None if mma else _frozen(w.qweight)
-        self.qmma = _frozen(shuffle_w4(w.qweight)) if mma else None
+        self.qmma = _frozen(shuffle_w4(w.qweight, group_size=w.group_size)) if mma else None
         self.scales = _frozen(w.scales)  # [N, G]
         self.zeros = _frozen(w.zeros)  # uint8 [N, G]
         self.perm = None if w.perm is None else _frozen(w.perm)  # int32 [K] (act-order)
@@ -82,7 +82,7 @@ class PackedInt4(nn.Module):
             plain: torch.Tensor = self.qweight
         else:
             assert self.qmma is not None
-            plain = unshuffle_w4(self.qmma)
+            plain = unshuffle_w4(self.qmma, group_size=self.group_size)
         return Int4Weight(
             qweight=plain,
             scales=self.scales,
@@ -305,7 +305,7 @@ def mma_layout(w: Int4Weight, act_dtype: torch.dtype) -> bool:
         return False
     if torch.cuda.get_device_capability(w.qweight.device)[0] < 8:
         return False
-    return mma_shape_fits(n, words * PACK, w.group_size)
+    return mma_shape_fits(n, words * PACK, w.group_size, G32)  # groups of 32: their own layout
 
 
 def _install(
