@@ -7,7 +7,9 @@ in the same run.
 Formats are a table (`FORMATS`): a name, the offline benchmark's flags, and what
 config.json's quantization_config says; adding a format is one line. GGUF Q4_K runs from
 config.json too (quant_method "gguf", quant/gguf_config.py): random valid blocks at the
-model's shapes, read as blocks by the same kernels a .gguf file's are. int4 (AWQ, GPTQ)
+model's shapes, taken as a .gguf file's are (a bf16 model's Q4_K projections converted at load
+for the int4 MMA, services/executor/quant/gguf_linear.py; RADIXSERVE_Q4K_MMA=0 keeps the
+blocks and their kernels, to compare in one tree). int4 (AWQ, GPTQ)
 weights count what the w4a16 kernels read: the packed words, fp16 scales and uint8 zero
 points of each group of 128 (the parameters after load, so the roofline is the format's
 own). Each section loads a few 8B models, bf16 first for the ratio (`SECTIONS`): all of

@@ -140,7 +140,8 @@ def test_quantization_fp8_dequantises_the_blocks_then_quantizes(gguf_path: Path)
 def test_dummy_block_weights_from_a_config_json(tmp_path: Path) -> None:
     """quant_method gguf in config.json (gpu_bench's GGUF Q4_K at Llama-8B shapes): every
     projection random valid Q4_K blocks of weights about N(0, 0.02); quant_decode's roofline
-    counts them at 144 bytes per 256 weights."""
+    counts them at 144 bytes per 256 weights (on the CPU: a 16-bit model on a GPU converts
+    them for the int4 MMA, 160 bytes per 256, and the roofline counts those)."""
     from loadtest.gpu.quant import FORMATS, bytes_per_step
 
     path = write_tiny_model(tmp_path, "llama", seed=2, **SHAPE)

@@ -422,6 +422,7 @@ def _cases() -> list[Case]:
         ("w4a16_mma/fp16-m40-group-32-zsub", partial(_w4a16_mma, FP16, 32, 40, 2, 4, True)),
         ("w4a16_mma/bf16-m16-group-32-mins", partial(_w4a16_mma, BF16, 32, 16, 4, 2, None, True)),
         ("w4a16_mma/bf16-m1-mins", partial(_w4a16_mma, BF16, 128, 1, 4, 2, None, True)),
+        ("w4a16_mma/bf16-m64-group-32-mins", partial(_w4a16_mma, BF16, 32, 64, 2, 4, None, True)),
         ("w4a16_mma_dequant/bf16", partial(_w4a16_mma_dequant, BF16, 128)),
         ("w4a16_mma_dequant/fp16-group-64", partial(_w4a16_mma_dequant, FP16, 64)),
         ("w4a16_mma_dequant/bf16-group-32-mins", partial(_w4a16_mma_dequant, BF16, 32, True)),

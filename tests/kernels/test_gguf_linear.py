@@ -86,6 +86,10 @@ def test_q4k_projections_converted_for_the_mma_in_the_interpreter(
     layers = _q4k_layers(model)
     assert len(layers) == 4  # gate_up of both layers, layer 1's qkv and o
     assert all(gguf_linear._q4k(m) is not None and m.weight.dtype == torch.int32 for m in layers)
+    packed = [gguf_linear._q4k(m) for m in layers]
+    for m in layers:  # a second finish leaves a converted layer as it is
+        m.method.finish(m)
+    assert [gguf_linear._q4k(m) for m in layers] == packed
     dense, _ = load_model(path, "cpu", torch.float32)
     for g, w in zip(
         extend_then_decode(model, "cpu"), extend_then_decode(dense, "cpu"), strict=True
@@ -110,3 +114,14 @@ def test_q4k_projections_of_a_16_bit_model_run_on_the_mma(tmp_path: Path) -> Non
     choose_gemv(model, torch.bfloat16)
     for g, w in zip(extend_then_decode(model, "cuda"), want, strict=True):
         _close_in_bf16(g, w)
+
+
+@pytest.mark.gpu
+def test_radixserve_q4k_mma_0_keeps_the_blocks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RADIXSERVE_Q4K_MMA", "0")
+    model, _ = load_model(write_mixed_gguf(tmp_path / "mixed.gguf"), "cuda", torch.bfloat16)
+    layers = _q4k_layers(model)
+    assert layers and all(gguf_linear._q4k(m) is None for m in layers)
+    assert all(m.weight.dtype == torch.uint8 for m in layers)

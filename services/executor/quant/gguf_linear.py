@@ -20,6 +20,7 @@ checks (the rest of the layer is then loaded dequantised).
 
 from __future__ import annotations
 
+import os
 from functools import partial
 
 import torch
@@ -102,8 +103,12 @@ def _q4k(layer: Linear) -> PackedQ4k | None:
 
 def q4k_mma_layout(layer: Linear, act_dtype: torch.dtype) -> bool:
     """Whether a Q4_K projection is converted for the MMA: its blocks on a GPU with the MMA,
-    16-bit activations, and shapes the MMA takes (N a multiple of 16, K of 64)."""
+    16-bit activations, and shapes the MMA takes (N a multiple of 16, K of 64); unless
+    RADIXSERVE_Q4K_MMA=0, which keeps the blocks and their kernels (to compare the two in one
+    tree, or to rule the conversion out)."""
     w = layer.weight
+    if os.environ.get("RADIXSERVE_Q4K_MMA", "1") == "0":
+        return False
     if not w.is_cuda or act_dtype not in (torch.bfloat16, torch.float16):
         return False
     if torch.cuda.get_device_capability(w.device)[0] < 8:
