@@ -3,11 +3,12 @@
 A Q4_K block's sub-block j of 32 weights is w = d * scale[j] * q - dmin * min[j] (q 4 bits,
 kernels/gguf_blocks.py): a group of 32 columns with a float scale and a float min, which
 `w4a16_mma` takes with `group_size=32` (its layout of their own) and `mins`. `q4k_to_mma`
-converts a weight's rows of blocks once, at load: the nibbles shuffled for the MMA, each
-sub-block's scale d * scale[j] and min dmin * min[j] rounded to `dtype` (fp16 by default: a
-relative 2^-11 at most, against the 2^-8 of the bf16 activations they meet, or 2^-25 absolute
-for the rare scales below fp16's normal range; fp32 keeps them exact). Bytes a weight: 0.5 +
-4 / 32 with fp16 (0.625, against the blocks' 0.5625).
+converts a weight's rows of blocks once, at load:
+the nibbles shuffled for the MMA, each sub-block's scale d * scale[j] and min dmin * min[j]
+rounded to `dtype`. A 16-bit model converts them to its own type, which the MMA takes inside
+its A fragments (s q rounded once to that type: in bf16 a relative 2^-9, a bf16 weight's own
+rounding; kernels/w4a16_mma.py); fp32 keeps them exact (the kernel then folds each group's
+sums). Bytes a weight: 0.5 + 4 / 32 with 16-bit scales (0.625, against the blocks' 0.5625).
 """
 
 from __future__ import annotations

@@ -41,6 +41,15 @@ against 52.8 for the best GEMV launches, 4 rows 48.6 against 139.0, 8 rows 50.2 
 131.1 for kernels/w4a16_gemm; 16, 32 and 64 rows 66.3, 109.5 and 196.5 against 135.9, 166.8
 and 237.5.
 
+Groups of 32 columns with float mins (w = s q - m, GGUF's Q4_K: kernels/gguf_q4k_mma.py)
+whose scales and mins are of x's 16-bit type take the scales inside A instead (`SM`,
+`_chunk_sums_sm`): register i is fma((w >> 4i) & 0x000F000F | OFF, s, -OFF s), that is s q
+rounded once to x's type (a relative 2^-9 in bf16, as a bf16 weight's own rounding), and a
+second MMA of A = -m against the same x adds the mins' terms; nothing is folded per group and
+no MMA against ones runs. The fold of each group's sums (folded per group of 32, four a
+block) took 106.5 µs for the four projections at one row of x against 65.3 this way (47.2 for
+AWQ's groups of 128, `gpu_w4a16_sm_h200_run1.json`).
+
 The MMAs are inline PTX; under the Triton interpreter (no PTX) the same sums are computed
 from the shuffled words by tensor operations in fp32 (`EMULATE`), which checks the layout's
 meaning but not the registers.
@@ -159,6 +168,35 @@ def _az_asm(kind: str, off_pair: str, one_pair: str) -> str:
     return "\n".join([*lines, "}"])
 
 
+def _as_asm(kind: str, off_pair: str) -> str:
+    """PTX of a step's A fragment with the scales inside: register i is `(w >> 4i) & 0x000F000F
+    | OFF` times s plus -OFF s of its row ($5, $7 for rows g; $6, $8 for rows g + 8), that is
+    s q rounded once to the 16-bit type."""
+    lines = ["{", ".reg .b32 t, u;"]
+    for i in range(4):
+        src = "$4" if i == 0 else "u"
+        if i:
+            lines.append(f"shr.u32 u, $4, {4 * i};")
+        lines.append(f"lop3.b32 t, {src}, 0x000F000F, {off_pair}, 0xEA;")
+        lo = i % 2 == 0
+        lines.append(f"fma.rn.{kind}x2 ${i}, t, {'$5' if lo else '$6'}, {'$7' if lo else '$8'};")
+    return "\n".join([*lines, "}"])
+
+
+def _sm_pairs_asm(kind: str, neg_off_pair: str, high: bool) -> str:
+    """PTX of a group's pairs from the words of two groups' scales ($6 rows g, $7 rows g + 8)
+    and mins ($8, $9), the group the low or `high` half of each: (s, s) ($0, $1), (-OFF s,
+    -OFF s) ($2, $3, exact: OFF a power of two) and (-m, -m) ($4, $5)."""
+    sel = "0x3232" if high else "0x1010"
+    return "\n".join(
+        ["{", ".reg .b32 t, c, z;", f"mov.b32 c, {neg_off_pair};", "mov.b32 z, 0x80008000;",
+         f"prmt.b32 $0, $6, 0, {sel};", f"prmt.b32 $1, $7, 0, {sel};",
+         f"fma.rn.{kind}x2 $2, $0, c, z;", f"fma.rn.{kind}x2 $3, $1, c, z;",
+         f"prmt.b32 t, $8, 0, {sel};", "xor.b32 $4, t, 0x80008000;",
+         f"prmt.b32 t, $9, 0, {sel};", "xor.b32 $5, t, 0x80008000;", "}"]
+    )  # fmt: skip
+
+
 def _mma1_asm(kind: str) -> str:
     """PTX of one MMA: d ($0..$3, in $4..$7) += A ($8..$11) @ x ($12, $13)."""
     return (
@@ -176,6 +214,12 @@ _AZ_F16: tl.constexpr = tl.constexpr(_az_asm("f16", "0x64006400", "0x3C003C00"))
 _AZ_BF16: tl.constexpr = tl.constexpr(_az_asm("bf16", "0x43004300", "0x3F803F80"))
 _MMA1_F16: tl.constexpr = tl.constexpr(_mma1_asm("f16"))
 _MMA1_BF16: tl.constexpr = tl.constexpr(_mma1_asm("bf16"))
+_AS_F16: tl.constexpr = tl.constexpr(_as_asm("f16", "0x64006400"))
+_AS_BF16: tl.constexpr = tl.constexpr(_as_asm("bf16", "0x43004300"))
+_SM_LO_F16: tl.constexpr = tl.constexpr(_sm_pairs_asm("f16", "0xE400E400", False))
+_SM_HI_F16: tl.constexpr = tl.constexpr(_sm_pairs_asm("f16", "0xE400E400", True))
+_SM_LO_BF16: tl.constexpr = tl.constexpr(_sm_pairs_asm("bf16", "0xC300C300", False))
+_SM_HI_BF16: tl.constexpr = tl.constexpr(_sm_pairs_asm("bf16", "0xC300C300", True))
 # -(OFF + z) in the sign and exponent bits of a 16-bit float: 0xE400 + z in fp16, 0xC300 + z
 # in bf16 (exact for z up to 16)
 _NEG_OFF_F16: tl.constexpr = tl.constexpr(0xE400)
@@ -202,6 +246,74 @@ def _a_fragment_z(word, nz_lo, nz_hi, FP16: tl.constexpr):
 
 
 @triton.jit
+def _a_fragment_s(word, pr, FP16: tl.constexpr):
+    """A step's A fragment with the scales inside (s q, rounded once): pr a group's pairs
+    (`_sm_pairs`)."""
+    return tl.inline_asm_elementwise(
+        _AS_F16 if FP16 else _AS_BF16, "=r,=r,=r,=r,r,r,r,r,r",
+        [word, pr[0], pr[1], pr[2], pr[3]], dtype=(tl.uint32,) * 4, is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _sm_pairs(s_lo, s_hi, m_lo, m_hi, HIGH: tl.constexpr, FP16: tl.constexpr):
+    """A group's (s, s), (-OFF s, -OFF s) and (-m, -m) pairs for rows g and g + 8 from the
+    16-bit words holding two groups' scales and mins (the group the HIGH half)."""
+    return tl.inline_asm_elementwise(
+        (_SM_HI_F16 if HIGH else _SM_LO_F16) if FP16 else (_SM_HI_BF16 if HIGH else _SM_LO_BF16),
+        "=r,=r,=r,=r,=r,=r,r,r,r,r", [s_lo, s_hi, m_lo, m_hi], dtype=(tl.uint32,) * 6,
+        is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _sm_block(s_ptr, m_ptr, row_lo, row_hi, stride_sn, stride_mn, blk, FP16: tl.constexpr):
+    """The pairs (`_sm_pairs`) of a block's 4 groups of 32 columns, from one 8-byte load each
+    of rows g and g + 8's scales and mins (16-bit, x's type)."""
+    two = tl.arange(0, 2)[None, :]
+    sp = s_ptr.to(tl.pointer_type(tl.uint32))
+    mp = m_ptr.to(tl.pointer_type(tl.uint32))
+    s_lo = tl.split(tl.load(sp + (row_lo * (stride_sn // 2) + 2 * blk)[:, None] + two))
+    s_hi = tl.split(tl.load(sp + (row_hi * (stride_sn // 2) + 2 * blk)[:, None] + two))
+    m_lo = tl.split(tl.load(mp + (row_lo * (stride_mn // 2) + 2 * blk)[:, None] + two))
+    m_hi = tl.split(tl.load(mp + (row_hi * (stride_mn // 2) + 2 * blk)[:, None] + two))
+    return (
+        _sm_pairs(s_lo[0], s_hi[0], m_lo[0], m_hi[0], False, FP16),
+        _sm_pairs(s_lo[0], s_hi[0], m_lo[0], m_hi[0], True, FP16),
+        _sm_pairs(s_lo[1], s_hi[1], m_lo[1], m_hi[1], False, FP16),
+        _sm_pairs(s_lo[1], s_hi[1], m_lo[1], m_hi[1], True, FP16),
+    )
+
+
+@triton.jit
+def _chunk_sums_sm(words, xs, d, f, pr, NB: tl.constexpr, FP16: tl.constexpr,
+                   F_SEP: tl.constexpr, V0: tl.constexpr):  # fmt: skip
+    """d plus a group's two steps (V0, V0 + 1) of a chunk with its scale inside A (s q), and
+    the mins' -m sum_k x by a second MMA of A = -m: into f (F_SEP: two chains of dependent
+    MMAs a tile, not one twice as long) or into d (8 tiles of x, short of registers)."""
+    ws = split4(words)
+    am = (pr[4], pr[5], pr[4], pr[5])  # registers 0 and 2 rows g, 1 and 3 rows g + 8
+    for v in tl.static_range(V0, V0 + 2):
+        a = _a_fragment_s(ws[v], pr, FP16)
+        nd = ()
+        nf = ()
+        for j in tl.static_range(NB):
+            lo = split4(xs[j][0])
+            hi = split4(xs[j][1])
+            b = (lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3])
+            dj = _mma1(a, b[2 * v], b[2 * v + 1], d[j], FP16)
+            if F_SEP:
+                nf = nf + (_mma1(am, b[2 * v], b[2 * v + 1], f[j], FP16),)
+            else:
+                dj = _mma1(am, b[2 * v], b[2 * v + 1], dj, FP16)
+            nd = nd + (dj,)
+        d = nd
+        if F_SEP:
+            f = nf
+    return d, f
+
+
+@triton.jit
 def _mma1(a, b0, b1, d, FP16: tl.constexpr):
     """d += A @ x's columns (b0, b1): a [16, 8] fragment in fp32, 4 [T] values a lane."""
     return tl.inline_asm_elementwise(
@@ -212,11 +324,25 @@ def _mma1(a, b0, b1, d, FP16: tl.constexpr):
 
 
 @triton.jit
-def _neg_off_z(z_ptr, row, stride_zn, grp, FP16: tl.constexpr):
-    """-(OFF + z) of a row's group as a pair of 16-bit floats ([T] uint32)."""
-    z = tl.load(z_ptr + row * stride_zn + grp).to(tl.uint32)
-    bits = (_NEG_OFF_F16 if FP16 else _NEG_OFF_BF16) + z
+def _neg_off_z(z, FP16: tl.constexpr):
+    """-(OFF + z) of a row's group's zero point z (as loaded) as a pair of 16-bit floats ([T]
+    uint32)."""
+    bits = (_NEG_OFF_F16 if FP16 else _NEG_OFF_BF16) + z.to(tl.uint32)
     return bits | (bits << 16)
+
+
+@triton.jit
+def _block_loads(s_ptr, z_ptr, row_lo, row_hi, stride_sn, stride_zn, blk, GPB: tl.constexpr):
+    """A block's groups' scales and zero points (or mins) for rows g and g + 8, as loaded:
+    GPB tuples (s_lo, s_hi, z_lo, z_hi)."""
+    raw = ()
+    for gq in tl.static_range(GPB):
+        grp = blk * GPB + gq
+        raw = raw + ((tl.load(s_ptr + row_lo * stride_sn + grp),
+                      tl.load(s_ptr + row_hi * stride_sn + grp),
+                      tl.load(z_ptr + row_lo * stride_zn + grp),
+                      tl.load(z_ptr + row_hi * stride_zn + grp)),)  # fmt: skip
+    return raw
 
 
 @triton.jit
@@ -352,8 +478,10 @@ def _w4a16_mma_kernel(
     NB: tl.constexpr,  # tiles of 8 rows of x (the MMA's N)
     AHEAD: tl.constexpr,  # chunks of words in flight ahead of the one multiplied
     X_AHEAD: tl.constexpr,  # chunks of x loaded ahead of the one multiplied (0: as it goes)
+    G32_CPB: tl.constexpr,  # chunks a block for groups of 32 (1 or 2)
     ZSUB: tl.constexpr,  # the zero points inside A (_chunk_sums)
     MINS: tl.constexpr,  # z_ptr holds float mins m (w = s q - m) in place of zero points
+    SM: tl.constexpr,  # mins with the scales inside A (`_chunk_sums_sm`; 16-bit, x's type)
     EMULATE: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -387,13 +515,15 @@ def _w4a16_mma_kernel(
         fresh_d = fresh_d + ((zero, zero, zero, zero),)
         fresh_e = fresh_e + (((zero, zero, zero, zero) if E4 else (zero, zero)),)
     t = fresh_d  # rows g, g + 8 by x's rows 8j + 2p, 8j + 2p + 1
-    # A block: a group of 64 columns or more (CPB chunks), or two groups of 32 (one chunk,
-    # steps 0-1 the first group's and 2-3 the second's: `shuffle_w4`)
+    fsum = fresh_d  # SM: the mins' sums, -m sum_k x (`_chunk_sums_sm`)
+    # A block: a group of 64 columns or more (CPB chunks), or G32_CPB chunks of two groups of
+    # 32 each (steps 0-1 a chunk's first group's, 2-3 its second's: `shuffle_w4`)
     G32: tl.constexpr = GROUP == 32
-    BLOCK: tl.constexpr = 64 if G32 else GROUP
-    CPB: tl.constexpr = BLOCK // 64  # chunks a block
-    GPB: tl.constexpr = BLOCK // GROUP  # groups a block
-    VPG: tl.constexpr = 4 // GPB  # steps of a chunk a group takes
+    CPB: tl.constexpr = G32_CPB if G32 else GROUP // 64  # chunks a block
+    GPC: tl.constexpr = 2 if G32 else 1  # groups a chunk
+    GPB: tl.constexpr = CPB * GPC if G32 else 1  # groups a block
+    BLOCK: tl.constexpr = 64 * CPB
+    VPG: tl.constexpr = 4 // GPC  # steps of a chunk a group takes
     first = warp * (k_run // 64)  # the warp's chunks, a run of whole blocks
     last = first + k_run // 64 - 1
     # Each chunk's words are loaded AHEAD chunks before they are multiplied, and its x
@@ -409,46 +539,52 @@ def _w4a16_mma_kernel(
         for i in tl.static_range(X_AHEAD):
             nxt = _x_pairs(x_pairs, x_rows, tl.minimum(first + i, last), p, NB, G32)
             pend_x = pend_x + (nxt,)
+    first_blk = first // CPB
     for bi in range(0, k_run // BLOCK):
-        blk = first // CPB + bi
-        sc = ()  # a group's scales and zero points (or mins) for rows g and g + 8
-        acc = ()  # a group's sums (d, e)
-        for gq in tl.static_range(GPB):
-            grp = blk * GPB + gq
-            s_lo = tl.load(s_ptr + row_lo * stride_sn + grp).to(tl.float32)
-            s_hi = tl.load(s_ptr + row_hi * stride_sn + grp).to(tl.float32)
-            if ZA:  # the zero points leave inside the A fragments
-                nz = (_neg_off_z(z_ptr, row_lo, stride_zn, grp, FP16),
-                      _neg_off_z(z_ptr, row_hi, stride_zn, grp, FP16))  # fmt: skip
-                z_lo = zero
-                z_hi = zero
-            elif MINS:  # w = s q - m: the fold takes s OFF + m off each sum against ones
-                nz = (zero, zero)
-                z_lo = s_lo * OFF + tl.load(z_ptr + row_lo * stride_zn + grp).to(tl.float32)
-                z_hi = s_hi * OFF + tl.load(z_ptr + row_hi * stride_zn + grp).to(tl.float32)
-            else:
-                nz = (zero, zero)
-                z_lo = tl.load(z_ptr + row_lo * stride_zn + grp).to(tl.float32) + OFF
-                z_hi = tl.load(z_ptr + row_hi * stride_zn + grp).to(tl.float32) + OFF
-            sc = sc + ((s_lo, s_hi, z_lo, z_hi, nz),)
-            acc = acc + ((fresh_d, fresh_e),)
+        blk = first_blk + bi
+        if SM:
+            pairs = _sm_block(s_ptr, z_ptr, row_lo, row_hi, stride_sn, stride_zn, blk, FP16)
+        else:
+            raw = _block_loads(s_ptr, z_ptr, row_lo, row_hi, stride_sn, stride_zn, blk, GPB)
+            sc = ()  # a group's scales and zero points (or mins) for rows g and g + 8
+            acc = ()  # a group's sums (d, e)
+            for gq in tl.static_range(GPB):
+                s_lo = raw[gq][0].to(tl.float32)
+                s_hi = raw[gq][1].to(tl.float32)
+                if ZA:  # the zero points leave inside the A fragments
+                    nz = (_neg_off_z(raw[gq][2], FP16), _neg_off_z(raw[gq][3], FP16))
+                    z_lo = zero
+                    z_hi = zero
+                elif MINS:  # w = s q - m: the fold takes s OFF + m off each sum against ones
+                    nz = (zero, zero)
+                    z_lo = s_lo * OFF + raw[gq][2].to(tl.float32)
+                    z_hi = s_hi * OFF + raw[gq][3].to(tl.float32)
+                else:
+                    nz = (zero, zero)
+                    z_lo = raw[gq][2].to(tl.float32) + OFF
+                    z_hi = raw[gq][3].to(tl.float32) + OFF
+                sc = sc + ((s_lo, s_hi, z_lo, z_hi, nz),)
+                acc = acc + ((fresh_d, fresh_e),)
         for ci in tl.static_range(CPB):
             chunk = blk * CPB + ci
             if EMULATE:
                 nacc = ()
                 for gq in tl.static_range(GPB):
-                    nd = ()
-                    ne = ()
-                    for j in tl.static_range(NB):
-                        dj = acc[gq][0][j]
-                        ej = acc[gq][1][j]
-                        for v in tl.static_range(gq * VPG, gq * VPG + VPG):
-                            dj, ej = _emulated_step(qm_tile + chunk * 128, x_ptr, stride_xm,
-                                                    M, chunk, v, g, p, 8 * j, dj, ej, OFF,
-                                                    G32)  # fmt: skip
-                        nd = nd + (dj,)
-                        ne = ne + (ej,)
-                    nacc = nacc + ((nd, ne),)
+                    if G32 and gq // GPC != ci:  # a group of another chunk of the block
+                        nacc = nacc + (acc[gq],)
+                    else:
+                        nd = ()
+                        ne = ()
+                        for j in tl.static_range(NB):
+                            dj = acc[gq][0][j]
+                            ej = acc[gq][1][j]
+                            for v in tl.static_range((gq % GPC) * VPG, (gq % GPC) * VPG + VPG):
+                                dj, ej = _emulated_step(qm_tile + chunk * 128, x_ptr, stride_xm,
+                                                        M, chunk, v, g, p, 8 * j, dj, ej, OFF,
+                                                        G32)  # fmt: skip
+                            nd = nd + (dj,)
+                            ne = ne + (ej,)
+                        nacc = nacc + ((nd, ne),)
                 acc = nacc
             else:
                 cur_w, rest_w = _pop(pend_w, AHEAD)
@@ -460,40 +596,56 @@ def _w4a16_mma_kernel(
                     pend_x = rest_x + (nxt_x,)
                 else:
                     cur_x = _x_pairs(x_pairs, x_rows, chunk, p, NB, G32)
-                nacc = ()
-                for gq in tl.static_range(GPB):
-                    d, e = _chunk_sums(cur_w, cur_x, acc[gq][0], acc[gq][1], sc[gq][4], NB,
-                                       ZSUB, FP16, E4, gq * VPG, gq * VPG + VPG)  # fmt: skip
-                    nacc = nacc + ((d, e),)
-                acc = nacc
-        for gq in tl.static_range(GPB):
-            s_lo = sc[gq][0]
-            s_hi = sc[gq][1]
-            z_lo = sc[gq][2]
-            z_hi = sc[gq][3]
-            nt = ()
-            for j in tl.static_range(NB):
-                tj = t[j]
-                dj = acc[gq][0][j]
-                ej = acc[gq][1][j]
-                if ZA:  # d holds sum_k (q - z) x already
-                    nt = nt + ((tj[0] + s_lo * dj[0], tj[1] + s_lo * dj[1],
-                                tj[2] + s_hi * dj[2], tj[3] + s_hi * dj[3]),)  # fmt: skip
-                elif MINS:  # z: s OFF + m
-                    nt = nt + ((
-                        tj[0] + (s_lo * dj[0] - z_lo * ej[0]),
-                        tj[1] + (s_lo * dj[1] - z_lo * ej[1]),
-                        tj[2] + (s_hi * dj[2] - z_hi * ej[E_HI]),
-                        tj[3] + (s_hi * dj[3] - z_hi * ej[E_HI + 1]),
-                    ),)  # fmt: skip
+                if SM:
+                    for gc in tl.static_range(2):
+                        t, fsum = _chunk_sums_sm(cur_w, cur_x, t, fsum, pairs[2 * ci + gc], NB,
+                                                 FP16, NB < 8, 2 * gc)  # fmt: skip
                 else:
-                    nt = nt + ((
-                        tj[0] + s_lo * (dj[0] - z_lo * ej[0]),
-                        tj[1] + s_lo * (dj[1] - z_lo * ej[1]),
-                        tj[2] + s_hi * (dj[2] - z_hi * ej[E_HI]),
-                        tj[3] + s_hi * (dj[3] - z_hi * ej[E_HI + 1]),
-                    ),)  # fmt: skip
-            t = nt
+                    nacc = ()
+                    for gq in tl.static_range(GPB):
+                        if G32 and gq // GPC != ci:  # a group of another chunk of the block
+                            nacc = nacc + (acc[gq],)
+                        else:
+                            d, e = _chunk_sums(cur_w, cur_x, acc[gq][0], acc[gq][1], sc[gq][4], NB,
+                                               ZSUB, FP16, E4, (gq % GPC) * VPG,
+                                               (gq % GPC) * VPG + VPG)  # fmt: skip
+                            nacc = nacc + ((d, e),)
+                    acc = nacc
+        if not SM:  # each group's sums folded into t
+            for gq in tl.static_range(GPB):
+                s_lo = sc[gq][0]
+                s_hi = sc[gq][1]
+                z_lo = sc[gq][2]
+                z_hi = sc[gq][3]
+                nt = ()
+                for j in tl.static_range(NB):
+                    tj = t[j]
+                    dj = acc[gq][0][j]
+                    ej = acc[gq][1][j]
+                    if ZA:  # d holds sum_k (q - z) x already
+                        nt = nt + ((tj[0] + s_lo * dj[0], tj[1] + s_lo * dj[1],
+                                    tj[2] + s_hi * dj[2], tj[3] + s_hi * dj[3]),)  # fmt: skip
+                    elif MINS:  # z: s OFF + m
+                        nt = nt + ((
+                            tj[0] + (s_lo * dj[0] - z_lo * ej[0]),
+                            tj[1] + (s_lo * dj[1] - z_lo * ej[1]),
+                            tj[2] + (s_hi * dj[2] - z_hi * ej[E_HI]),
+                            tj[3] + (s_hi * dj[3] - z_hi * ej[E_HI + 1]),
+                        ),)  # fmt: skip
+                    else:
+                        nt = nt + ((
+                            tj[0] + s_lo * (dj[0] - z_lo * ej[0]),
+                            tj[1] + s_lo * (dj[1] - z_lo * ej[1]),
+                            tj[2] + s_hi * (dj[2] - z_hi * ej[E_HI]),
+                            tj[3] + s_hi * (dj[3] - z_hi * ej[E_HI + 1]),
+                        ),)  # fmt: skip
+                t = nt
+    if SM:
+        nt = ()
+        for j in tl.static_range(NB):
+            nt = nt + ((t[j][0] + fsum[j][0], t[j][1] + fsum[j][1], t[j][2] + fsum[j][2],
+                        t[j][3] + fsum[j][3]),)  # fmt: skip
+        t = nt
     for j in tl.static_range(NB):
         _store_sums(out_ptr, stride_om, tile, t[j][0], 8 * j, 0, M, SPLIT)
         _store_sums(out_ptr, stride_om, tile, t[j][1], 8 * j + 1, 0, M, SPLIT)
@@ -560,6 +712,16 @@ def zsub_default(m: int, n: int, split: int, sms: int) -> bool:
     were faster (16 rows: o 7.7 µs against 8.6, down 17.0 against 20.4; qkv at 23 warps an
     SM 10.2 against 11.2; run5). One row: 47.5 µs for the four projections against 48.0."""
     return n_tiles(m) != 2 or (n // TILE_N) * split >= 20 * sms
+
+
+def mma_block(k: int, group_size: int) -> int:
+    """Columns of a block, a warp's run being whole blocks: a group of 64 columns or more; for
+    groups of 32, two chunks (four groups) where k has whole pairs of chunks, else one. Two
+    chunks a loop body keep the operands in flight in place (one chunk's body copied them,
+    sm_90 SASS) and let the scales inside A load 4 groups' at once (`_sm_block`)."""
+    if group_size != G32:
+        return max(group_size, CHUNK)
+    return 2 * CHUNK if k % (2 * CHUNK) == 0 else CHUNK
 
 
 def split_at_most(k: int, group_size: int, split: int) -> int:
@@ -633,6 +795,20 @@ def mma_fits(x: torch.Tensor, n: int, k: int, group_size: int, min_group: int = 
     )
 
 
+def _scales_inside(
+    x: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None, group_size: int, block: int
+) -> bool:
+    """Whether a launch with mins takes its scales inside A (`_chunk_sums_sm`): natively, groups
+    of 32 in blocks of two chunks, scales and mins of x's 16-bit type in rows of whole 8-byte
+    words (`_sm_block`'s loads). Else the groups' sums are folded (by the MMAs against ones)."""
+    if mins is None or group_size != G32 or block != 2 * CHUNK or interpreting():
+        return False
+    return all(
+        t.dtype == x.dtype and t.stride(1) == 1 and t.stride(0) % 4 == 0 and t.data_ptr() % 8 == 0
+        for t in (scales, mins)
+    )
+
+
 def w4a16_mma(
     x: torch.Tensor,
     qmma: torch.Tensor,
@@ -652,8 +828,9 @@ def w4a16_mma(
     x: [m, k] bf16/fp16, contiguous columns, rows 16-byte aligned (`mma_fits`); qmma: int32
     [n / 16, k / 64, 32, 4]; scales [n, G], zeros uint8 [n, G] as in kernels/w4a16.py (no
     act-order perm: gather x's columns first), or zeros None and mins [n, G] floats for
-    weights s q - m (GGUF's Q4_K). Groups of 32 columns take `shuffle_w4`'s layout of their
-    own. out (optional, written): [m, n] of x's dtype,
+    weights s q - m (GGUF's Q4_K; with scales and mins of x's type, in rows of whole 8-byte
+    words, the scales go inside A: `_scales_inside`). Groups of 32 columns take `shuffle_w4`'s
+    layout of their own. out (optional, written): [m, n] of x's dtype,
     contiguous rows of any stride. split: warps a tile (a power of two dividing k's groups;
     None: `mma_split`). ahead: chunks of 64 columns whose words a warp has in flight ahead of
     the one it multiplies (1 to 16; None: `mma_ahead`). zsub: the zero points taken off
@@ -678,7 +855,7 @@ def w4a16_mma(
             f"and power-of-two groups of at least {G32} dividing k; got x {tuple(x.shape)} "
             f"(row stride {x.stride(0)}), n = {n}, group_size = {group_size}"
         )
-    block = max(group_size, CHUNK)  # a warp's run is whole blocks: two groups of 32 a chunk
+    block = mma_block(k, group_size)
     sms = sm_count(x.device) if x.is_cuda else 132
     if split is None:
         split = mma_split(k, block, n, sms, m)
@@ -705,7 +882,9 @@ def w4a16_mma(
         x, qmma, scales, offsets, out, m, k, x.stride(0), scales.stride(0), offsets.stride(0),
         out.stride(0), GROUP=group_size, SPLIT=split, NB=n_tiles(m), AHEAD=ahead,
         X_AHEAD=(2 if n_tiles(m) == 1 else 0) if x_ahead is None else x_ahead,
-        ZSUB=zsub, MINS=mins is not None, EMULATE=interpreting(),
+        G32_CPB=block // CHUNK if group_size == G32 else 1,
+        ZSUB=zsub, MINS=mins is not None, SM=_scales_inside(x, scales, mins, group_size, block),
+        EMULATE=interpreting(),
         num_warps=split, num_stages=1, **pdl_launch(x.device),
     )  # fmt: skip
     return out

@@ -112,13 +112,15 @@ def _w4a16_mma(
     ahead: int | None = None,
     zsub: bool | None = None,
     mins: bool = False,
+    scales_like_x: bool = False,
 ) -> None:
     n, k = 1024, 4096
     qmma, zeros = (
         _t(n // 16, k // 64, 32, 4, dtype=torch.int32),
         _t(n, k // group, dtype=torch.uint8),
     )
-    scales = _t(n, k // group, dtype=FP16)
+    # scales (and mins) of x's type: groups of 32 with mins take the scales inside A
+    scales = _t(n, k // group, dtype=dtype if scales_like_x else FP16)
     x = _t(m, k, dtype=dtype)
     w4a16_mma(x, qmma, scales, None if mins else zeros, group_size=group, split=split,
               ahead=ahead, zsub=zsub, mins=scales if mins else None)  # fmt: skip
@@ -423,6 +425,18 @@ def _cases() -> list[Case]:
         ("w4a16_mma/bf16-m16-group-32-mins", partial(_w4a16_mma, BF16, 32, 16, 4, 2, None, True)),
         ("w4a16_mma/bf16-m1-mins", partial(_w4a16_mma, BF16, 128, 1, 4, 2, None, True)),
         ("w4a16_mma/bf16-m64-group-32-mins", partial(_w4a16_mma, BF16, 32, 64, 2, 4, None, True)),
+        (
+            "w4a16_mma/bf16-m1-group-32-scales-inside",
+            partial(_w4a16_mma, BF16, 32, 1, 8, 2, None, True, True),
+        ),
+        (
+            "w4a16_mma/fp16-m24-group-32-scales-inside",
+            partial(_w4a16_mma, FP16, 32, 24, 2, 2, None, True, True),
+        ),
+        (
+            "w4a16_mma/bf16-m64-group-32-scales-inside",
+            partial(_w4a16_mma, BF16, 32, 64, 2, 4, None, True, True),
+        ),
         ("w4a16_mma_dequant/bf16", partial(_w4a16_mma_dequant, BF16, 128)),
         ("w4a16_mma_dequant/fp16-group-64", partial(_w4a16_mma_dequant, FP16, 64)),
         ("w4a16_mma_dequant/bf16-group-32-mins", partial(_w4a16_mma_dequant, BF16, 32, True)),

@@ -13,6 +13,7 @@ from kernels.w4a16_dequant import w4a16_dequantize
 from kernels.w4a16_matmul import w4a16_mma_matmul
 from kernels.w4a16_mma import (
     MAX_M,
+    _scales_inside,
     mma_ahead,
     mma_split,
     shuffle_w4,
@@ -88,6 +89,37 @@ def test_groups_of_32_with_zero_points_or_mins(
     as_mins = (w.scales.float() * w.zeros.float()).to(torch.float16)
     want = x.float() @ (s * q - (w.scales.float() * w.zeros.float()).repeat_interleave(32, 1)).T
     _check(w4a16_mma(x, qm, w.scales, None, group_size=32, mins=as_mins), want, dtype)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize(("m", "split"), [(1, None), (2, 1), (9, None), (24, 2), (MAX_M, None)])
+def test_mins_of_x_type_take_the_scales_inside_a(
+    dtype: torch.dtype, m: int, split: int | None
+) -> None:
+    """Groups of 32 with scales and mins of x's type (GGUF Q4_K converted for a 16-bit model):
+    natively the scales go inside the A fragments (s q rounded once to x's type) and the mins
+    through a second MMA, no groups' sums folded; against the twin with those weights (the
+    interpreter's sums, s q - m exact, against the exact weights)."""
+    gen = torch.Generator().manual_seed(100 + m)
+    n, k = 48, 1024
+    q = torch.randint(0, 16, (n, k), generator=gen)
+    s = (torch.rand(n, k // 32, generator=gen) * 0.02 + 0.001).to(DEVICE, dtype)
+    mins = (torch.rand(n, k // 32, generator=gen) * 0.2).to(DEVICE, dtype)
+    qm = shuffle_w4(pack_int4(q).to(DEVICE), group_size=32)
+    x = torch.randn(m, k, generator=gen).to(DEVICE, dtype)
+    native = torch.device(DEVICE).type == "cuda"
+    assert _scales_inside(x, s, mins, 32, 128) == native
+    exact = s.float().repeat_interleave(32, dim=1) * q.to(DEVICE).float()
+    sq = exact.to(dtype).float() if native else exact
+    want = x.float() @ (sq - mins.float().repeat_interleave(32, dim=1)).T
+    got = w4a16_mma(x, qm, s, None, group_size=32, split=split, mins=mins)
+    _check(got, want, dtype)
+    # blocks of one chunk (k's chunks odd) fold each group's sums instead
+    assert not _scales_inside(x, s, mins, 32, 64)
+    got1 = w4a16_mma(x[:, :960], qm[:, :15].contiguous(), s[:, :30].contiguous(), None,
+                     group_size=32, mins=mins[:, :30].contiguous())  # fmt: skip
+    want1 = x[:, :960].float() @ (exact[:, :960] - mins[:, :30].float().repeat_interleave(32, 1)).T
+    _check(got1, want1, dtype)
 
 
 @pytest.mark.parametrize("dtype", HALF)

@@ -7,7 +7,7 @@ rows, slices expanded for cuBLAS past that), and
 choose_gemv may pick a GEMV launch configuration per row count. Q4_K projections of a 16-bit
 model on a GPU with the tensor cores' MMA (compute capability 8.0 and newer) are converted at
 load instead (`finish`) into the int4 MMA's layout (kernels/gguf_q4k_mma.py: the nibbles
-shuffled for groups of 32 columns, each sub-block's scale and min in fp16), which
+shuffled for groups of 32 columns, each sub-block's scale and min in the model's type), which
 kernels/w4a16_mma.py multiplies for decode batches of 1 to 64 rows and expands for cuBLAS past
 that; only that copy is kept. Elsewhere (the CPU) the
 weight is dequantised per call (bit-exact with the gguf package), so a CPU model computes
@@ -83,8 +83,8 @@ class PackedQ4k(nn.Module):
     def __init__(self, qmma: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> None:
         super().__init__()
         self.qmma = _frozen(qmma)  # int32 [N / 16, K / 64, 32, 4]
-        self.scales = _frozen(scales)  # fp16 [N, K / 32]
-        self.mins = _frozen(mins)  # fp16 [N, K / 32]
+        self.scales = _frozen(scales)  # [N, K / 32], the model's 16-bit type
+        self.mins = _frozen(mins)  # [N, K / 32]
 
     def weight(self) -> torch.Tensor:
         """fp32 [N, K]: scale * q - min, for references and the CPU path."""
@@ -167,7 +167,8 @@ class GgufMethod(LinearMethod):
             return
         from kernels.gguf_q4k_mma import q4k_to_mma
 
-        packed = PackedQ4k(*q4k_to_mma(layer.weight, layer.in_features))
+        # scales and mins in the model's 16-bit type: the MMA takes them inside its A fragments
+        packed = PackedQ4k(*q4k_to_mma(layer.weight, layer.in_features, dtype=self.act_dtype))
         del layer.weight  # the blocks: only the converted copy stays
         layer.q4k = packed
         layer.weight = packed.qmma.view(layer.out_features, -1)
