@@ -21,6 +21,13 @@ KV_DTYPES = (*FLOAT_DTYPES, *FP8_KV_DTYPES)
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
+def next_pow2(n: int) -> int:
+    """The least power of two at least n (0 for n <= 0), as triton.next_power_of_2 gives it:
+    plain Python, where Triton's is a constexpr function costing about 2 µs a call on the host,
+    paid by every eager launch that sizes a block with it."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
 def interpreting() -> bool:
     """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")

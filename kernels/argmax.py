@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import FLOAT_DTYPES, check_device, check_tensor
+from kernels._checks import FLOAT_DTYPES, check_device, check_tensor, next_pow2
 from kernels.pdl import pdl_launch, pdl_prologue
 
 _BLOCK = 4096
@@ -79,7 +79,7 @@ def finite_argmax_rows(logits: torch.Tensor, *, block: int = _BLOCK) -> torch.Te
         logits, best, index, vocab, logits.stride(0), blocks, BLOCK=block, num_warps=8, **pdl
     )
     _argmax_rows_kernel[(rows,)](
-        best, index, out, blocks, BLOCKS_POW2=triton.next_power_of_2(blocks), num_warps=1, **pdl
+        best, index, out, blocks, BLOCKS_POW2=next_pow2(blocks), num_warps=1, **pdl
     )
     return out
 

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import FLOAT_DTYPES, INDEX_DTYPES, check_device, check_tensor
+from kernels._checks import FLOAT_DTYPES, INDEX_DTYPES, check_device, check_tensor, next_pow2
 
 _BLOCK = 4096
 
@@ -63,7 +63,7 @@ def apply_token_bitmask(
     covered = min(vocab, 32 * bitmask.shape[1])
     if indices.shape[0] == 0 or covered == 0:
         return
-    block = min(_BLOCK, triton.next_power_of_2(covered))
+    block = min(_BLOCK, next_pow2(covered))
     _bitmask_kernel[(indices.shape[0], triton.cdiv(covered, block))](
         logits,
         bitmask,

@@ -34,6 +34,7 @@ from kernels._checks import (
     check_tile,
     check_window_softcap,
     dot_precision,
+    next_pow2,
 )
 from kernels._math import tanh
 from kernels.fp8_kv import gather_kv, is_fp8
@@ -346,7 +347,7 @@ def decode_attention(
     if bs == 0:
         return out
 
-    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_d = max(16, next_pow2(head_dim))
     if block_n is None:
         block_n = 32  # measured on an H200 (bf16, head dim 128): a little ahead of 64
     check_tile(op, "block_n", block_n)
@@ -525,7 +526,7 @@ def merge_splits(
         MAX_SPLITS=max_splits,
         HEAD_DIM=head_dim,
         BLOCK_N=block_n,
-        BLOCK_S=triton.next_power_of_2(max_splits),
+        BLOCK_S=next_pow2(max_splits),
         BLOCK_D=block_d,
         USE_WINDOW=window is not None,
         num_warps=4,

@@ -36,6 +36,7 @@ from kernels._checks import (
     check_tile,
     check_window_softcap,
     dot_precision,
+    next_pow2,
 )
 from kernels._math import tanh
 from kernels.fp8_kv import gather_kv
@@ -261,7 +262,7 @@ def extend_attention(
     if bs == 0 or max_extend_len == 0 or q.shape[0] == 0:
         return out
 
-    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_d = max(16, next_pow2(head_dim))
     # 16-bit, head dim 128, one prompt of 2,048 or 4,096 tokens inside Llama-3.1-8B on an
     # H100 (loadtest/gpu/prefill.py): 128 queries x 32 keys, 4 warps, 3 stages took 4.7 and
     # 17.9 ms a prefill against 5.2 and 18.6 for the 64x64 tiles before, the best of five

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import FLOAT_DTYPES, check_device, check_tensor
+from kernels._checks import FLOAT_DTYPES, check_device, check_tensor, next_pow2
 from kernels.fp8_weights import FP8, FP8_MAX
 
 _TINY = 1e-12  # the scale of an all-zero group
@@ -97,7 +97,7 @@ def quantize_act(
     scales = torch.empty((m, groups), dtype=torch.float32, device=x.device)
     if m == 0 or k == 0:
         return q, scales
-    block = min(1024, triton.next_power_of_2(size))
+    block = min(1024, next_pow2(size))
     _quantize_act_kernel[(m, groups)](
         x,
         q,

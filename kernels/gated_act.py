@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import FLOAT_DTYPES, check_device, check_tensor
+from kernels._checks import FLOAT_DTYPES, check_device, check_tensor, next_pow2
 from kernels._math import tanh
 from kernels.pdl import pdl_launch, pdl_prologue
 
@@ -62,7 +62,7 @@ def _act_mul(
         op, "out", out, shape=(n, d), dims="[n, d]", dtypes=(gate_up.dtype,), device=gate_up.device
     )
     if n > 0 and d > 0:
-        block = min(_BLOCK, triton.next_power_of_2(d))
+        block = min(_BLOCK, next_pow2(d))
         _act_mul_kernel[(n, triton.cdiv(d, block))](
             gate_up,
             out,

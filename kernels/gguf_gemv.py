@@ -46,6 +46,7 @@ from kernels._checks import (
     check_launch,
     check_tensor,
     interpreting,
+    next_pow2,
 )
 from kernels.gemv import MAX_M, store_rows
 from kernels.gguf_blocks import check_blocks, dequantize_ref
@@ -553,7 +554,7 @@ def gguf_gemv(
         QTYPE=lay.type_id,
         BLOCK_N=block_n,
         # a step never longer than the row: past it, every thread would be masked
-        BLOCKS=min(max(1, block_k // lay.elems), triton.next_power_of_2(k // lay.elems)),
+        BLOCKS=min(max(1, block_k // lay.elems), next_pow2(k // lay.elems)),
         FAST=not interpreting(),
         num_warps=num_warps,
         num_stages=num_stages,

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import check_launch, check_tensor, check_tile, dot_precision
+from kernels._checks import check_launch, check_tensor, check_tile, dot_precision, next_pow2
 from kernels.decode_attention import DecodeWorkspace, check_decode_state, merge_splits
 from kernels.fp8_kv import gather_kv
 from kernels.mla_extend import check_mla_inputs
@@ -164,7 +164,7 @@ def mla_decode(
     check_tile(op, "block_n", block_n)
     check_launch(op, num_warps, num_stages)
     max_splits = workspace.max_kv_splits
-    block_r = max(16, triton.next_power_of_2(rank))
+    block_r = max(16, next_pow2(rank))
     _mla_decode_stage1_kernel[(bs, triton.cdiv(num_heads, _BLOCK_H), max_splits)](
         q, buffer, req_to_token, req_rows, seq_lens, num_kv_splits, ws_out, ws_lse,
         sm_scale, num_heads,
@@ -176,7 +176,7 @@ def mla_decode(
         BLOCK_H=_BLOCK_H,
         BLOCK_N=block_n,
         BLOCK_R=block_r,
-        BLOCK_P=max(16, triton.next_power_of_2(rope)),
+        BLOCK_P=max(16, next_pow2(rope)),
         DOT_PRECISION=dot_precision(q.dtype),
         num_warps=num_warps,
         num_stages=num_stages,

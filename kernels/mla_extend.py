@@ -28,6 +28,7 @@ from kernels._checks import (
     check_tensor,
     check_tile,
     dot_precision,
+    next_pow2,
 )
 from kernels.extend_attention import check_extend_tables
 from kernels.fp8_kv import FP8_FORMATS, gather_kv
@@ -178,7 +179,7 @@ def mla_extend(
     if bs == 0 or max_extend_len == 0 or q.shape[0] == 0:
         return out
     # A [BLOCK_M, 512] fp32 accumulator per program: small query tiles, more warps.
-    block_r = max(16, triton.next_power_of_2(rank))
+    block_r = max(16, next_pow2(rank))
     small = q.dtype == torch.float32 or block_r > 256
     block_m = block_m or (16 if small else 32)
     block_n = block_n or (16 if small else 32)
@@ -197,7 +198,7 @@ def mla_extend(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_R=block_r,
-        BLOCK_P=max(16, triton.next_power_of_2(rope)),
+        BLOCK_P=max(16, next_pow2(rope)),
         DOT_PRECISION=dot_precision(q.dtype),
         num_warps=num_warps,
         num_stages=num_stages,

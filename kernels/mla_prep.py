@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import FLOAT_DTYPES, INDEX_DTYPES, check_device, check_tensor
+from kernels._checks import FLOAT_DTYPES, INDEX_DTYPES, check_device, check_tensor, next_pow2
 from kernels.pdl import pdl_launch, pdl_prologue
 from kernels.rmsnorm import rmsnorm_ref
 from kernels.rotary import _normed
@@ -188,8 +188,8 @@ def mla_prep(
         HALF=rope // 2,
         INTERLEAVE=interleave,
         USE_MSCALE=mscale != 1.0,
-        BLOCK_R=triton.next_power_of_2(rank),
-        BLOCK_HALF=triton.next_power_of_2(rope // 2),
+        BLOCK_R=next_pow2(rank),
+        BLOCK_HALF=next_pow2(rope // 2),
         BLOCK_H=_BLOCK_H,
         num_warps=4,
         **pdl_launch(dev),

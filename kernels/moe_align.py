@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import INDEX_DTYPES, check_device, check_tensor
+from kernels._checks import INDEX_DTYPES, check_device, check_tensor, next_pow2
 from kernels.pdl import pdl_launch, pdl_prologue
 
 _PAIRS_BLOCK = 256
@@ -183,7 +183,7 @@ def moe_align(
     sorted_ids = torch.empty(max_padded, dtype=torch.int32, device=device)
     expert_ids = torch.empty(max_blocks, dtype=torch.int32, device=device)
     total = torch.empty(1, dtype=torch.int32, device=device)
-    n_block, e_block = max(16, triton.next_power_of_2(n)), triton.next_power_of_2(num_experts)
+    n_block, e_block = max(16, next_pow2(n)), next_pow2(num_experts)
     if one_program is None:
         one_program = n_block * e_block <= _ONE_PROGRAM_CELLS
     if one_program:

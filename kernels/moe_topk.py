@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import check_device, check_tensor
+from kernels._checks import check_device, check_tensor, next_pow2
 from kernels.pdl import pdl_launch, pdl_prologue
 
 _SCORINGS = ("softmax", "sigmoid")
@@ -114,8 +114,8 @@ def moe_topk(
             scale,
             TOP_K=top_k,
             EXTRA=extra,
-            K_BLOCK=triton.next_power_of_2(top_k + extra),
-            E_BLOCK=triton.next_power_of_2(experts),
+            K_BLOCK=next_pow2(top_k + extra),
+            E_BLOCK=next_pow2(experts),
             SIGMOID=scoring == "sigmoid",
             RENORMALISE=renormalise,
             num_warps=4 if experts > 256 else 1,

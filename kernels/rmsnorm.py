@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import FLOAT_DTYPES, check_device, check_tensor
+from kernels._checks import FLOAT_DTYPES, check_device, check_tensor, next_pow2
 from kernels.pdl import pdl_launch, pdl_prologue
 
 _MAX_HIDDEN = 65536  # one row per program, whole in registers
@@ -146,7 +146,7 @@ def rmsnorm(
         )
         res_arg, res_out = residual, residual_out
     if n > 0:
-        block = triton.next_power_of_2(hidden)
+        block = next_pow2(hidden)
         _rmsnorm_kernel[(n,)](
             x,
             res_arg,

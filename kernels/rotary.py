@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import FLOAT_DTYPES, INDEX_DTYPES, check_device, check_tensor
+from kernels._checks import FLOAT_DTYPES, INDEX_DTYPES, check_device, check_tensor, next_pow2
 from kernels.pdl import pdl_launch, pdl_prologue
 from kernels.rmsnorm import rmsnorm_ref
 from kernels.rope_freq import rope_attention_factor, rope_inv_freq
@@ -282,10 +282,10 @@ def apply_rotary(
     if q.stride(2) != 1 or k.stride(2) != 1:
         raise ValueError(f"{op}: q and k must have contiguous heads (last stride 1)")
     half = rotary_dim // 2
-    block_half = triton.next_power_of_2(half)
-    block_d = triton.next_power_of_2(head_dim)
+    block_half = next_pow2(half)
+    block_d = next_pow2(head_dim)
     # a few heads a program: 8 of 128 dims (decode's one token still fills a few programs)
-    block_h = max(1, min(triton.next_power_of_2(max(num_heads, k.shape[1])), 1024 // block_d))
+    block_h = max(1, min(next_pow2(max(num_heads, k.shape[1])), 1024 // block_d))
     grid = (n, triton.cdiv(num_heads, block_h) + triton.cdiv(k.shape[1], block_h))
     _rotary_kernel[grid](
         q,

@@ -13,7 +13,14 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import FLOAT_DTYPES, INDEX_DTYPES, KV_DTYPES, check_device, check_tensor
+from kernels._checks import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    KV_DTYPES,
+    check_device,
+    check_tensor,
+    next_pow2,
+)
 from kernels.fp8_kv import FP8_FORMATS, quantize_kv, store_into
 from kernels.pdl import pdl_launch, pdl_prologue
 
@@ -117,9 +124,9 @@ def store_kv(
         k = quantize_kv(k, k_buffer.dtype).view(torch.uint8)
         v = quantize_kv(v, v_buffer.dtype).view(torch.uint8)
         k_buffer, v_buffer = k_buffer.view(torch.uint8), v_buffer.view(torch.uint8)
-    block_d = triton.next_power_of_2(head_dim)
+    block_d = next_pow2(head_dim)
     # About 2K elements per tile: one program per token for typical (8 heads x 128) shapes.
-    block_h = min(triton.next_power_of_2(num_kv_heads), max(1, 2048 // block_d))
+    block_h = min(next_pow2(num_kv_heads), max(1, 2048 // block_d))
     grid = (n, triton.cdiv(num_kv_heads, block_h))
     _store_kv_kernel[grid](
         k,

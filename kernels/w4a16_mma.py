@@ -66,7 +66,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import check_tensor, interpreting, sm_count
+from kernels._checks import check_tensor, interpreting, next_pow2, sm_count
 from kernels.f16x2 import split4
 from kernels.pdl import pdl_launch, pdl_prologue
 from kernels.w4a16 import PACK, SCALE_DTYPES, pack_int4, unpack_int4
@@ -667,7 +667,7 @@ def _store_sums(out_ptr, stride_om, tile, t, N_OFF: tl.constexpr, R_OFF: tl.cons
 
 def n_tiles(m: int) -> int:
     """Tiles of 8 rows of x for m rows: a power of two (one compile each), at most NB_MAX."""
-    return min(NB_MAX, triton.next_power_of_2(-(-m // 8)))
+    return min(NB_MAX, next_pow2(-(-m // 8)))
 
 
 # The most warps an SM a launch's grid fills by splitting K, by tiles of x (`n_tiles`), and

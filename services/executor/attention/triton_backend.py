@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from kernels._checks import sm_count
+from kernels._checks import next_pow2, sm_count
 from kernels.decode_attention import (
     DecodeWorkspace,
     choose_kv_pack,
@@ -316,7 +316,7 @@ class TritonBackend(AttentionBackend):
         fill: max_kv_splits, at most INTERPRETER_MAX_SPLITS, which the tests rely on."""
         if device.type != "cuda":
             return min(self.max_kv_splits, INTERPRETER_MAX_SPLITS)
-        wanted = triton.next_power_of_2(triton.cdiv(2 * sm_count(device), bs * num_kv_heads))
+        wanted = next_pow2(triton.cdiv(2 * sm_count(device), bs * num_kv_heads))
         return max(1, min(self.max_kv_splits, max(8, wanted)))
 
     def _decode_workspace(
