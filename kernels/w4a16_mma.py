@@ -44,11 +44,11 @@ and 237.5.
 Groups of 32 columns with float mins (w = s q - m, GGUF's Q4_K: kernels/gguf_q4k_mma.py)
 whose scales and mins are of x's 16-bit type take the scales inside A instead (`SM`,
 `_chunk_sums_sm`): register i is fma((w >> 4i) & 0x000F000F | OFF, s, -OFF s), that is s q
-rounded once to x's type (a relative 2^-9 in bf16, as a bf16 weight's own rounding), and a
-second MMA of A = -m against the same x adds the mins' terms; nothing is folded per group and
-no MMA against ones runs. The fold of each group's sums (folded per group of 32, four a
-block) took 106.5 µs for the four projections at one row of x against 65.3 this way (47.2 for
-AWQ's groups of 128, `gpu_w4a16_sm_h200_run1.json`).
+rounded once to x's type (a relative 2^-9 of s q in bf16, as a bf16 weight's own
+rounding), and a second MMA of A = -m against the same x adds the mins' terms; nothing is
+folded per group and no MMA against ones runs, and a loop body takes two chunks (four
+groups). Folding each group's sums instead took 106.5 µs for the four projections at one row
+of x against 65.3 this way (47.2 for AWQ's groups of 128, `gpu_w4a16_sm_h200_run1.json`).
 
 The MMAs are inline PTX; under the Triton interpreter (no PTX) the same sums are computed
 from the shuffled words by tensor operations in fp32 (`EMULATE`), which checks the layout's
@@ -715,10 +715,11 @@ def zsub_default(m: int, n: int, split: int, sms: int) -> bool:
 
 
 def mma_block(k: int, group_size: int) -> int:
-    """Columns of a block, a warp's run being whole blocks: a group of 64 columns or more; for
-    groups of 32, two chunks (four groups) where k has whole pairs of chunks, else one. Two
-    chunks a loop body keep the operands in flight in place (one chunk's body copied them,
-    sm_90 SASS) and let the scales inside A load 4 groups' at once (`_sm_block`)."""
+    """Columns of the blocks a warp's run is whole blocks of: a group of 64 columns or more;
+    for groups of 32, two chunks (four groups) where k has whole pairs of chunks, else one.
+    With the scales inside A a loop body takes such a block (the operands in flight kept in
+    place, where one chunk's body copied them, sm_90 SASS; the 4 groups' scales in one load
+    each, `_sm_block`); folding, one chunk (splits of these blocks split chunks as well)."""
     if group_size != G32:
         return max(group_size, CHUNK)
     return 2 * CHUNK if k % (2 * CHUNK) == 0 else CHUNK
@@ -800,7 +801,9 @@ def _scales_inside(
 ) -> bool:
     """Whether a launch with mins takes its scales inside A (`_chunk_sums_sm`): natively, groups
     of 32 in blocks of two chunks, scales and mins of x's 16-bit type in rows of whole 8-byte
-    words (`_sm_block`'s loads). Else the groups' sums are folded (by the MMAs against ones)."""
+    words (`_sm_block`'s loads). Else the groups' sums are folded (by the MMAs against ones).
+    In fp16, -OFF s overflows for |s| >= 64 (OFF = 1024): such scales must come as fp32 (the
+    GGUF conversion keeps them so)."""
     if mins is None or group_size != G32 or block != 2 * CHUNK or interpreting():
         return False
     return all(
@@ -866,7 +869,7 @@ def w4a16_mma(
     if zsub and mins is not None:
         raise ValueError(f"{op}: zsub takes integer zero points, not mins")
     if split < 1 or split & (split - 1) or k % (split * block):
-        raise ValueError(f"{op}: split must be a power of two dividing k's groups, got {split}")
+        raise ValueError(f"{op}: split must be a power of two dividing k's blocks, got {split}")
     if not isinstance(ahead, int) or not 1 <= ahead <= 16:
         raise ValueError(f"{op}: ahead must be 1 to 16 chunks, got {ahead!r}")
     if x_ahead is not None and (not isinstance(x_ahead, int) or not 0 <= x_ahead <= 4):
@@ -878,12 +881,15 @@ def w4a16_mma(
         raise ValueError(f"{op}: out's columns must be contiguous, got strides {out.stride()}")
     offsets = mins if zeros is None else zeros
     assert offsets is not None  # check_shuffled: one of them
+    # Blocks of two chunks only with the scales inside A: folding, the four groups' sums of a
+    # block would stay live to its end (255 registers and spills at 8 tiles of x, ptxas -v)
+    sm = _scales_inside(x, scales, mins, group_size, block)
     _w4a16_mma_kernel[(n // TILE_N,)](
         x, qmma, scales, offsets, out, m, k, x.stride(0), scales.stride(0), offsets.stride(0),
         out.stride(0), GROUP=group_size, SPLIT=split, NB=n_tiles(m), AHEAD=ahead,
         X_AHEAD=(2 if n_tiles(m) == 1 else 0) if x_ahead is None else x_ahead,
-        G32_CPB=block // CHUNK if group_size == G32 else 1,
-        ZSUB=zsub, MINS=mins is not None, SM=_scales_inside(x, scales, mins, group_size, block),
+        G32_CPB=block // CHUNK if sm else 1,
+        ZSUB=zsub, MINS=mins is not None, SM=sm,
         EMULATE=interpreting(),
         num_warps=split, num_stages=1, **pdl_launch(x.device),
     )  # fmt: skip

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import services.executor.quant.gguf_linear as gguf_linear
+from kernels.gguf_blocks import dequantize_ref
 from services.executor.models.linear import Linear, choose_gemv
 from services.executor.models.llama import LlamaForCausalLM
 from services.executor.weights import load_model
@@ -125,3 +126,33 @@ def test_radixserve_q4k_mma_0_keeps_the_blocks(
     layers = _q4k_layers(model)
     assert layers and all(gguf_linear._q4k(m) is None for m in layers)
     assert all(m.weight.dtype == torch.uint8 for m in layers)
+
+
+@pytest.mark.parametrize(("dtype", "std", "kept"), [
+    (torch.bfloat16, 0.02, torch.bfloat16),
+    (torch.float16, 0.02, torch.float16),
+    (torch.float16, 2000.0, torch.float32),
+    (torch.bfloat16, 2000.0, torch.bfloat16),
+])  # fmt: skip
+def test_converted_q4k_keeps_scales_in_the_model_type_where_the_mma_takes_them(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, std: float, kept: torch.dtype
+) -> None:
+    """A converted Q4_K projection's scales and mins take the model's 16-bit type (the MMA then
+    puts the scales inside its A fragments), except fp16 scales of 64 or more, whose -1024 s
+    would overflow there: fp32 (the MMA folds those), the same weights either way."""
+    monkeypatch.setattr(gguf_linear, "q4k_mma_layout", lambda layer, act_dtype: True)
+    layer = Linear(512, 32)
+    layer.weight = torch.nn.Parameter(torch.empty(32, 512, dtype=dtype), requires_grad=False)
+    method = gguf_linear.GgufMethod("Q4_K")
+    layer.method = method
+    method.create_weights(layer)
+    blocks = gguf_linear.dummy_blocks(32, 512, "Q4_K", torch.Generator().manual_seed(3), std)
+    layer.weight.copy_(blocks)
+    want = dequantize_ref(blocks, "Q4_K")
+    method.finish(layer)
+    packed = gguf_linear._q4k(layer)
+    assert packed is not None
+    assert packed.scales.dtype == packed.mins.dtype == kept
+    assert (float(packed.scales.float().abs().max()) >= 64.0) == (std > 1.0)
+    err = (packed.weight() - want).abs().max() / want.abs().max()
+    assert err <= (2.0**-7 if kept == torch.bfloat16 else 2.0**-9)

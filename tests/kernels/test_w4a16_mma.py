@@ -5,6 +5,8 @@ outputs, w4a16_matmul's routing to it, and bad arguments. In the interpreter the
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -13,7 +15,6 @@ from kernels.w4a16_dequant import w4a16_dequantize
 from kernels.w4a16_matmul import w4a16_mma_matmul
 from kernels.w4a16_mma import (
     MAX_M,
-    _scales_inside,
     mma_ahead,
     mma_split,
     shuffle_w4,
@@ -94,7 +95,7 @@ def test_groups_of_32_with_zero_points_or_mins(
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize(("m", "split"), [(1, None), (2, 1), (9, None), (24, 2), (MAX_M, None)])
 def test_mins_of_x_type_take_the_scales_inside_a(
-    dtype: torch.dtype, m: int, split: int | None
+    dtype: torch.dtype, m: int, split: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Groups of 32 with scales and mins of x's type (GGUF Q4_K converted for a 16-bit model):
     natively the scales go inside the A fragments (s q rounded once to x's type) and the mins
@@ -108,18 +109,40 @@ def test_mins_of_x_type_take_the_scales_inside_a(
     qm = shuffle_w4(pack_int4(q).to(DEVICE), group_size=32)
     x = torch.randn(m, k, generator=gen).to(DEVICE, dtype)
     native = torch.device(DEVICE).type == "cuda"
-    assert _scales_inside(x, s, mins, 32, 128) == native
+    launched = _spy_launches(monkeypatch)
     exact = s.float().repeat_interleave(32, dim=1) * q.to(DEVICE).float()
     sq = exact.to(dtype).float() if native else exact
     want = x.float() @ (sq - mins.float().repeat_interleave(32, dim=1)).T
     got = w4a16_mma(x, qm, s, None, group_size=32, split=split, mins=mins)
     _check(got, want, dtype)
-    # blocks of one chunk (k's chunks odd) fold each group's sums instead
-    assert not _scales_inside(x, s, mins, 32, 64)
+    assert (launched[-1]["SM"], launched[-1]["G32_CPB"]) == ((True, 2) if native else (False, 1))
+    # fp16 mins with bf16 x, or blocks of one chunk (k's chunks odd): each group's sums folded
+    if dtype == torch.bfloat16:
+        w4a16_mma(x, qm, s, None, group_size=32, mins=mins.half())
+        assert (launched[-1]["SM"], launched[-1]["G32_CPB"]) == (False, 1)
     got1 = w4a16_mma(x[:, :960], qm[:, :15].contiguous(), s[:, :30].contiguous(), None,
                      group_size=32, mins=mins[:, :30].contiguous())  # fmt: skip
+    assert (launched[-1]["SM"], launched[-1]["G32_CPB"]) == (False, 1)
     want1 = x[:, :960].float() @ (exact[:, :960] - mins[:, :30].float().repeat_interleave(32, 1)).T
     _check(got1, want1, dtype)
+
+
+def _spy_launches(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, object]]:
+    """The keyword arguments (constexprs) of every `w4a16_mma` kernel launch from now on."""
+    import kernels.w4a16_mma as km
+
+    kernel, seen = km._w4a16_mma_kernel, []
+
+    class Spy:
+        def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., object]:
+            def launch(*args: object, **kwargs: object) -> object:
+                seen.append(kwargs)
+                return kernel[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(km, "_w4a16_mma_kernel", Spy())
+    return seen
 
 
 @pytest.mark.parametrize("dtype", HALF)

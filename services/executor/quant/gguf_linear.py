@@ -167,8 +167,14 @@ class GgufMethod(LinearMethod):
             return
         from kernels.gguf_q4k_mma import q4k_to_mma
 
-        # scales and mins in the model's 16-bit type: the MMA takes them inside its A fragments
-        packed = PackedQ4k(*q4k_to_mma(layer.weight, layer.in_features, dtype=self.act_dtype))
+        # Scales and mins in the model's 16-bit type: the MMA takes them inside its A fragments.
+        # In fp16 only below 64 (-1024 s must stay finite there); else fp32, which the MMA folds
+        # (exact, slower): a load-time check, one host sync a projection.
+        qmma, scales, mins = q4k_to_mma(layer.weight, layer.in_features, dtype=torch.float32)
+        keep = self.act_dtype
+        if keep == torch.float16 and float(scales.abs().max()) >= 64.0:
+            keep = torch.float32
+        packed = PackedQ4k(qmma, scales.to(keep), mins.to(keep))
         del layer.weight  # the blocks: only the converted copy stays
         layer.q4k = packed
         layer.weight = packed.qmma.view(layer.out_features, -1)
