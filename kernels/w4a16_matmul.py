@@ -35,8 +35,8 @@ from kernels.w4a16 import check_w4
 from kernels.w4a16_dequant import w4a16_dequantize
 from kernels.w4a16_gemm import w4a16_gemm
 from kernels.w4a16_gemv import w4a16_gemv
-from kernels.w4a16_mma import G32, mma_block, mma_fits, split_at_most, w4a16_mma
 from kernels.w4a16_mma import MAX_M as MMA_MAX_M
+from kernels.w4a16_mma import mma_block, mma_fits, split_at_most, w4a16_mma
 from kernels.w4a16_mma_dequant import w4a16_mma_dequantize
 
 # The most rows the tensor-core GEMM takes; from GEMM_MAX_M + 1 rows, dequantise + cuBLAS.
@@ -119,7 +119,7 @@ def w4a16_mma_matmul(
         x = gather_columns(x, perm)
     m, k = x.shape
     if m <= MMA_MAX_M:
-        if not mma_fits(x, n, k, group_size, G32):  # a strided or misaligned view: a copy
+        if not mma_fits(x, n, k, group_size):  # a strided or misaligned view: a copy
             x = x.clone(memory_format=torch.contiguous_format)
         if split is not None:
             split = split_at_most(k, mma_block(k, group_size), split)

@@ -733,13 +733,13 @@ def split_at_most(k: int, group_size: int, split: int) -> int:
     return split
 
 
-def mma_shape_fits(n: int, k: int, group_size: int, min_group: int = CHUNK) -> bool:
-    """Whether a weight [n, k] with these groups can be shuffled for `w4a16_mma`: n a multiple
-    of 16, power-of-two groups of at least `min_group` columns (64: what the expansion for
-    prefill takes; the MMA also takes 32) dividing k, k a multiple of 64."""
+def mma_shape_fits(n: int, k: int, group_size: int) -> bool:
+    """Whether a weight [n, k] with these groups can be shuffled for `w4a16_mma` (and expanded
+    by kernels/w4a16_mma_dequant.py): n a multiple of 16, power-of-two groups of at least 32
+    columns (groups of 32 in their own layout) dividing k, k a multiple of 64."""
     return (
         n % TILE_N == 0
-        and group_size >= min_group
+        and group_size >= G32
         and group_size & (group_size - 1) == 0
         and k % group_size == 0
         and k % CHUNK == 0
@@ -755,20 +755,19 @@ def check_shuffled(
     device: torch.device,
     *,
     mins: torch.Tensor | None = None,
-    min_group: int = CHUNK,
 ) -> tuple[int, int]:
     """Check a weight's shuffled words (contiguous int32 [n / 16, k / 64, 32, 4]), its groups
-    (power-of-two, at least `min_group` columns) and the layout's scales and either its uint8
+    (power-of-two, at least 32 columns) and the layout's scales and either its uint8
     zero points or float mins [n, k / group_size], all on `device`; returns (n, k)."""
     check_tensor(op, "qmma", qmma, shape=(None, None, 32, 4), dims="[n / 16, k / 64, 32, 4]",
                  dtypes=(torch.int32,), device=device)  # fmt: skip
     if not qmma.is_contiguous():
         raise ValueError(f"{op}: qmma must be contiguous, got strides {qmma.stride()}")
     n, k = qmma.shape[0] * TILE_N, qmma.shape[1] * CHUNK
-    if group_size < min_group or group_size & (group_size - 1) or k % group_size:
+    if group_size < G32 or group_size & (group_size - 1) or k % group_size:
         raise ValueError(
             f"{op}: group_size must be a power of two dividing k = {k}, groups of at least "
-            f"{min_group} columns, got {group_size}"
+            f"{G32} columns, got {group_size}"
         )
     if zeros is not None and mins is None:
         offsets = ("zeros", zeros, (torch.uint8,))
@@ -782,11 +781,11 @@ def check_shuffled(
     return n, k
 
 
-def mma_fits(x: torch.Tensor, n: int, k: int, group_size: int, min_group: int = CHUNK) -> bool:
+def mma_fits(x: torch.Tensor, n: int, k: int, group_size: int) -> bool:
     """Whether `w4a16_mma` takes this product: the weight's shape (`mma_shape_fits`) and 1 to
     64 rows of 16-bit x, contiguous columns, 16-byte aligned rows."""
     return (
-        mma_shape_fits(n, k, group_size, min_group)
+        mma_shape_fits(n, k, group_size)
         and 1 <= x.shape[0] <= MAX_M
         and x.shape[1] == k
         and x.dtype in (torch.bfloat16, torch.float16)
@@ -850,9 +849,8 @@ def w4a16_mma(
     m, k = x.shape
     check_tensor(op, "qmma", qmma, shape=(None, k // CHUNK, 32, 4), dims="[n / 16, k / 64, 32, 4]",
                  dtypes=(torch.int32,), device=x.device)  # fmt: skip
-    n, _ = check_shuffled(op, qmma, scales, zeros, group_size, x.device, mins=mins,
-                          min_group=G32)  # fmt: skip
-    if not mma_fits(x, n, k, group_size, G32):
+    n, _ = check_shuffled(op, qmma, scales, zeros, group_size, x.device, mins=mins)
+    if not mma_fits(x, n, k, group_size):
         raise ValueError(
             f"{op}: takes 1 to {MAX_M} rows of x with 16-byte aligned rows, n % {TILE_N} == 0 "
             f"and power-of-two groups of at least {G32} dividing k; got x {tuple(x.shape)} "

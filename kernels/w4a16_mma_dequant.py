@@ -26,7 +26,7 @@ import triton.language as tl
 
 from kernels._checks import FLOAT_DTYPES, check_device, check_tensor
 from kernels.pdl import pdl_launch, pdl_prologue
-from kernels.w4a16_mma import CHUNK, G32, TILE_N, check_shuffled
+from kernels.w4a16_mma import CHUNK, TILE_N, check_shuffled
 
 CHUNKS = 8  # chunks of 64 columns a program
 
@@ -101,8 +101,7 @@ def w4a16_mma_dequantize(
     of any stride). Groups of 32 columns take `shuffle_w4`'s layout of their own."""
     op = "w4a16_mma_dequantize"
     check_device(op, qmma)
-    n, k = check_shuffled(op, qmma, scales, zeros, group_size, qmma.device, mins=mins,
-                          min_group=G32)  # fmt: skip
+    n, k = check_shuffled(op, qmma, scales, zeros, group_size, qmma.device, mins=mins)
     tiles, chunks = n // TILE_N, k // CHUNK
     if dtype not in FLOAT_DTYPES:
         raise TypeError(f"{op}: dtype must be a float dtype, got {dtype}")

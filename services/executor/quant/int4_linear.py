@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.w4a16 import PACK, pack_int4
-from kernels.w4a16_mma import G32, mma_shape_fits, shuffle_w4, unshuffle_w4
+from kernels.w4a16_mma import mma_shape_fits, shuffle_w4, unshuffle_w4
 from services.executor.distributed.shard import WHOLE, LoadPlan, Shard
 from services.executor.errors import ModelLoadError, UnsupportedQuantizationError
 from services.executor.models.linear import GemvConfig, Linear
@@ -305,7 +305,7 @@ def mma_layout(w: Int4Weight, act_dtype: torch.dtype) -> bool:
         return False
     if torch.cuda.get_device_capability(w.qweight.device)[0] < 8:
         return False
-    return mma_shape_fits(n, words * PACK, w.group_size, G32)  # groups of 32: their own layout
+    return mma_shape_fits(n, words * PACK, w.group_size)  # groups of 32: their own layout
 
 
 def _install(
