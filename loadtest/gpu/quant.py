@@ -143,14 +143,21 @@ def pool_tokens(section: Section) -> int:
     return max(8192, section.batch_size * (section.input_len + section.output_len + 64))
 
 
-def decode_one(
-    name: str, fmt: WeightFormat, bandwidth: float, section: Section = SECTIONS["quant_decode"]
-) -> dict[str, Any]:
+def model_dir(fmt: WeightFormat) -> Path:
+    """A new directory of Llama-3.1-8B's config (and tokenizer) in the format's checkpoint
+    layout: its quantization_config in config.json (dummy weights are drawn at load)."""
     model = llama8b_dir(Path(tempfile.mkdtemp()))
     if fmt.quantization_config is not None:
         config = json.loads((model / "config.json").read_text())
         config["quantization_config"] = fmt.quantization_config
         (model / "config.json").write_text(json.dumps(config))
+    return model
+
+
+def decode_one(
+    name: str, fmt: WeightFormat, bandwidth: float, section: Section = SECTIONS["quant_decode"]
+) -> dict[str, Any]:
+    model = model_dir(fmt)
     args = offline.parse_args(
         [
             *("latency", "--model", str(model), "--load-format", "dummy"),

@@ -1,12 +1,13 @@
-"""The `serve_fp8` and `serve_int4` sections: quantized weights through `radixserve serve`, as
-a user meets them, on the GPU.
+"""The `serve_fp8`, `serve_int4` and `serve_gguf` sections: quantized weights through
+`radixserve serve`, as a user meets them, on the GPU.
 
 `radixserve serve --quantization fp8 --kv-cache-dtype fp8_e4m3` runs Llama-3.1-8B's shapes
 with dummy weights (the word tokenizer, so every sampled id decodes), so decode's products
 take kernels/fp8_gemv_packed.py at one to four rows and the fp8 GEMMs past that. `serve_int4`
 serves the same shapes as an AWQ checkpoint (config.json's quantization_config; dummy int4
 weights), whose decode batches run the int4 MMA (kernels/w4a16_mma.py) and prefill its
-expansion for cuBLAS. Then, for each:
+expansion for cuBLAS; `serve_gguf` as GGUF Q4_K blocks, converted at load for the same MMA
+(services/executor/quant/gguf_linear.py). Then, for each:
 
 - the openai client: each prompt plain (its prefix then cached), then plain again and
   streamed, greedy, 48 tokens with EOS ignored, one request at a time; the streamed text must
@@ -119,15 +120,24 @@ def serve_fp8_section(log_dir: str) -> dict[str, Any]:
         }
 
 
-def serve_int4_section(log_dir: str) -> dict[str, Any]:
+def _serve_checkpoint(log_dir: str, name: str, port: int, fmt: str, label: str) -> dict[str, Any]:
+    """A quantized checkpoint's dummy weights (config.json's quantization_config from
+    loadtest.gpu.quant's FORMATS) through `radixserve serve`: the openai checks and bursts."""
     from loadtest.gpu.quant import FORMATS
 
-    port = 18121
-    config = {"quantization_config": FORMATS["int4_awq"].quantization_config}
-    with serving_words(Path(log_dir) / "serve_int4.log", port, config=config):
+    config = {"quantization_config": FORMATS[fmt].quantization_config}
+    with serving_words(Path(log_dir) / f"{name}.log", port, config=config):
         return {
             "config": config,
-            "openai": _openai_checks(port, "int4 AWQ"),
+            "openai": _openai_checks(port, label),
             "burst_2000": burst_2000(port, retry=False),
             "burst_2000_retry": burst_2000(port, retry=True),
         }
+
+
+def serve_int4_section(log_dir: str) -> dict[str, Any]:
+    return _serve_checkpoint(log_dir, "serve_int4", 18121, "int4_awq", "int4 AWQ")
+
+
+def serve_gguf_section(log_dir: str) -> dict[str, Any]:
+    return _serve_checkpoint(log_dir, "serve_gguf", 18122, "gguf_q4_k", "GGUF Q4_K")

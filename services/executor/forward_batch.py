@@ -40,6 +40,9 @@ class ForwardBatch:
     # leaves them in `extra_hidden` ([len(extra_indices), hidden]).
     extra_indices: torch.Tensor | None = None
     extra_hidden: torch.Tensor | None = None
+    # An extend run as decode rows (extend_rows.py): the rows whose logits are the
+    # requests', each one's last new token; None where every row is a request's.
+    sample_rows: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from services.executor import extend_rows
 from services.executor.batch_policy import StepPlan
 from services.executor.cuda_graph import CudaGraphRunner
 from services.executor.distributed.group import SINGLE, TPGroup
@@ -45,6 +46,10 @@ class ModelRunner:
         self.graphs = graphs
         self.cuda = device.type == "cuda"
         self.tp = tp
+        # The most new tokens an extend step runs as decode rows (extend_rows.py), within
+        # the CUDA graphs' largest batch; None: extend_rows.MAX_ROWS, and none without
+        # graphs (eager rows would save nothing; tests set it to run them on the CPU).
+        self.rows_max: int | None = None
         # rank 0 of a tensor-parallel group sends every step's tables to the other ranks
         self.channel = HostChannel(tp.host_group) if tp.size > 1 and tp.is_leader else None
         if self.channel is not None:
@@ -90,14 +95,28 @@ class ModelRunner:
     def batch_from(self, t: StepTables, prev_tokens: torch.Tensor | None) -> ForwardBatch:
         """The ForwardBatch of `t`; `prev_tokens`: the previous step's sampled tokens on the
         device, where the pending inputs are read."""
+        n = len(t.ids)
+        rows, seq_lens, last, prefix_lens, extend_lens = (
+            t.rows,
+            t.seq_lens,
+            t.last,
+            t.prefix_lens,
+            t.extend_lens,
+        )
+        tables = [t.ids, t.positions, t.slots]
+        if t.as_rows:  # one decode row a new token, read at each request's last
+            rows, seq_lens = extend_rows.as_rows(t)
+            last, prefix_lens, extend_lens = list(range(n)), t.positions, [1] * n
+            tables.append(t.last)
         # One host-to-device copy for every integer input of the step, each table aligned so
         # that the kernels reading them compile once (see packing.py).
-        input_ids, positions_t, out_cache_loc, req_rows, seq_lens, last_t = pack_aligned(
-            [t.ids, t.positions, t.slots, t.rows, t.seq_lens, t.last], torch.int64, self.device
-        )
+        packed = pack_aligned([*tables, rows, seq_lens, last], torch.int64, self.device)
+        input_ids, positions_t, out_cache_loc = packed[:3]
+        req_rows, seq_lens_t, last_t = packed[-3:]
+        sample_rows = packed[3] if t.as_rows else None
         if t.pending_at:
             assert prev_tokens is not None, "the previous step unsampled"
-            if _all_of(t.pending_at, len(t.ids)) and _all_of(t.pending_src, len(prev_tokens)):
+            if _all_of(t.pending_at, n) and _all_of(t.pending_src, len(prev_tokens)):
                 # The overlapped decode step: every input is the previous step's token of
                 # the same row. No table, no scatter: the sampled tensor is the input.
                 input_ids = prev_tokens
@@ -106,17 +125,18 @@ class ModelRunner:
                 input_ids = input_ids.clone()
                 input_ids[at] = prev_tokens[src]
         return ForwardBatch(
-            mode=ForwardMode.DECODE if t.is_decode else ForwardMode.EXTEND,
+            mode=ForwardMode.DECODE if t.is_decode or t.as_rows else ForwardMode.EXTEND,
             input_ids=input_ids,
             positions=positions_t,
             out_cache_loc=out_cache_loc,
             req_rows=req_rows,
-            seq_lens=seq_lens,
-            prefix_lens_cpu=t.prefix_lens,
-            extend_lens_cpu=t.extend_lens,
+            seq_lens=seq_lens_t,
+            prefix_lens_cpu=prefix_lens,
+            extend_lens_cpu=extend_lens,
             kv_pool=self.kv,
             req_to_token=self.req_to_token,
             last_indices=last_t,
+            sample_rows=sample_rows,
         )
 
     def run(self, batch: ForwardBatch, extra: list[int]) -> torch.Tensor:
@@ -125,8 +145,17 @@ class ModelRunner:
         if extra:
             batch.extra_indices = to_device(extra, torch.int64, self.device)
         if self.graphs is not None and self.graphs.can_run(batch):
-            return self.graphs.replay(batch)
-        return self.model(batch)
+            logits = self.graphs.replay(batch)
+        else:
+            logits = self.model(batch)
+        return logits if batch.sample_rows is None else logits[batch.sample_rows]
+
+    def _as_rows(self, tables: StepTables, pooled: bool) -> bool:
+        """Whether the step runs as decode rows (extend_rows.py)."""
+        limit = self.rows_max
+        if self.graphs is not None:
+            limit = min(extend_rows.MAX_ROWS if limit is None else limit, self.graphs.max_bs)
+        return not pooled and extend_rows.fits(tables, limit or 0)
 
     @torch.inference_mode()
     def forward(self, plan: StepPlan, prev: InFlight | None = None) -> Forward:
@@ -142,6 +171,9 @@ class ModelRunner:
         if prompt_lp is not None:
             tables.extra = prompt_lp.positions
         rows = [i for i in range(len(plan.reqs)) if plan.samples(i)]
+        # Pooled positions follow the prompt-logprob ones; only this rank reads them.
+        pool = None if plan.is_decode else PoolTargets.build(plan.reqs, plan.extend_lens)
+        tables.as_rows = self._as_rows(tables, pool is not None)
         if self.channel is not None:
             tables.sampling_rows = len(rows)
             log = self.req_to_token.flush_log
@@ -151,8 +183,6 @@ class ModelRunner:
             self.channel.send(tables)
         prev_tokens = prev.sampled.tokens if prev is not None and prev.sampled else None
         batch = self.batch_from(tables, prev_tokens)
-        # Pooled positions follow the prompt-logprob ones; only this rank reads them.
-        pool = None if plan.is_decode else PoolTargets.build(plan.reqs, plan.extend_lens)
         logits = self.run(batch, tables.extra + (pool.positions if pool else []))  # [bs, vocab]
         n_lp = len(tables.extra)
         if prompt_lp is not None:

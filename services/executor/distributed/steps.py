@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-# [kind, is_decode, sampling rows, then the length of each list field, in FIELDS order]
+# [kind, is_decode, sampling rows, as_rows, then the length of each list field, in FIELDS order]
 FIELDS = (
     "ids",
     "positions",
@@ -36,7 +36,7 @@ FIELDS = (
     "write_cols",
     "write_vals",
 )
-HEADER = 3 + len(FIELDS)
+HEADER = 4 + len(FIELDS)
 
 
 class Kind(enum.IntEnum):
@@ -56,6 +56,7 @@ class StepTables:
 
     is_decode: bool
     sampling_rows: int  # tokens this step samples: their broadcast follows the forward pass
+    as_rows: bool = False  # an extend run as decode rows, one a token (extend_rows.py)
     ids: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)
@@ -90,15 +91,16 @@ class StepTables:
 
     def encode(self) -> tuple[torch.Tensor, torch.Tensor]:
         lists = [getattr(self, name) for name in FIELDS]
-        header = [int(Kind.STEP), int(self.is_decode), self.sampling_rows, *map(len, lists)]
+        header = [int(Kind.STEP), int(self.is_decode), self.sampling_rows, int(self.as_rows)]
+        header += map(len, lists)
         flat = [v for values in lists for v in values]
         return torch.tensor(header, dtype=torch.int64), torch.tensor(flat, dtype=torch.int64)
 
     @classmethod
     def decode(cls, header: list[int], payload: list[int]) -> StepTables:
-        out = cls(is_decode=bool(header[1]), sampling_rows=header[2])
+        out = cls(is_decode=bool(header[1]), sampling_rows=header[2], as_rows=bool(header[3]))
         at = 0
-        for name, n in zip(FIELDS, header[3:], strict=True):
+        for name, n in zip(FIELDS, header[4:], strict=True):
             setattr(out, name, payload[at : at + n])
             at += n
         return out
@@ -128,7 +130,7 @@ class HostChannel:
         h = header.tolist()
         if h[0] == Kind.STOP:
             return None
-        payload = torch.zeros(sum(h[3:]), dtype=torch.int64)
+        payload = torch.zeros(sum(h[4:]), dtype=torch.int64)
         if payload.numel():
             dist.broadcast(payload, src=0, group=self.group)
         return StepTables.decode(h, payload.tolist())
