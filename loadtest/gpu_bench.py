@@ -37,7 +37,8 @@ weights and --kv-cache-dtype fp8_e4m3); serve_fp8 (those flags through `radixser
 openai client's completions and the 2,000-request bursts: gpu/serve_fp8.py); serve_int4 (the
 same with an int4 AWQ checkpoint's dummy weights); serve_gguf (the same as GGUF Q4_K
 blocks); extend_rows (a prompt's first token with its extend eager and as decode rows replayed
-from the CUDA graphs: gpu/extend_rows.py); faults (every
+from the CUDA graphs: gpu/extend_rows.py; extend_rows_prefix the same after a cached prefix);
+faults (every
 service SIGKILLed mid-load, Redis restarted and hostile input, with the executor on the GPU:
 gpu/faults.py).
 """
@@ -128,6 +129,7 @@ TIME_LIMITS = {
     "serve_int4": 480,  # an int4 AWQ checkpoint through `radixserve serve`: the same
     "serve_gguf": 480,  # GGUF Q4_K blocks through `radixserve serve`: the same
     "extend_rows": 420,  # first tokens with extends eager against as graphed decode rows
+    "extend_rows_prefix": 300,  # the same after a cached prefix (bf16)
     "faults": 580,  # every service killed mid-load, Redis restarted, hostile input (gpu/faults.py)
 }
 OFFLINE_RUN_S = 130  # the 500-prompt run stops here and reports what it finished
@@ -273,6 +275,10 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         from loadtest.gpu.extend_rows import extend_rows_section
 
         return extend_rows_section()
+    if name == "extend_rows_prefix":
+        from loadtest.gpu.extend_rows import extend_rows_prefix_section
+
+        return extend_rows_prefix_section()
     if name == "serve_gguf":
         from loadtest.gpu.serve_fp8 import serve_gguf_section
 
@@ -291,7 +297,7 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
     extra += ["qwen3moe_batches", "dsv2lite_batches", "w4a16_mma"]
     extra += [*QUANT_SECTION_NAMES, "offline_fp8w", "flashinfer_kernel"]
     extra += ["shared_prefix", "long_prefill", "shared_decode", "serve_fp8", "serve_int4"]
-    extra += ["serve_gguf", "extend_rows", "faults"]
+    extra += ["serve_gguf", "extend_rows", "extend_rows_prefix", "faults"]
     raise SystemExit(f"unknown section {name!r}; known: {', '.join([*SECTIONS, *extra])}")
 
 

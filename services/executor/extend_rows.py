@@ -18,10 +18,14 @@ extend kernels would.
 Not taken when the step wants hidden states other than each request's last (prompt logprobs,
 embeddings' pooling: the graphs return logits only), past the graphs' largest batch, or when
 the rows would re-read too many keys: row i of a request reads its whole prefix, so a request
-of n tokens reads about (n - 1) * (P + n / 2) keys more than one decode row does.
-`EXTRA_KEYS` bounds that, the keys of 64 rows at 2,048 tokens each (a request's rows run in
-one launch, so its prefix may come from L2 after the first read; a long cached prefix with
-many new tokens, past the bound, was not measured and stays an extend).
+of n new tokens after P cached ones reads about (n - 1) * (P + n / 2) keys more than one
+decode row does. In bf16 on an H200 (Llama-3.1-8B shapes, `--sections extend_rows_prefix`,
+`loadtest/results/gpu_extend_rows_prefix_h200_run1.json`) the rows' time grew with the keys
+re-read and the extend's stayed at 18-39 ms: 16 new tokens after 16,384 cached
+18.6 ms as rows against 31.8 (246K keys re-read), 64 after 4,096 17.7 against 28.5 (260K),
+256 after 1,024 18.8 against 25.7 (294K); 64 after 16,384 41.9 against 30.8 (1.03M) and 256
+after 4,096 43.6 against 27.8 (1.08M) lost. `EXTRA_KEYS` (262,144) takes the first two and
+leaves the third, a win, to the extend with the losses.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from __future__ import annotations
 from services.executor.distributed.steps import StepTables
 
 # keys a step's rows may read beyond one row per request (see above)
-EXTRA_KEYS = 64 * 2048
+EXTRA_KEYS = 256 * 1024
 # new tokens a step may run as rows (within the graphs' largest batch): on an H200, a new
 # 256-token prompt's first token came in 10.2 ms as rows against 24.1 eager in bf16, 16.8
 # against 37.8 with int4 AWQ weights (loadtest/results/gpu_extend_rows_h200_run1.json);

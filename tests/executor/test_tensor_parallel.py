@@ -42,7 +42,11 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen2-moe": ("qwen2_moe", {}),
     # sliding windows of 8, q/k norms, two RoPE bases, softcapped logits
     "gemma3": ("gemma3", {}),
+    # rank 0 runs extends as decode rows (extend_rows.py; forced on the CPU), the follower
+    # as the step's tables say
+    "llama-rows": ("llama", {}),
 }
+ROWS = {"llama-rows"}
 PROMPTS = [[11, 12, 13, 14, 15], [30, 31], [40, 41, 42, 43, 44, 45, 46, 47, 48], [7]]
 MAX_NEW = 12
 
@@ -53,15 +57,21 @@ def settings(path: Path) -> EngineSettings:
     )
 
 
-def generate(path: Path, tp: TPGroup) -> tuple[dict[str, list[int]], torch.Tensor]:
-    """Rank 0: every prompt's greedy tokens (run together, so batched), and the first
-    step's logits (prefill of all prompts)."""
+def generate(
+    path: Path, tp: TPGroup, rows: bool = False
+) -> tuple[dict[str, list[int]], torch.Tensor, int]:
+    """Rank 0: every prompt's greedy tokens (run together, so batched), the first step's
+    logits (prefill of all prompts), and how many steps ran as decode rows (with `rows`)."""
     engine = build_engine(settings(path), tp=tp)
+    if rows:
+        engine.runner.rows_max = 64
     first: list[torch.Tensor] = []
+    as_rows = [0]
     original = engine.runner.run
 
     def spy(batch: Any, extra: list[int]) -> torch.Tensor:
         logits = original(batch, extra)
+        as_rows[0] += batch.sample_rows is not None
         if not first:
             first.append(logits.clone())
         return logits
@@ -76,7 +86,7 @@ def generate(path: Path, tp: TPGroup) -> tuple[dict[str, list[int]], torch.Tenso
                 tokens[d.rid] += d.token_ids
     engine.policy.check_integrity()
     engine.runner.stop_followers()
-    return tokens, first[0]
+    return tokens, first[0], as_rows[0]
 
 
 def rank_main(rank: int, addr: str, models: list[tuple[str, str]], results: Any) -> None:
@@ -90,8 +100,8 @@ def rank_main(rank: int, addr: str, models: list[tuple[str, str]], results: Any)
         tp = init_group(rank, 2, addr, torch.device("cpu"))
         for case, path in models:
             if rank == 0:
-                tokens, logits = generate(Path(path), tp)
-                results.put(("ok", case, (tokens, logits.tolist())))  # plain values
+                tokens, logits, as_rows = generate(Path(path), tp, rows=case in ROWS)
+                results.put(("ok", case, (tokens, logits.tolist(), as_rows)))  # plain values
             else:
                 b = build_runner(settings(Path(path)), tp=tp)
                 Follower(b.runner, tp).run()
@@ -106,8 +116,8 @@ def rank_main(rank: int, addr: str, models: list[tuple[str, str]], results: Any)
 
 @dataclass
 class TwoRanks:
-    """What the pair of rank processes gave: per case ("ok", (tokens, logits)) or ("error",
-    traceback), up to the first error; the ranks' exit codes; each case's model."""
+    """What the pair of rank processes gave: per case ("ok", (tokens, logits, rows steps)) or
+    ("error", traceback), up to the first error; the ranks' exit codes; each case's model."""
 
     results: dict[str, tuple[str, Any]]
     exit_codes: list[int | None]
@@ -148,11 +158,12 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> TwoRanks:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_two_ranks_match_one(case: str, two_ranks: TwoRanks) -> None:
-    want_tokens, want_logits = generate(two_ranks.paths[case], SINGLE)
+    want_tokens, want_logits, _ = generate(two_ranks.paths[case], SINGLE)
     status, got = two_ranks.result(case)
     assert status == "ok", got
     assert two_ranks.exit_codes == [0, 0]
-    tokens, logits = got
+    tokens, logits, as_rows = got
+    assert (as_rows > 0) == (case in ROWS)
     torch.testing.assert_close(torch.tensor(logits), want_logits, atol=1e-4, rtol=1e-4)
     assert tokens == want_tokens
     assert all(len(t) == MAX_NEW for t in tokens.values())
