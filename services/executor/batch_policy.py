@@ -23,6 +23,8 @@ import logging
 from collections import deque
 from dataclasses import dataclass
 
+from services.executor import extend_rows
+from services.executor.extend_rows import re_read
 from services.executor.memory import KVManager
 from services.executor.request import Req
 
@@ -113,6 +115,10 @@ class BatchPolicy:
         # and an EXTEND runs eagerly, costing up to two decode steps at large batches: a few
         # forced tokens among 64 requests would slow every request down. 0: always extend.
         self.jump_extend_min = jump_extend_min
+        # The most tokens a step runs as decode rows replayed from the graphs
+        # (extend_rows.py; the runner's own limit, 0: none): forced text within it extends
+        # whatever its count, since such a step costs about a decode step of that many rows.
+        self.rows_max = 0
         self.jump_extended_tokens = 0  # forced tokens computed beside a request's next token
 
     # -- queue -------------------------------------------------------------------------------
@@ -261,6 +267,13 @@ class BatchPolicy:
             budget -= n
         return (StepPlan(reqs, lens, is_decode=False) if reqs else None), False
 
+    def _rows(self, reqs: list[Req], lens: list[int]) -> bool:
+        """Whether a decode step carrying forced text runs as decode rows (extend_rows.py)."""
+        if sum(lens) > self.rows_max:
+            return False
+        keys = sum(re_read(len(r.slots), n) for r, n in zip(reqs, lens, strict=True) if n > 1)
+        return keys <= extend_rows.EXTRA_KEYS
+
     def _plan_decode(self) -> StepPlan | None:
         """One token for every running request, plus the tokens a grammar forced after it
         (jump-forward): those ride along in the same step, which is then an EXTEND, so that
@@ -292,7 +305,7 @@ class BatchPolicy:
         if not reqs:
             return None
         extra = sum(lens) - len(lens)
-        if extra and extra < self.jump_extend_min * len(lens):
+        if extra and extra < self.jump_extend_min * len(lens) and not self._rows(reqs, lens):
             lens = [1] * len(lens)  # a request with forced text samples nothing this step
         else:
             self.jump_extended_tokens += extra

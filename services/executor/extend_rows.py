@@ -30,7 +30,10 @@ leaves the third, a win, to the extend with the losses.
 
 from __future__ import annotations
 
-from services.executor.distributed.steps import StepTables
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the batch policy imports this module: no torch.distributed for it
+    from services.executor.distributed.steps import StepTables
 
 # keys a step's rows may read beyond one row per request (see above)
 EXTRA_KEYS = 256 * 1024
@@ -41,9 +44,15 @@ EXTRA_KEYS = 256 * 1024
 MAX_ROWS = 256
 
 
+def re_read(prefix: int, new: int) -> int:
+    """Keys the rows of a request's `new` tokens after `prefix` ones in the pool read beyond
+    what one decode row reads: row i reads prefix + i + 1."""
+    return (new - 1) * prefix + new * (new - 1) // 2
+
+
 def extra_keys(tables: StepTables) -> int:
     """Keys the step's decode rows read beyond one row per request."""
-    return sum(tables.positions) + len(tables.positions) - sum(tables.seq_lens)
+    return sum(map(re_read, tables.prefix_lens, tables.extend_lens))
 
 
 def fits(tables: StepTables, max_rows: int) -> bool:

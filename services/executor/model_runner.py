@@ -150,12 +150,16 @@ class ModelRunner:
             logits = self.model(batch)
         return logits if batch.sample_rows is None else logits[batch.sample_rows]
 
-    def _as_rows(self, tables: StepTables, pooled: bool) -> bool:
-        """Whether the step runs as decode rows (extend_rows.py)."""
+    def rows_limit(self) -> int:
+        """The most new tokens a step runs as decode rows (extend_rows.py)."""
         limit = self.rows_max
         if self.graphs is not None:
             limit = min(extend_rows.MAX_ROWS if limit is None else limit, self.graphs.max_bs)
-        return not pooled and extend_rows.fits(tables, limit or 0)
+        return limit or 0
+
+    def _as_rows(self, tables: StepTables, pooled: bool) -> bool:
+        """Whether the step runs as decode rows (extend_rows.py)."""
+        return not pooled and extend_rows.fits(tables, self.rows_limit())
 
     @torch.inference_mode()
     def forward(self, plan: StepPlan, prev: InFlight | None = None) -> Forward:

@@ -241,6 +241,31 @@ def test_few_forced_tokens_wait_for_ordinary_decode_steps(
 
 
 @pytest.mark.parametrize("overlap", [False, True])
+def test_forced_tokens_ride_along_where_the_step_runs_as_rows(
+    setup: Setup, tiny_dir: Path, overlap: bool
+) -> None:
+    """Where a step with forced text runs as decode rows (extend_rows.py: a graph replay on
+    a GPU, forced here on the CPU), the text rides along below `jump_extend_min` too; the
+    same output, and past the rows' limit the text waits again."""
+    c = JsonSchemaConstraint(schema=json.dumps(FORCED))
+
+    def run(rows_max: int) -> Run:
+        r = Run(setup.engine(tiny_dir, overlap=overlap))
+        r.engine.policy.jump_extend_min = 1.0
+        r.engine.policy.rows_max = r.engine.runner.rows_max = rows_max
+        free = [make_request(f"u{i}", [9, 10], max_new=80, ignore_eos=True) for i in range(30)]
+        r.go({0: [*(setup.request(rid, c, 200, temperature=0.0) for rid in ("a", "bb")), *free]})
+        return r
+
+    rows, narrow, wait = run(64), run(31), run(0)
+    assert rows.engine.policy.jump_extended_tokens > 10
+    assert narrow.engine.policy.jump_extended_tokens == wait.engine.policy.jump_extended_tokens == 0
+    for rid in ("a", "bb"):
+        assert rows.tokens[rid] == wait.tokens[rid]
+        check(c, setup.text(rows.tokens[rid]))
+
+
+@pytest.mark.parametrize("overlap", [False, True])
 def test_first_token_stamps_with_forced_text_at_the_start(
     setup: Setup, tiny_dir: Path, overlap: bool
 ) -> None:

@@ -30,6 +30,7 @@ def tables(prefixes: list[int], news: list[int], extra: list[int] | None = None)
         t.slots += range(100 * row + p, 100 * row + p + n)
         t.rows.append(row + 1)
         t.seq_lens.append(p + n)
+        t.prefix_lens.append(p)
         t.extend_lens.append(n)
     t.extra = extra or []
     return t
@@ -40,6 +41,7 @@ def test_rows_are_one_a_token_with_its_own_length() -> None:
     assert extend_rows.as_rows(t) == ([1, 1, 1, 2, 2], [6, 7, 8, 1, 2])
     # the extra keys: request 0's rows read 6 + 7 + 8 against one row's 8, request 1's 1 + 2
     assert extend_rows.extra_keys(t) == (6 + 7 + 8 - 8) + (1 + 2 - 2)
+    assert extend_rows.re_read(5, 3) == 6 + 7 + 8 - 8 and extend_rows.re_read(9, 1) == 0
 
 
 def test_which_steps_qualify() -> None:
