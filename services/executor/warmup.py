@@ -54,18 +54,26 @@ def _request(rid: str, seed: int, length: int, vocab: int, sampled: bool) -> Tok
 
 
 def warm_up(engine: Engine) -> None:
-    """Run the warm-up batches to completion; raise if any of them fails."""
+    """Run the warm-up batches to completion; raise if any of them fails.
+
+    They run as extends: on a GPU an extend of up to 256 tokens would replay the decode
+    graphs (extend_rows.py), which the capture compiled, and leave the extend kernels, which
+    longer prompts still take, to the first such request (about a second on an H200)."""
     started = time.perf_counter()
     vocab = engine.runner.vocab_size
-    seed = 0
-    for b, lengths in enumerate(WARMUP_BATCHES):
-        for i, n in enumerate(lengths):
-            seed += 1
-            engine.submit(_request(f"warmup-{b}-{i}", seed, n, vocab, sampled=i % 2 == 1))
-        while engine.has_work():
-            for _, msg in engine.step().outputs:
-                if isinstance(msg, RequestFailed):
-                    raise RuntimeError(f"warm-up request failed: {msg.error.message}")
+    rows_max, engine.runner.rows_max = engine.runner.rows_max, 0
+    try:
+        seed = 0
+        for b, lengths in enumerate(WARMUP_BATCHES):
+            for i, n in enumerate(lengths):
+                seed += 1
+                engine.submit(_request(f"warmup-{b}-{i}", seed, n, vocab, sampled=i % 2 == 1))
+            while engine.has_work():
+                for _, msg in engine.step().outputs:
+                    if isinstance(msg, RequestFailed):
+                        raise RuntimeError(f"warm-up request failed: {msg.error.message}")
+    finally:
+        engine.runner.rows_max = rows_max
     engine.flush_cache()
     warm_masks(engine.runner.vocab_size, engine.runner.device)
     log.info("kernels warmed up in %.1f s", time.perf_counter() - started)
