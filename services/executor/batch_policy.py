@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from services.executor import extend_rows
@@ -116,9 +117,10 @@ class BatchPolicy:
         # forced tokens among 64 requests would slow every request down. 0: always extend.
         self.jump_extend_min = jump_extend_min
         # The most tokens a step runs as decode rows replayed from the graphs
-        # (extend_rows.py; the runner's own limit, 0: none): forced text within it extends
-        # whatever its count, since such a step costs about a decode step of that many rows.
-        self.rows_max = 0
+        # (extend_rows.py; the builder gives the runner's `rows_limit`, 0: none): forced text
+        # within it extends whatever its count, since such a step costs about a decode step
+        # of that many rows.
+        self.rows_limit: Callable[[], int] = lambda: 0
         self.jump_extended_tokens = 0  # forced tokens computed beside a request's next token
 
     # -- queue -------------------------------------------------------------------------------
@@ -269,7 +271,7 @@ class BatchPolicy:
 
     def _rows(self, reqs: list[Req], lens: list[int]) -> bool:
         """Whether a decode step carrying forced text runs as decode rows (extend_rows.py)."""
-        if sum(lens) > self.rows_max:
+        if sum(lens) > self.rows_limit():
             return False
         keys = sum(re_read(len(r.slots), n) for r, n in zip(reqs, lens, strict=True) if n > 1)
         return keys <= extend_rows.EXTRA_KEYS

@@ -258,7 +258,7 @@ def build_runner(
         s.max_prefill_tokens,
         s.schedule_policy,
         # Forced text extends once it averages a token per request, or at once where the
-        # step runs as decode rows (policy.rows_max, below): an eager EXTEND costs up to two
+        # step runs as decode rows (policy.rows_limit, below): an eager EXTEND costs up to two
         # replayed decode steps. Without graphs both are eager: extend at once.
         jump_extend_min=JUMP_EXTEND_MIN if graphed else 0.0,
     )
@@ -279,7 +279,7 @@ def build_runner(
         progress("cuda graphs", 0.0)
         graphs.capture()
     runner = ModelRunner(model, kv, rows, config.vocab_size, device, graphs=graphs, tp=tp)
-    policy.rows_max = runner.rows_limit()
+    policy.rows_limit = runner.rows_limit  # follows the runner: none once graphs are freed
     quant = model.quantization.name if model.quantization else str(dtype)
     log.info(
         "model %s (%s) on %s in %s%s; KV pool %d tokens in %s (%.1f MiB); attention %s",

@@ -252,7 +252,7 @@ def test_forced_tokens_ride_along_where_the_step_runs_as_rows(
     def run(rows_max: int) -> Run:
         r = Run(setup.engine(tiny_dir, overlap=overlap))
         r.engine.policy.jump_extend_min = 1.0
-        r.engine.policy.rows_max = r.engine.runner.rows_max = rows_max
+        r.engine.runner.rows_max = rows_max  # the policy asks the runner
         free = [make_request(f"u{i}", [9, 10], max_new=80, ignore_eos=True) for i in range(30)]
         r.go({0: [*(setup.request(rid, c, 200, temperature=0.0) for rid in ("a", "bb")), *free]})
         return r
