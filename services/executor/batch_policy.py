@@ -24,8 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.executor import extend_rows
-from services.executor.extend_rows import re_read
+from services.executor.extend_rows import counts_fit
 from services.executor.memory import KVManager
 from services.executor.request import Req
 
@@ -269,13 +268,6 @@ class BatchPolicy:
             budget -= n
         return (StepPlan(reqs, lens, is_decode=False) if reqs else None), False
 
-    def _rows(self, reqs: list[Req], lens: list[int]) -> bool:
-        """Whether a decode step carrying forced text runs as decode rows (extend_rows.py)."""
-        if sum(lens) > self.rows_limit():
-            return False
-        keys = sum(re_read(len(r.slots), n) for r, n in zip(reqs, lens, strict=True) if n > 1)
-        return keys <= extend_rows.EXTRA_KEYS
-
     def _plan_decode(self) -> StepPlan | None:
         """One token for every running request, plus the tokens a grammar forced after it
         (jump-forward): those ride along in the same step, which is then an EXTEND, so that
@@ -307,7 +299,12 @@ class BatchPolicy:
         if not reqs:
             return None
         extra = sum(lens) - len(lens)
-        if extra and extra < self.jump_extend_min * len(lens) and not self._rows(reqs, lens):
+        if (
+            extra
+            and extra < self.jump_extend_min * len(lens)
+            # a step that runs as decode rows costs about a decode step of its rows
+            and not counts_fit([len(r.slots) for r in reqs], lens, self.rows_limit())
+        ):
             lens = [1] * len(lens)  # a request with forced text samples nothing this step
         else:
             self.jump_extended_tokens += extra

@@ -50,9 +50,12 @@ def re_read(prefix: int, new: int) -> int:
     return (new - 1) * prefix + new * (new - 1) // 2
 
 
-def extra_keys(tables: StepTables) -> int:
-    """Keys the step's decode rows read beyond one row per request."""
-    return sum(map(re_read, tables.prefix_lens, tables.extend_lens))
+def counts_fit(prefix_lens: list[int], extend_lens: list[int], max_rows: int) -> bool:
+    """Whether requests with these tokens in the pool and these new ones run as at most
+    `max_rows` decode rows within EXTRA_KEYS (the runner's step, the policy's plan)."""
+    return 0 < sum(extend_lens) <= max_rows and (
+        sum(map(re_read, prefix_lens, extend_lens)) <= EXTRA_KEYS
+    )
 
 
 def fits(tables: StepTables, max_rows: int) -> bool:
@@ -60,8 +63,7 @@ def fits(tables: StepTables, max_rows: int) -> bool:
     return (
         not tables.is_decode
         and not tables.extra
-        and 0 < len(tables.ids) <= max_rows
-        and extra_keys(tables) <= EXTRA_KEYS
+        and counts_fit(tables.prefix_lens, tables.extend_lens, max_rows)
     )
 
 
