@@ -259,3 +259,30 @@ def test_the_engine_with_cuda_graphs_answers_what_triton_answers(
         engine.policy.check_integrity()
         answers[name] = tokens
     assert answers[choice] == answers["triton"]
+
+
+@pytest.mark.parametrize("choice", ["flashinfer", "auto"])
+def test_extends_run_as_decode_rows_answer_as_the_extend(tmp_path: Path, choice: str) -> None:
+    """Short and cached prompts' extends run as decode rows replayed from the CUDA graphs
+    (services/executor/extend_rows.py) on FlashInfer's decode, which plans each replay from
+    the rows' host lengths (a token's position + 1): the same greedy tokens as the same engine
+    extending, and logits within fp16's rounding. `auto` decodes small batches on Triton."""
+    from tests.executor.test_extend_rows import Recorded, _arrivals
+
+    path = write_tiny_model(tmp_path, "llama", **TINY)
+
+    def engine() -> Any:
+        settings = EngineSettings(
+            model=resolve_model(str(path)), name="e0", stream="rs:exec:e0", device="cuda",
+            dtype="float16", attention_backend=choice, max_prefill_tokens=8,
+            cuda_graph_max_bs=16, max_total_tokens=8192,
+        )  # fmt: skip
+        return build_engine(settings)
+
+    base, rows = Recorded(engine(), 0), Recorded(engine(), None)
+    base.run.go(_arrivals(PROMPTS))
+    rows.run.go(_arrivals(PROMPTS))
+    assert not base.as_rows() and len(rows.as_rows()) >= 4
+    assert rows.run.tokens == base.run.tokens
+    for got, ref in zip(rows.logits, base.logits, strict=True):
+        torch.testing.assert_close(got, ref, atol=2e-2, rtol=2e-2)
