@@ -73,7 +73,8 @@ def usage(
             return end.get(key, 0.0) - start.get(key, 0.0)
 
         row: dict[str, Any] = {"cpu_share": delta("cpu_s") / wall_s if wall_s > 0 else None}
-        for phase in ("decode", "extend"):
+        # the executor's phases (services/executor/engine/stats.PHASES)
+        for phase in ("decode", "extend", "extend_rows"):
             n, total = delta(f"{phase}_count"), delta(f"{phase}_sum")
             if n:
                 row[f"{phase}_steps"] = int(n)

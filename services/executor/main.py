@@ -102,11 +102,7 @@ async def run_engine(
                 continue
             started = time.perf_counter()
             result = await loop.run_in_executor(stepper_pool, engine.step)
-            steps.observe(
-                time.perf_counter() - started,
-                result.is_decode,
-                result.is_decode or result.forward_tokens > 0,
-            )
+            steps.observe(time.perf_counter() - started, result.phase)
             if result.outputs:
                 outbox.put_nowait(result.outputs)
             for finished in result.traced:

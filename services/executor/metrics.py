@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from services.executor.engine.loop import Engine
+from services.executor.engine.stats import PHASES
 from services.executor.rates import RATE_WINDOW_S, Window
 from shared.metrics.buckets import SERVICE_SECONDS
 from shared.metrics.executor_load import load_gauges
@@ -64,7 +65,7 @@ class ExecutorCollector(Collector):
         yield self._counter(
             "radixserve:executor_forward_tokens",
             "Tokens run through the model, by step phase",
-            {("decode",): stats.decode_tokens, ("extend",): stats.extend_tokens},
+            {(phase,): n for phase, n in stats.tokens_by_phase().items()},
             "phase",
         )
         yield self._counter(
@@ -102,21 +103,23 @@ class ExecutorCollector(Collector):
 
 
 class StepTimer:
-    """Host time of each engine step, by the phase of the step it launched."""
+    """Host time of each engine step, by the phase of the step it launched (PHASES)."""
 
     def __init__(self, m: ServiceMetrics) -> None:
         h = m.histogram(
             "radixserve:executor_step_seconds",
             "Host time of one engine step (plan, launch, and landing the step before), by "
-            "the phase of the step launched",
+            "the phase of the step launched: decode, extend, or extend_rows (an extend run "
+            "as decode rows from the CUDA graphs)",
             SERVICE_SECONDS,
             ["phase"],
         )
-        self.decode, self.extend = h.labels("decode"), h.labels("extend")
+        self.phases = {phase: h.labels(phase) for phase in PHASES}
 
-    def observe(self, seconds: float, is_decode: bool, launched: bool) -> None:
-        if launched:
-            (self.decode if is_decode else self.extend).observe(seconds)
+    def observe(self, seconds: float, phase: str) -> None:
+        """One step's host time; phase "" (nothing launched) is not observed."""
+        if phase:
+            self.phases[phase].observe(seconds)
 
 
 def executor_metrics(m: ServiceMetrics, engine: Engine) -> StepTimer:

@@ -195,7 +195,7 @@ class ModelRunner:
         if pool is not None:
             assert batch.extra_hidden is not None
             pool.take(batch.extra_hidden[n_lp:])
-        return Forward(plan, rows, logits)
+        return Forward(plan, rows, logits, tables.as_rows)
 
     def share(self, sampled: Sampled) -> None:
         """A step's sampled tokens to the other ranks (their next step may read them on the

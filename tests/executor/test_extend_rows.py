@@ -163,3 +163,41 @@ def test_the_warm_up_compiles_the_extend_kernels(tiny_dir: Path) -> None:
     warm_up(engine)
     assert rec.batches and not rec.as_rows()
     assert engine.runner.rows_max == 64
+
+
+@pytest.mark.parametrize("rows_max", [0, 64])
+def test_steps_are_counted_and_timed_by_what_they_ran(tiny_dir: Path, rows_max: int) -> None:
+    """An extend run as decode rows is its own phase in the step results, the engine's totals
+    and the exported metrics (radixserve:executor_forward_tokens_total{phase="extend_rows"}):
+    its host time is a decode step's, and mixing it into the extends' histogram would hide
+    what an eager extend costs."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from services.executor.metrics import executor_metrics
+    from shared.metrics.registry import ServiceMetrics
+
+    engine = make_engine(tiny_dir)
+    engine.runner.rows_max = rows_max
+    m = ServiceMetrics("executor", "m", "i-1")
+    timer = executor_metrics(m, engine)
+    engine.submit(make_request("a", [5, 6, 7, 8, 9], 3))
+    phases = []
+    while engine.has_work():
+        result = engine.step()
+        timer.observe(0.001, result.phase)
+        phases.append(result.phase)
+    first = "extend_rows" if rows_max else "extend"
+    assert phases == [first, "decode", "decode"]
+    s = engine.stats
+    assert (s.extend_steps, s.rows_steps, s.decode_steps) == ((0, 1, 2) if rows_max else (1, 0, 2))
+    want = {"decode": 2, "extend": 0, "extend_rows": 0}
+    want[first] = 5
+    assert s.tokens_by_phase() == want
+    got = {
+        (x.name, x.labels.get("phase")): x.value
+        for family in text_string_to_metric_families(m.text().decode())
+        for x in family.samples
+    }
+    assert got[("radixserve:executor_forward_tokens_total", first)] == 5
+    assert got[("radixserve:executor_step_seconds_count", first)] == 1
+    assert got[("radixserve:executor_step_seconds_count", "decode")] == 2

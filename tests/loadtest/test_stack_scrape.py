@@ -27,14 +27,15 @@ def test_child_ports_come_from_the_line_serve_prints() -> None:
     assert child_ports("no metrics ports here") == {}
 
 
-def _page(cpu: float, decode: list[float], extend: list[float]) -> str:
+def _page(
+    cpu: float, decode: list[float], extend: list[float], rows: list[float] | None = None
+) -> str:
     reg = CollectorRegistry()
     Counter("process_cpu_seconds", "cpu", registry=reg).inc(cpu)
     h = Histogram(STEP_METRIC.replace(":", "_"), "steps", ["phase"], registry=reg)
-    for v in decode:
-        h.labels("decode").observe(v)
-    for v in extend:
-        h.labels("extend").observe(v)
+    for phase, values in (("decode", decode), ("extend", extend), ("extend_rows", rows or [])):
+        for v in values:
+            h.labels(phase).observe(v)
     # prometheus_client cannot name a metric with ':'; the executor's collector does.
     return generate_latest(reg).decode().replace(STEP_METRIC.replace(":", "_"), STEP_METRIC)
 
@@ -42,7 +43,7 @@ def _page(cpu: float, decode: list[float], extend: list[float]) -> str:
 def test_usage_is_the_difference_between_two_scrapes() -> None:
     before = {"executor-0": sample(_page(2.0, [0.01] * 10, [0.1])), "gateway-0": {"cpu_s": 1.0}}
     after = {
-        "executor-0": sample(_page(6.0, [0.01] * 10 + [0.02] * 100, [0.1, 0.3])),
+        "executor-0": sample(_page(6.0, [0.01] * 10 + [0.02] * 100, [0.1, 0.3], [0.004] * 4)),
         "gateway-0": {"cpu_s": 9.0},
     }
     report = usage(before, after, wall_s=8.0)
@@ -52,6 +53,7 @@ def test_usage_is_the_difference_between_two_scrapes() -> None:
     assert abs(ex["decode_step_ms"] - 20.0) < 1e-6
     assert abs(ex["decode_busy_share"] - 2.0 / 8.0) < 1e-6
     assert ex["extend_steps"] == 1 and abs(ex["extend_step_ms"] - 300.0) < 1e-6
+    assert ex["extend_rows_steps"] == 4 and abs(ex["extend_rows_step_ms"] - 4.0) < 1e-6
     assert report["gateway-0"] == {"cpu_share": 1.0}
 
 

@@ -30,7 +30,7 @@ from services.executor.engine.outputs import (
     stamp_first_on_host,
 )
 from services.executor.engine.records import Forward, InFlight, Sampled
-from services.executor.engine.stats import EngineStats
+from services.executor.engine.stats import EngineStats, step_phase
 from services.executor.engine.timeline import Timeline, finished_timelines, record_chunks
 from services.executor.grammar import lifecycle
 from services.executor.grammar.backend import GrammarBackend
@@ -164,7 +164,7 @@ class Engine:
             stamp_first_launched((plan.reqs[i] for i in forward.rows), started)
             if self.trace_requests:
                 record_chunks(plan.reqs, plan.extend_lens, started)
-        self.stats.launched(plan.is_decode, sum(plan.extend_lens))
+        self.stats.launched(step_phase(plan.is_decode, forward.as_rows), sum(plan.extend_lens))
         self.overlapped_steps += prev is not None
         self.step_no += 1
         return InFlight(forward, indices, sampled)
@@ -230,6 +230,7 @@ class Engine:
         if launched is not None:
             result.forward_tokens = sum(launched.plan.extend_lens)
             result.is_decode = launched.plan.is_decode
+            result.phase = step_phase(launched.plan.is_decode, launched.forward.as_rows)
         # Counted here, where the queue is not changing, for the heartbeat thread to read.
         self.waiting_tokens = sum(len(r.input_ids) for r in self.policy.waiting)
         if self.check_integrity and self.inflight is None:

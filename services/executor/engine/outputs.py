@@ -31,6 +31,7 @@ class StepResult:
     outputs: list[Output] = field(default_factory=list)
     forward_tokens: int = 0
     is_decode: bool = False  # the step was a DECODE (else an EXTEND, or no forward at all)
+    phase: str = ""  # engine/stats.PHASES, or "" where the step launched no forward
     traced: list[Finished] = field(default_factory=list)  # tracing: the requests it finished
 
 

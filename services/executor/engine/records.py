@@ -27,6 +27,8 @@ class Forward:
     plan: StepPlan
     rows: list[int]  # plan indices of the requests that sample this step
     logits: torch.Tensor  # [len(plan.reqs), vocab]: each request's last new token's
+    # an extend run as decode rows replayed from the CUDA graphs (extend_rows.py)
+    as_rows: bool = False
 
 
 @dataclass(frozen=True)

@@ -10,25 +10,45 @@ from dataclasses import dataclass, field
 
 from services.executor.request import Req
 
+# What a launched step was, as the metrics label it: a decode step, an extend run eagerly, or
+# an extend run as decode rows replayed from the CUDA graphs (services/executor/extend_rows.py:
+# short and cached prompts), whose host time and speed are a decode step's, not an extend's.
+PHASES = ("decode", "extend", "extend_rows")
+
+
+def step_phase(is_decode: bool, as_rows: bool) -> str:
+    if is_decode:
+        return "decode"
+    return "extend_rows" if as_rows else "extend"
+
 
 @dataclass
 class EngineStats:
     decode_steps: int = 0
-    extend_steps: int = 0
+    extend_steps: int = 0  # eager extends
+    rows_steps: int = 0  # extends run as decode rows
     decode_tokens: int = 0  # tokens run through the model by decode steps
-    extend_tokens: int = 0  # ... by extend steps (prompt chunks, with their first decodes)
+    extend_tokens: int = 0  # ... by eager extend steps (prompt chunks, with their first decodes)
+    rows_tokens: int = 0  # ... by extends run as decode rows
     generated_tokens: int = 0  # sampled tokens that reached the host
     prompt_tokens: int = 0  # prompts of the requests that finished after their prefill
     cached_tokens: int = 0  # ... of which their KV came from the radix cache
     aborts: Counter[str] = field(default_factory=Counter)  # why requests ended early
 
-    def launched(self, is_decode: bool, tokens: int) -> None:
-        if is_decode:
+    def launched(self, phase: str, tokens: int) -> None:
+        if phase == "decode":
             self.decode_steps += 1
             self.decode_tokens += tokens
+        elif phase == "extend_rows":
+            self.rows_steps += 1
+            self.rows_tokens += tokens
         else:
             self.extend_steps += 1
             self.extend_tokens += tokens
+
+    def tokens_by_phase(self) -> dict[str, int]:
+        return {"decode": self.decode_tokens, "extend": self.extend_tokens,
+                "extend_rows": self.rows_tokens}  # fmt: skip
 
     def finished(self, ending: Iterable[Req]) -> None:
         """Requests whose final answer this step sends (Outputs.ending: each once): their
