@@ -17,6 +17,12 @@ total (read from the device) return at once, so experts with no tokens cost noth
 
 One token (a batch-1 decode step) skips step 1: its top_k experts are distinct, so block p is
 pair p alone (`DIRECT`), read straight from topk_ids.
+
+fp8 experts (`w13_scale`, `w2_scale`: DeepSeek's and Qwen's FP8 releases): weights e4m3 with
+one fp32 scale per 128x128 block, [experts, rows' blocks, columns' blocks]; a tile (BLOCK_N and
+BLOCK_K dividing 128) lies in one block, so each step's product of x with the widened tile is
+scaled once before it is added. Gate's and up's rows have their own blocks (the checkpoint
+holds them as two tensors): up's start at block row ceil(I / 128). Activations stay 16-bit.
 """
 
 from __future__ import annotations
@@ -65,6 +71,11 @@ def _fused_moe_kernel(
     BLOCK_K: tl.constexpr,
     DIRECT: tl.constexpr,  # one token: block p is pair p alone, expert_ids_ptr its top-k ids
     PDL: tl.constexpr,
+    s_ptr=None,  # fp8 B: fp32 [experts, row blocks, column blocks] scales (BLOCK_SCALES)
+    stride_se=0,
+    stride_sn=0,
+    UP_BLOCK_ROW=0,  # SILU_MUL: the block row where up's scales start
+    BLOCK_SCALES: tl.constexpr = False,
 ):
     pdl_prologue(PDL)
     pid = tl.program_id(0)
@@ -89,6 +100,9 @@ def _fused_moe_kernel(
     b_base = b_ptr + expert * stride_be + offs_n.to(tl.int64)[None, :] * stride_bn
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if BLOCK_SCALES:  # this tile's row of blocks (BLOCK_N divides 128)
+        s_row = s_ptr + expert * stride_se + ((pid_n * BLOCK_N) // 128) * stride_sn
+        s_row_up = s_row + UP_BLOCK_ROW * stride_sn
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < K
@@ -99,10 +113,18 @@ def _fused_moe_kernel(
         )
         b_mask = k_mask[:, None] & n_mask[None, :]
         b = tl.load(b_base + offs_k[:, None], mask=b_mask, other=0.0)  # [BLOCK_K, BLOCK_N]
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        if BLOCK_SCALES:  # e4m3 widened exactly; the block's scale once for the step's product
+            s = tl.load(s_row + k0 // 128)
+            acc += tl.dot(a, b.to(a.dtype), input_precision=PRECISION) * s
+        else:
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
         if SILU_MUL:
             up = tl.load(b_base + N * stride_bn + offs_k[:, None], mask=b_mask, other=0.0)
-            acc_up = tl.dot(a, up, acc_up, input_precision=PRECISION)
+            if BLOCK_SCALES:
+                s_up = tl.load(s_row_up + k0 // 128)
+                acc_up += tl.dot(a, up.to(a.dtype), input_precision=PRECISION) * s_up
+            else:
+                acc_up = tl.dot(a, up, acc_up, input_precision=PRECISION)
     if SILU_MUL:
         acc = acc / (1.0 + tl.exp(-acc)) * acc_up
     if MUL_WEIGHT:
@@ -177,6 +199,8 @@ def fused_moe(
     path: str = "auto",
     reduce: bool = True,
     add: torch.Tensor | None = None,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """sum over j of topk_weights[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t])), e =
     topk_ids[t, j]; returns [tokens, hidden] in x's dtype.
@@ -195,18 +219,24 @@ def fused_moe(
     add: [tokens, hidden] in x's dtype (any row stride), added to the sum in the sum's own
     launch and rounded as `fused_moe(...) + add` would be (a shared expert's output: one
     torch add fewer a layer); not with reduce=False.
+    w13_scale, w2_scale: fp8 experts (w13 and w2 float8_e4m3fn), fp32 scales per 128x128
+    block: [experts, 2 * ceil(I / 128), ceil(hidden / 128)] (gate's block rows, then up's)
+    and [experts, ceil(hidden / 128), ceil(I / 128)]; the grouped path only, tiles dividing
+    128.
     """
     op = "fused_moe"
     check_tensor(op, "x", x, shape=(None, None), dims="[tokens, hidden]", dtypes=FLOAT_DTYPES)
     check_device(op, x)
     tokens, hidden = x.shape
+    fp8 = w13_scale is not None or w2_scale is not None
+    w_dtypes = (torch.float8_e4m3fn,) if fp8 else (x.dtype,)
     check_tensor(
         op,
         "w13",
         w13,
         shape=(None, None, hidden),
         dims="[experts, 2 * I, hidden]",
-        dtypes=(x.dtype,),
+        dtypes=w_dtypes,
         device=x.device,
     )
     num_experts, two_i, _ = w13.shape
@@ -219,9 +249,11 @@ def fused_moe(
         w2,
         shape=(num_experts, hidden, inter),
         dims="[experts, hidden, I]",
-        dtypes=(x.dtype,),
+        dtypes=w_dtypes,
         device=x.device,
     )
+    if fp8:
+        _check_block_scales(op, w13_scale, w2_scale, num_experts, inter, hidden, x.device)
     check_tensor(
         op,
         "topk_ids",
@@ -251,6 +283,12 @@ def fused_moe(
         raise ValueError(f"{op}: x, w13 and w2 must have contiguous rows")
     if path not in ("auto", "grouped", "gemv"):
         raise ValueError(f"{op}: path must be 'auto', 'grouped' or 'gemv', got {path!r}")
+    if fp8:
+        if path == "gemv":
+            raise ValueError(f"{op}: fp8 experts take the grouped path, not 'gemv'")
+        for name, size in (("block_n", bn), ("down block_n", down_bn), ("block_k", bk)):
+            if 128 % size:
+                raise ValueError(f"{op}: with fp8 block scales {name} must divide 128, got {size}")
     if add is not None:
         if not reduce:
             raise ValueError(f"{op}: add needs reduce=True (it is added to the sum)")
@@ -307,6 +345,7 @@ def fused_moe(
         BLOCK_N=bn,
         **common,
         **pdl_launch(x.device),
+        **_scale_args(w13_scale, up_block_row=-(-inter // 128)),
     )
     # down, weighted: act [pairs, I] -> per_pair [pairs, hidden]
     _fused_moe_kernel[(blocks * triton.cdiv(hidden, down_bn),)](
@@ -330,6 +369,7 @@ def fused_moe(
         BLOCK_N=down_bn,
         **common,
         **pdl_launch(act.device),
+        **_scale_args(w2_scale, up_block_row=0),
     )
     if not reduce:
         return per_pair.view(tokens, top_k, hidden)
@@ -351,16 +391,71 @@ def fused_moe(
     return out
 
 
+def _check_block_scales(
+    op: str,
+    w13_scale: torch.Tensor | None,
+    w2_scale: torch.Tensor | None,
+    experts: int,
+    inter: int,
+    hidden: int,
+    device: torch.device,
+) -> None:
+    if w13_scale is None or w2_scale is None:
+        raise ValueError(f"{op}: fp8 experts need both w13_scale and w2_scale")
+    i_blocks, h_blocks = -(-inter // 128), -(-hidden // 128)
+    for name, t, shape, dims in (
+        ("w13_scale", w13_scale, (experts, 2 * i_blocks, h_blocks),
+         "[experts, 2 * ceil(I / 128), ceil(hidden / 128)]"),
+        ("w2_scale", w2_scale, (experts, h_blocks, i_blocks),
+         "[experts, ceil(hidden / 128), ceil(I / 128)]"),
+    ):  # fmt: skip
+        check_tensor(op, name, t, shape=shape, dims=dims, dtypes=(torch.float32,), device=device)
+        if t.stride(2) != 1:
+            raise ValueError(f"{op}: {name} must have contiguous rows, got strides {t.stride()}")
+
+
+def _scale_args(scale: torch.Tensor | None, up_block_row: int) -> dict[str, object]:
+    """A launch's block-scale arguments (none for 16-bit experts)."""
+    if scale is None:
+        return {}
+    return dict(
+        s_ptr=scale, stride_se=scale.stride(0), stride_sn=scale.stride(1),
+        UP_BLOCK_ROW=up_block_row, BLOCK_SCALES=True,
+    )  # fmt: skip
+
+
+def dequantize_experts(w: torch.Tensor, scale: torch.Tensor, up_rows: int = 0) -> torch.Tensor:
+    """fp8 experts [experts, rows, cols] with 128x128 block scales, in fp32. up_rows: w13's
+    I, whose up rows (from row I) have block rows of their own from ceil(I / 128)."""
+    from kernels.fp8_weights import expand_blocks
+
+    rows, cols = w.shape[1:]
+    if up_rows:
+        first = -(-up_rows // 128)
+        gate = dequantize_experts(w[:, :up_rows], scale[:, :first])
+        up = dequantize_experts(w[:, up_rows:], scale[:, first:])
+        return torch.cat([gate, up], dim=1)
+    return torch.stack(
+        [w[e].float() * expand_blocks(scale[e], rows, cols) for e in range(w.shape[0])]
+    )
+
+
 def fused_moe_ref(
     x: torch.Tensor,
     w13: torch.Tensor,
     w2: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The torch twin of `fused_moe` (and the CPU path): a loop over the experts that have
     tokens, each one's pairs gathered, computed and scattered back. Syncs the host (it asks
-    which experts are used): not for CUDA graphs."""
+    which experts are used): not for CUDA graphs. fp8 experts with their block scales are
+    dequantized first."""
+    if w13_scale is not None and w2_scale is not None:
+        w13 = dequantize_experts(w13, w13_scale, up_rows=w13.shape[1] // 2)
+        w2 = dequantize_experts(w2, w2_scale)
     tokens, top_k = topk_ids.shape
     inter = w13.shape[1] // 2
     out = torch.zeros((tokens, x.shape[1]), dtype=torch.float32, device=x.device)

@@ -271,6 +271,61 @@ def qwen3moe_batches_section() -> dict[str, Any]:
     return decode_batches(QWEN3_30B_A3B, "qwen3-30b-a3b-dummy")
 
 
+def qwen3moe_fp8_section() -> dict[str, Any]:
+    """Qwen3-30B-A3B as its FP8 release holds it (every projection and expert e4m3 with
+    128x128 block scales; router, norms and LM head bf16) against bf16, decode at BATCHES,
+    both in this process: tok/s, the ratio, and each one's share of its own roofline (bytes
+    read per batch-1 step at the copy bandwidth)."""
+    import gc
+
+    from services.executor.quant.fp8_checkpoint import quantization_config
+
+    bw = copy_bandwidth()
+    read = step_bytes(QWEN3_30B_A3B, DECODE_IN + DECODE_OUT // 2, 8)
+    fp8 = fp8_step_bytes(read)
+    out: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "copy_bandwidth_TBps": bw / 1e12}
+    for name, config in (
+        ("bf16", QWEN3_30B_A3B),
+        ("fp8_block", {**QWEN3_30B_A3B, "quantization_config": quantization_config("block")}),
+    ):
+        r = decode_batches(config, f"qwen3-30b-a3b-{name}-dummy")
+        one = r["batches"]["1"]["decode_tok_s"]
+        r["roofline_tok_s"] = bw / (fp8 if name == "fp8_block" else read["total"])
+        r["share_of_roofline"] = one / r["roofline_tok_s"]
+        out[name] = r
+        gc.collect()  # the next engine needs this one's memory
+        torch.cuda.empty_cache()
+    out["ratio_by_batch"] = {
+        bs: out["fp8_block"]["batches"][bs]["decode_tok_s"] / r["decode_tok_s"]
+        for bs, r in out["bf16"]["batches"].items()
+    }
+    return out
+
+
+def fp8_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """gpu_bench's summary lines for qwen3moe_fp8: each batch size's tok/s both ways and the
+    ratio, and batch 1 against each one's roofline."""
+    rows = []
+    for bs, ratio in result.get("ratio_by_batch", {}).items():
+        bf16 = result["bf16"]["batches"][bs]["decode_tok_s"]
+        fp8 = result["fp8_block"]["batches"][bs]["decode_tok_s"]
+        rows.append((f"Qwen3-30B-A3B FP8 (blocks) decode at batch {bs}",
+                     f"{fp8:.0f} tok/s against bf16's {bf16:.0f}: {ratio:.2f}x"))  # fmt: skip
+    for name in ("bf16", "fp8_block"):
+        r = result.get(name, {})
+        if "share_of_roofline" in r:
+            share = f"{100 * r['share_of_roofline']:.1f}% of {r['roofline_tok_s']:.0f} tok/s"
+            rows.append((f"Qwen3-30B-A3B {name} batch 1 against its roofline", share))
+    return rows
+
+
+def fp8_step_bytes(read: dict[str, int]) -> int:
+    """A batch-1 step's bytes with the attention projections and experts in e4m3 (one byte
+    a weight, plus an fp32 scale per 128x128 block) and the rest as `read` has it."""
+    scaled = (read["attention"] + read["experts"]) // 2
+    return read["total"] - read["attention"] - read["experts"] + scaled + scaled // 4096
+
+
 def decode_batches(
     config: dict[str, Any], name: str, batch_sizes: Sequence[int] = BATCHES
 ) -> dict[str, Any]:

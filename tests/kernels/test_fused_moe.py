@@ -418,3 +418,86 @@ def test_add_lands_in_the_sum_as_a_separate_add_would(tokens: int, dtype: torch.
         fused_moe(x, w13, w2, topk_weights, topk_ids, add=shared, reduce=False)
     with pytest.raises(ValueError, match="add"):
         fused_moe(x, w13, w2, topk_weights, topk_ids, add=shared[:, :40])
+
+
+def fp8_experts(
+    experts: int, hidden: int, inter: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random experts quantized as an fp8 checkpoint holds them: e4m3 with a scale per
+    128x128 block, gate's and up's blocks apart (services/executor/quant/fp8_checkpoint.py)."""
+    from kernels.fp8_weights import quantize_blocks
+
+    w13, w2 = weights_for(experts, hidden, inter, torch.float32, gen)
+    q13, s13, q2, s2 = [], [], [], []
+    for e in range(experts):
+        gq, gs = quantize_blocks(w13[e, :inter].cpu())
+        uq, us = quantize_blocks(w13[e, inter:].cpu())
+        q13.append(torch.cat([gq, uq]))
+        s13.append(torch.cat([gs, us]))
+        q, s = quantize_blocks(w2[e].cpu())
+        q2.append(q)
+        s2.append(s)
+    return tuple(torch.stack(t).to(DEVICE) for t in (q13, s13, q2, s2))  # type: ignore[return-value]
+
+
+# (tokens, experts, top_k, hidden, inter): gate/up's blocks apart where I is not a multiple of
+# 128 (its last block row partial), several blocks along both dimensions, one token (DIRECT)
+FP8_SHAPES = [(1, 8, 2, 256, 192), (6, 4, 2, 384, 256), (20, 8, 3, 256, 160)]
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+@pytest.mark.parametrize(
+    ("tokens", "experts", "top_k", "hidden", "inter"),
+    FP8_SHAPES,
+    ids=[f"t{s[0]}-e{s[1]}-k{s[2]}-h{s[3]}-i{s[4]}" for s in FP8_SHAPES],
+)
+def test_fp8_block_experts_match_their_dequantized_weights(
+    tokens: int, experts: int, top_k: int, hidden: int, inter: int, dtype: torch.dtype
+) -> None:
+    """Each tile's product with the widened e4m3 weights, scaled by its block's scale, equals
+    the product with the dequantized weights, within the float type's rounding."""
+    gen = torch.Generator().manual_seed(tokens + 7 * inter)
+    x = randn(tokens, hidden, dtype=dtype, gen=gen)
+    q13, s13, q2, s2 = fp8_experts(experts, hidden, inter, gen)
+    topk_weights, topk_ids = routing(tokens, experts, top_k, gen)
+    tiles: dict[str, Any] = {"block_m": 16, "block_n": 32, "block_k": 64}
+    out = fused_moe(x, q13, q2, topk_weights, topk_ids, w13_scale=s13, w2_scale=s2, **tiles)
+    want = fused_moe_ref(x, q13, q2, topk_weights, topk_ids, w13_scale=s13, w2_scale=s2)
+    assert out.shape == (tokens, hidden) and out.dtype == dtype
+    torch.testing.assert_close(out, want, **MOE_TOL[dtype])
+    # and the scales are applied where they belong: doubling up's scales changes the answer
+    s13_up = s13.clone()
+    s13_up[:, -(-inter // 128) :] *= 2
+    moved = fused_moe(x, q13, q2, topk_weights, topk_ids, w13_scale=s13_up, w2_scale=s2, **tiles)
+    want_moved = fused_moe_ref(x, q13, q2, topk_weights, topk_ids, w13_scale=s13_up, w2_scale=s2)
+    torch.testing.assert_close(moved, want_moved, **MOE_TOL[dtype])
+    assert not torch.allclose(moved, out, **MOE_TOL[dtype])
+
+
+def test_fp8_experts_refuse_what_their_scales_cannot_take() -> None:
+    gen = torch.Generator().manual_seed(3)
+    q13, s13, q2, s2 = fp8_experts(4, 256, 128, gen)
+    x = randn(2, 256, dtype=torch.bfloat16, gen=gen)
+    w, ids = routing(2, 4, 2, gen)
+    with pytest.raises(ValueError, match="need both w13_scale and w2_scale"):
+        fused_moe(x, q13, q2, w, ids, w13_scale=s13)
+    with pytest.raises(ValueError, match=r"w2_scale must have shape"):
+        fused_moe(x, q13, q2, w, ids, w13_scale=s13, w2_scale=s2[:, :1])
+    with pytest.raises(ValueError, match="grouped path, not 'gemv'"):
+        fused_moe(x, q13, q2, w, ids, w13_scale=s13, w2_scale=s2, path="gemv")
+    with pytest.raises(TypeError, match="w13 must be one of"):
+        fused_moe(x, q13.to(torch.bfloat16), q2, w, ids, w13_scale=s13, w2_scale=s2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 4, 64, 512])
+def test_fp8_qwen3_30b_shapes_on_the_gpu(tokens: int) -> None:
+    """Qwen3-30B-A3B-FP8's experts (128 of 768 x 2048, 128x128 blocks) with the default
+    tiles of each batch size (one token's DIRECT path, decode, prefill)."""
+    gen = torch.Generator().manual_seed(tokens)
+    x = randn(tokens, 2048, dtype=torch.bfloat16, gen=gen)
+    q13, s13, q2, s2 = fp8_experts(128, 2048, 768, gen)
+    topk_weights, topk_ids = routing(tokens, 128, 8, gen)
+    out = fused_moe(x, q13, q2, topk_weights, topk_ids, w13_scale=s13, w2_scale=s2)
+    want = fused_moe_ref(x, q13, q2, topk_weights, topk_ids, w13_scale=s13, w2_scale=s2)
+    torch.testing.assert_close(out, want, **MOE_TOL[torch.bfloat16])

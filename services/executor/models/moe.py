@@ -11,7 +11,8 @@ MLP is split, and the routed and shared partial sums go through one all-reduce.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -26,8 +27,10 @@ from services.executor.models.moe_routing import select_experts
 from services.executor.moe_config import MoEConfig
 
 # (checkpoint name under the module, the view it fills, its rows [start, end) there, the
-# part of the checkpoint tensor this rank reads): what the weight loader needs.
-CheckpointPart = tuple[str, torch.Tensor, int, int, Shard]
+# part of the checkpoint tensor this rank reads, and what writes it (None: copied as read)):
+# what the weight loader needs.
+CheckpointPart = tuple[str, torch.Tensor, int, int, Shard, Callable[..., None] | None]
+FP8_BLOCK = 128  # the rows and columns of an fp8 expert's scale blocks
 
 
 class Router(Linear):
@@ -55,7 +58,15 @@ class Router(Linear):
 class FusedExperts(nn.Module):
     """Every routed expert's SiLU-gated MLP, this rank's slice of each: w13_weight
     [experts, 2 * I_local, hidden] (gate rows, then up rows), w2_weight [experts, hidden,
-    I_local]. forward gives this rank's partial sum (before the all-reduce)."""
+    I_local]. forward gives this rank's partial sum (before the all-reduce).
+
+    fp8 checkpoints with 128x128 block scales (`use_fp8_blocks`: DeepSeek's and Qwen's FP8
+    releases) keep the experts in e4m3 with w13_weight_scale [experts, 2 * ceil(I_local /
+    128), ceil(hidden / 128)] (gate's block rows, then up's: two checkpoint tensors) and
+    w2_weight_scale [experts, ceil(hidden / 128), ceil(I_local / 128)], fp32, read from the
+    checkpoint's `scale_name` tensors; the grouped expert launches widen and scale them."""
+
+    scale_name: str | None = None  # fp8 blocks: the checkpoint's name for the scales
 
     def __init__(self, moe: MoEConfig, hidden_size: int, tp: TPGroup = SINGLE) -> None:
         super().__init__()
@@ -65,6 +76,57 @@ class FusedExperts(nn.Module):
         self.tp = tp
         self.w13_weight = nn.Parameter(torch.empty(moe.num_experts, 2 * self.inter, hidden_size))
         self.w2_weight = nn.Parameter(torch.empty(moe.num_experts, hidden_size, self.inter))
+
+    def use_fp8_blocks(self, scale_name: str) -> None:
+        """Hold the experts as an fp8 checkpoint with 128x128 block scales gives them (before
+        the weights are allocated: on the meta device). Under tensor parallelism each rank's
+        slice of the intermediate dimension must be whole blocks."""
+        from services.executor.errors import UnsupportedQuantizationError
+
+        if self.tp.size > 1 and self.inter % FP8_BLOCK:
+            raise UnsupportedQuantizationError(
+                f"fp8 experts: each rank's {self.inter} of the {self.full_inter} intermediate "
+                f"rows must be whole {FP8_BLOCK}-row scale blocks at tp {self.tp.size}"
+            )
+        e, i, h = self.num_experts, self.inter, self.hidden_size
+        ib, hb = -(-i // FP8_BLOCK), -(-h // FP8_BLOCK)
+        device = self.w13_weight.device
+
+        def param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
+            return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+
+        self.w13_weight = param(e, 2 * i, h, dtype=torch.float8_e4m3fn)
+        self.w2_weight = param(e, h, i, dtype=torch.float8_e4m3fn)
+        self.w13_weight_scale = param(e, 2 * ib, hb, dtype=torch.float32)
+        self.w2_weight_scale = param(e, hb, ib, dtype=torch.float32)
+        self.scale_name = scale_name
+
+    def scales(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(w13's, w2's) block scales of fp8 experts, else None."""
+        if self.scale_name is None:
+            return None
+        return self.w13_weight_scale, self.w2_weight_scale
+
+    def init_dummy(self, gen: torch.Generator) -> set[int]:
+        """fp8 experts: N(0, 0.02) weights quantized in their blocks (the ids of the
+        parameters filled); 16-bit ones are left to the caller's N(0, 0.02)."""
+        scales = self.scales()
+        if scales is None:
+            return set()
+        from kernels.fp8_weights import quantize_blocks
+
+        i = self.inter
+        for e in range(self.num_experts):
+            for w, s, parts in ((self.w13_weight, scales[0], ((0, i), (i, 2 * i))),
+                                (self.w2_weight, scales[1], ((0, self.hidden_size),))):  # fmt: skip
+                row = 0
+                for start, end in parts:
+                    dense = torch.empty(end - start, w.shape[2], device=w.device)
+                    q, blocks = quantize_blocks(dense.normal_(0.0, 0.02, generator=gen))
+                    w[e, start:end].copy_(q)
+                    s[e, row : row + blocks.shape[0]].copy_(blocks)
+                    row += blocks.shape[0]
+        return {id(p) for p in (self.w13_weight, self.w2_weight, *scales)}
 
     def forward(
         self,
@@ -76,29 +138,61 @@ class FusedExperts(nn.Module):
     ) -> torch.Tensor:
         """[tokens, hidden], plus `add` when given (rounded as `out + add`); on CUDA with
         reduce=False, the kernel's unsummed [tokens, top_k, hidden] (kernels/fused_moe.py)."""
+        s13, s2 = self.scales() or (None, None)
         if on_gpu(x):
             from kernels.fused_moe import fused_moe
 
             w13, w2 = self.w13_weight, self.w2_weight
             return fused_moe(
-                x.contiguous(), w13, w2, topk_weights, topk_ids, reduce=reduce, add=add
-            )
+                x.contiguous(), w13, w2, topk_weights, topk_ids, reduce=reduce, add=add,
+                w13_scale=s13, w2_scale=s2,
+            )  # fmt: skip
         from kernels.fused_moe import fused_moe_ref
 
-        out = fused_moe_ref(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
+        w13, w2 = self.w13_weight, self.w2_weight
+        out = fused_moe_ref(x, w13, w2, topk_weights, topk_ids, w13_scale=s13, w2_scale=s2)
         return out if add is None else out + add
 
     def checkpoint_parts(self, kind: str) -> Iterator[CheckpointPart]:
         """The per-expert checkpoint tensors that fill parameter `kind`, HF's names."""
-        i, full = self.inter, self.full_inter
-        cols = Shard(1, self.tp.rank * i, (self.tp.rank + 1) * i, full)
-        rows = Shard(0, self.tp.rank * i, (self.tp.rank + 1) * i, full)
+        if kind.endswith("_scale"):
+            yield from self._scale_parts(kind)
+            return
+        i, full, r = self.inter, self.full_inter, self.tp.rank
+        cols = Shard(1, r * i, (r + 1) * i, full)
+        rows = Shard(0, r * i, (r + 1) * i, full)
+        fill = None
+        if self.scale_name is not None:  # refuse a checkpoint tensor that is not e4m3
+            from services.executor.quant.fp8_linear import copy_fp8
+
+            fill = copy_fp8
         for e in range(self.num_experts):
             if kind == "w13_weight":
-                yield f"{e}.gate_proj.weight", self.w13_weight[e], 0, i, rows
-                yield f"{e}.up_proj.weight", self.w13_weight[e], i, 2 * i, rows
+                w = self.w13_weight[e]
+                f = None if fill is None else partial(fill, w)
+                yield f"{e}.gate_proj.weight", w, 0, i, rows, f
+                yield f"{e}.up_proj.weight", w, i, 2 * i, rows, f
             else:
-                yield f"{e}.down_proj.weight", self.w2_weight[e], 0, self.hidden_size, cols
+                w = self.w2_weight[e]
+                f = None if fill is None else partial(fill, w)
+                yield f"{e}.down_proj.weight", w, 0, self.hidden_size, cols, f
+
+    def _scale_parts(self, kind: str) -> Iterator[CheckpointPart]:
+        """fp8 experts' block scales: gate's and up's fill w13's block rows one after the
+        other; this rank reads its slice's blocks."""
+        assert self.scale_name is not None, kind
+        ib, full_ib = -(-self.inter // FP8_BLOCK), -(-self.full_inter // FP8_BLOCK)
+        hb, r = -(-self.hidden_size // FP8_BLOCK), self.tp.rank
+        rows = Shard(0, r * ib, (r + 1) * ib, full_ib)
+        cols = Shard(1, r * ib, (r + 1) * ib, full_ib)
+        name = self.scale_name
+        for e in range(self.num_experts):
+            if kind == "w13_weight_scale":
+                s = self.w13_weight_scale[e]
+                yield f"{e}.gate_proj.{name}", s, 0, ib, rows, None
+                yield f"{e}.up_proj.{name}", s, ib, 2 * ib, rows, None
+            else:
+                yield f"{e}.down_proj.{name}", self.w2_weight_scale[e], 0, hb, cols, None
 
 
 class SparseMoE(nn.Module):
@@ -138,6 +232,8 @@ class SparseMoE(nn.Module):
             shared = SiluAndMulMLP(hidden, moe.shared_intermediate_size, False, tp)
             self.add_module(self.shared_name, shared)
         self.shared_expert_gate = Linear(hidden, 1) if moe.shared_gate else None
+        if self.shared_expert_gate is not None:  # one row: never quantized (as vLLM's)
+            self.shared_expert_gate.quantizable = False
 
     def after_loading(self) -> None:
         """On CUDA, ungated shared experts become routed ones (fuse_shared_experts)."""

@@ -42,7 +42,28 @@ def quantize_model(model: LlamaForCausalLM, quant: QuantConfig) -> None:
         elif method is not None:
             method.create_weights(layer)
             layer.method = method
+    _quantize_experts(model, quant)
     model.quantization = quant
+
+
+def _quantize_experts(model: LlamaForCausalLM, quant: QuantConfig) -> None:
+    """Routed experts in an fp8 checkpoint with 128x128 block scales take their fp8 form
+    (models/moe.py); those the format leaves out (an ignore list) stay in the model dtype."""
+    from services.executor.models.moe import FusedExperts
+    from services.executor.quant.fp8_linear import Fp8BlockMethod
+
+    for name, module in model.named_modules():
+        if not isinstance(module, FusedExperts):
+            continue
+        names = [_checkpoint_name(model, f"{name}.0.{p}") for p in ("gate_proj", "down_proj")]
+        method = quant.method_for(names)
+        if isinstance(method, Fp8BlockMethod):
+            module.use_fp8_blocks(method.scale_name)
+        elif method is not None:
+            raise UnsupportedQuantizationError(
+                f"{quant.name} weights of routed experts (MoE) in {name}: not supported; "
+                "quantized experts: fp8 checkpoints with 128x128 block scales"
+            )
 
 
 def _checkpoint_name(model: LlamaForCausalLM, name: str) -> str:
@@ -54,10 +75,10 @@ def _checkpoint_name(model: LlamaForCausalLM, name: str) -> str:
 def _check_model(model: LlamaForCausalLM, quant: QuantConfig) -> None:
     config = model.config
     what = ""
-    if config.moe is not None:
-        what = "routed experts (MoE)"
-    elif config.mla is not None:
+    if config.mla is not None:
         what = "latent attention (MLA), whose kv_b_proj is read as a matrix"
+    elif config.moe is not None and not _fp8_blocks(quant):
+        what = "routed experts (MoE)"
     elif model.checkpoint_splits() and not quant.online:
         what = "a checkpoint that stacks its projections (scales per stacked tensor)"
     if what:
@@ -65,5 +86,11 @@ def _check_model(model: LlamaForCausalLM, quant: QuantConfig) -> None:
             f"{quant.name} weights for {config.architecture}: {what} are not supported; "
             "quantized weights run on dense models (Llama, Mistral, Qwen2, Qwen3, Gemma"
             + (", Phi-3 with --quantization fp8" if quant.online else "")
-            + ")"
+            + "), and fp8 checkpoints with 128x128 block scales on mixture-of-experts ones "
+            "(Qwen2-MoE, Qwen3-MoE, Mixtral)"
         )
+
+
+def _fp8_blocks(quant: QuantConfig) -> bool:
+    """An fp8 checkpoint with 128x128 block scales (DeepSeek's and Qwen's FP8 releases)."""
+    return getattr(quant, "scheme", None) == "block" and not quant.online

@@ -33,7 +33,7 @@ def _param(*shape: int, dtype: torch.dtype, like: torch.Tensor) -> nn.Parameter:
     return nn.Parameter(torch.empty(shape, dtype=dtype, device=like.device), requires_grad=False)
 
 
-def _copy_fp8(param: torch.Tensor, start: int, end: int, part: torch.Tensor) -> None:
+def copy_fp8(param: torch.Tensor, start: int, end: int, part: torch.Tensor) -> None:
     """A checkpoint's fp8 weight rows, refused in any other dtype: a cast would drop scales."""
     if part.dtype != FP8:
         raise ModelLoadError(
@@ -126,7 +126,7 @@ class Fp8ChannelMethod(LinearMethod):
         if kind == "weight":
             if self.source == "online":
                 return Slot(start, end, shard, fill=partial(_quantize_rows_into, layer))
-            return Slot(start, end, shard, fill=partial(_copy_fp8, layer.weight))
+            return Slot(start, end, shard, fill=partial(copy_fp8, layer.weight))
         if kind == "weight_scale":
             if self.source == "online":
                 return None
@@ -214,7 +214,7 @@ class Fp8BlockMethod(LinearMethod):
     def slot(self, layer: Linear, kind: str, index: int | None, plan: LoadPlan) -> Slot | None:
         start, end, shard = plan
         if kind == "weight":
-            return Slot(start, end, shard, fill=partial(_copy_fp8, layer.weight))
+            return Slot(start, end, shard, fill=partial(copy_fp8, layer.weight))
         if kind != self.scale_name:
             return Slot(*plan)
         if shard.dim is not None:

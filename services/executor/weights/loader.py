@@ -128,8 +128,9 @@ def checkpoint_layout(model: LlamaForCausalLM) -> dict[str, Target]:
         plan = getattr(module, "load_plan", None)
         parts = getattr(module, "checkpoint_parts", None)
         if parts is not None:
-            for suffix, view, start, end, shard in parts(kind):
-                layout[".".join([*prefix, module_name, suffix])] = Target(view, start, end, shard)
+            for suffix, view, start, end, shard, fill in parts(kind):
+                target = Target(view, start, end, shard, fill)
+                layout[".".join([*prefix, module_name, suffix])] = target
             continue
         # (stacked part index, the checkpoint tensor's name)
         sources: list[tuple[int | None, str]] = [(None, name)]
@@ -318,6 +319,8 @@ def init_dummy_weights(model: LlamaForCausalLM, seed: int = 0) -> None:
         if isinstance(layer, Linear) and layer.method is not UNQUANTIZED:
             layer.method.init_dummy(layer, gen)
             done.update(id(p) for n, p in layer.named_parameters() if n != "bias")
+        elif not isinstance(layer, Linear) and callable(init := getattr(layer, "init_dummy", None)):
+            done.update(init(gen))  # fp8 experts (models/moe.py)
     for name, param in model.named_parameters():
         if id(param) in done:
             continue
