@@ -141,3 +141,37 @@ def test_other_quantized_experts_are_refused(tmp_path: Path) -> None:
     path = write_fp8_checkpoint(src, tmp_path / "c", "channel")
     with pytest.raises(UnsupportedQuantizationError, match=r"routed experts \(MoE\).*128x128"):
         load_model(path, "cpu")
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v2", "deepseek_v3"])
+def test_deepseek_checkpoint_matches_its_dequantized_weights(tmp_path: Path, arch: str) -> None:
+    """DeepSeek's FP8 release's layout: latent attention's projections, the dense layers'
+    MLP, the shared and routed experts in e4m3 with block scales. kv_b_proj, whose halves
+    are absorbed as matrices, is dequantized after loading; the others stay fp8."""
+    from services.executor.models.deepseek import MLAttention
+    from services.executor.models.linear import UNQUANTIZED
+
+    # fused gate/up (dense and shared MLPs) of whole 128-row blocks; routing as test_models'
+    shape: dict[str, Any] = {"intermediate_size": 128, "moe_intermediate_size": 128,
+                             "first_k_dense_replace": 1, "n_shared_experts": 1, "n_group": 2,
+                             "topk_group": 1}  # fmt: skip
+    if arch == "deepseek_v3":
+        shape["q_lora_rank"] = 24  # q_a_proj and q_b_proj, both fp8
+    else:
+        shape["topk_method"] = "group_limited_greedy"
+    src = write_tiny_model(tmp_path, arch, seed=10, **shape)
+    model, config = load_model(write_fp8_checkpoint(src, tmp_path / "fp8", "block"), "cpu")
+    attn = model.get_submodule("model.layers.0.self_attn")
+    assert isinstance(attn, MLAttention)
+    assert attn.kv_b_proj.method is UNQUANTIZED and attn.kv_b_proj.weight.dtype == torch.float32
+    assert not hasattr(attn.kv_b_proj, "weight_scale_inv")
+    assert attn.o_proj.weight.dtype == FP8 and attn.kv_a_proj_with_mqa.weight.dtype == FP8
+    first, _ = attn._input_projections()
+    assert first.weight.dtype == FP8 and attn.input_proj is None  # not fused with kv_a
+    assert experts_of(model) and all(e.scales() is not None for e in experts_of(model))
+    twin = dequantized_twin(model, src)
+    for prompt in PROMPTS:
+        torch.testing.assert_close(
+            last_logits(model, prompt), last_logits(twin, prompt), atol=1e-5, rtol=1e-5
+        )
+    assert greedy_generate(model, config, PROMPTS, 8) == greedy_generate(twin, config, PROMPTS, 8)

@@ -40,7 +40,7 @@ from services.executor.forward_batch import ForwardBatch
 from services.executor.mla_config import MLAConfig
 from services.executor.model_config import ModelConfig
 from services.executor.models.layers import RMSNorm, Rope, RotaryEmbedding, on_gpu
-from services.executor.models.linear import Linear
+from services.executor.models.linear import UNQUANTIZED, Linear
 from services.executor.models.llama import (
     HeadShards,
     LlamaDecoderLayer,
@@ -100,7 +100,8 @@ class MLAttention(nn.Module):
         and launches once where it launched twice (DeepSeek-V2-Lite: a [3072 + 576, 2048]
         product a layer). The two modules keep views of it (no memory is added); each output
         element is the same dot product as before. Left apart when either is quantized or
-        has a bias."""
+        has a bias. A quantized kv_b_proj is dequantized first (`_plain_kv_b`)."""
+        self._plain_kv_b()
         first, second = self._input_projections()
         plain = first.plain and second.plain and first.weight.dtype == second.weight.dtype
         if not plain or self.input_proj is not None:
@@ -114,6 +115,22 @@ class MLAttention(nn.Module):
         second.weight = nn.Parameter(weight[split:], requires_grad=False)
         first.in_use = second.in_use = False  # _project_input calls input_proj instead
         self.input_proj, self.input_split = fused, split
+
+    def _plain_kv_b(self) -> None:
+        """kv_b_proj is never applied as a projection: its halves are read as matrices
+        (`absorbed`), so a quantized checkpoint's (DeepSeek's FP8 release holds it in e4m3
+        with 128x128 block scales) is dequantized once, after loading, to the model's dtype,
+        and its format's tensors are dropped: [heads x 256, 512] a layer at V3's shapes, 32 MiB
+        in bf16 against 16 in fp8."""
+        kv_b = self.kv_b_proj
+        if kv_b.method is UNQUANTIZED:
+            return
+        weight = kv_b.method.dequantized(kv_b).to(self.kv_a_layernorm.weight.dtype)
+        for name, _ in list(kv_b.named_parameters(recurse=False)):
+            if name not in ("weight", "bias"):
+                delattr(kv_b, name)
+        kv_b.weight = nn.Parameter(weight, requires_grad=False)
+        kv_b.method = UNQUANTIZED
 
     def _input_projections(self) -> tuple[Linear, Linear]:
         """The two projections of the layer's input: q_proj (q_a_proj with a query LoRA)

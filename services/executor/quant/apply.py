@@ -75,7 +75,7 @@ def _checkpoint_name(model: LlamaForCausalLM, name: str) -> str:
 def _check_model(model: LlamaForCausalLM, quant: QuantConfig) -> None:
     config = model.config
     what = ""
-    if config.mla is not None:
+    if config.mla is not None and not _fp8_blocks(quant):
         what = "latent attention (MLA), whose kv_b_proj is read as a matrix"
     elif config.moe is not None and not _fp8_blocks(quant):
         what = "routed experts (MoE)"
@@ -86,8 +86,8 @@ def _check_model(model: LlamaForCausalLM, quant: QuantConfig) -> None:
             f"{quant.name} weights for {config.architecture}: {what} are not supported; "
             "quantized weights run on dense models (Llama, Mistral, Qwen2, Qwen3, Gemma"
             + (", Phi-3 with --quantization fp8" if quant.online else "")
-            + "), and fp8 checkpoints with 128x128 block scales on mixture-of-experts ones "
-            "(Qwen2-MoE, Qwen3-MoE, Mixtral)"
+            + "), and fp8 checkpoints with 128x128 block scales on mixture-of-experts and "
+            "latent-attention ones too (Qwen2-MoE, Qwen3-MoE, Mixtral, DeepSeek-V2/V3)"
         )
 
 

@@ -3,8 +3,8 @@ quantizer, and a way to make a checkpoint that loads without quantizing at every
 
     python -m services.executor.quant.fp8_checkpoint SRC DST --scheme {tensor,channel,block}
 
-Every projection (a module whose name ends in `_proj`, and Mixtral's experts' w1, w2, w3) is
-quantized; embeddings, norms, the
+Every projection (a module whose name ends in `_proj`, DeepSeek's kv_a_proj_with_mqa and
+Mixtral's experts' w1, w2, w3) is quantized; embeddings, norms, the
 LM head and MoE routers are copied as they are. tensor and channel are written as
 compressed-tensors does (`weight_scale`, dynamic per-token activations, or static per-tensor
 `input_scale` with --static-input-scale 1.0); block as DeepSeek-V3 and Qwen3-FP8 are
@@ -67,7 +67,8 @@ def quantize_state(
     out: dict[str, torch.Tensor] = {}
     for name, t in state.items():
         module, _, kind = name.rpartition(".")
-        projection = module.endswith("_proj") or module.rpartition(".")[2] in MIXTRAL_EXPERTS
+        leaf = module.rpartition(".")[2]
+        projection = leaf.endswith(("_proj", "_proj_with_mqa")) or leaf in MIXTRAL_EXPERTS
         if kind != "weight" or not projection or t.dim() != 2:
             out[name] = t
             continue
