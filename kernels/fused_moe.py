@@ -22,7 +22,9 @@ fp8 experts (`w13_scale`, `w2_scale`: DeepSeek's and Qwen's FP8 releases): weigh
 one fp32 scale per 128x128 block, [experts, rows' blocks, columns' blocks]; a tile (BLOCK_N and
 BLOCK_K dividing 128) lies in one block, so each step's product of x with the widened tile is
 scaled once before it is added. Gate's and up's rows have their own blocks (the checkpoint
-holds them as two tensors): up's start at block row ceil(I / 128). Activations stay 16-bit.
+holds them as two tensors): up's start at block row ceil(I / 128). Or one fp32 scale per
+weight row (compressed-tensors' per-channel fp8, and --quantization fp8), [experts, rows]:
+the finished sums are scaled. Activations stay 16-bit.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ def _fused_moe_kernel(
     stride_sn=0,
     UP_BLOCK_ROW=0,  # SILU_MUL: the block row where up's scales start
     BLOCK_SCALES: tl.constexpr = False,
+    ROW_SCALES: tl.constexpr = False,  # fp8 B: fp32 [experts, N (x2 with SILU_MUL)] scales
 ):
     pdl_prologue(PDL)
     pid = tl.program_id(0)
@@ -113,6 +116,8 @@ def _fused_moe_kernel(
         )
         b_mask = k_mask[:, None] & n_mask[None, :]
         b = tl.load(b_base + offs_k[:, None], mask=b_mask, other=0.0)  # [BLOCK_K, BLOCK_N]
+        if ROW_SCALES:  # e4m3 widened exactly; the rows' scales once, after the loop
+            b = b.to(a.dtype)
         if BLOCK_SCALES:  # e4m3 widened exactly; the block's scale once for the step's product
             s = tl.load(s_row + k0 // 128)
             acc += tl.dot(a, b.to(a.dtype), input_precision=PRECISION) * s
@@ -120,11 +125,18 @@ def _fused_moe_kernel(
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
         if SILU_MUL:
             up = tl.load(b_base + N * stride_bn + offs_k[:, None], mask=b_mask, other=0.0)
+            if ROW_SCALES:
+                up = up.to(a.dtype)
             if BLOCK_SCALES:
                 s_up = tl.load(s_row_up + k0 // 128)
                 acc_up += tl.dot(a, up.to(a.dtype), input_precision=PRECISION) * s_up
             else:
                 acc_up = tl.dot(a, up, acc_up, input_precision=PRECISION)
+    if ROW_SCALES:  # a row's scale multiplies its finished sums
+        s_rows = s_ptr + expert * stride_se + offs_n
+        acc *= tl.load(s_rows, mask=n_mask, other=0.0)[None, :]
+        if SILU_MUL:
+            acc_up *= tl.load(s_rows + N, mask=n_mask, other=0.0)[None, :]
     if SILU_MUL:
         acc = acc / (1.0 + tl.exp(-acc)) * acc_up
     if MUL_WEIGHT:
@@ -221,8 +233,8 @@ def fused_moe(
     torch add fewer a layer); not with reduce=False.
     w13_scale, w2_scale: fp8 experts (w13 and w2 float8_e4m3fn), fp32 scales per 128x128
     block: [experts, 2 * ceil(I / 128), ceil(hidden / 128)] (gate's block rows, then up's)
-    and [experts, ceil(hidden / 128), ceil(I / 128)]; the grouped path only, tiles dividing
-    128.
+    and [experts, ceil(hidden / 128), ceil(I / 128)], tiles dividing 128; or per row:
+    [experts, 2 * I] and [experts, hidden]. The grouped path only.
     """
     op = "fused_moe"
     check_tensor(op, "x", x, shape=(None, None), dims="[tokens, hidden]", dtypes=FLOAT_DTYPES)
@@ -252,8 +264,9 @@ def fused_moe(
         dtypes=w_dtypes,
         device=x.device,
     )
+    rows = fp8 and w13_scale is not None and w13_scale.dim() == 2
     if fp8:
-        _check_block_scales(op, w13_scale, w2_scale, num_experts, inter, hidden, x.device)
+        _check_scales(op, w13_scale, w2_scale, num_experts, inter, hidden, x.device, rows)
     check_tensor(
         op,
         "topk_ids",
@@ -286,7 +299,8 @@ def fused_moe(
     if fp8:
         if path == "gemv":
             raise ValueError(f"{op}: fp8 experts take the grouped path, not 'gemv'")
-        for name, size in (("block_n", bn), ("down block_n", down_bn), ("block_k", bk)):
+        tiles = () if rows else (("block_n", bn), ("down block_n", down_bn), ("block_k", bk))
+        for name, size in tiles:
             if 128 % size:
                 raise ValueError(f"{op}: with fp8 block scales {name} must divide 128, got {size}")
     if add is not None:
@@ -345,7 +359,7 @@ def fused_moe(
         BLOCK_N=bn,
         **common,
         **pdl_launch(x.device),
-        **_scale_args(w13_scale, up_block_row=-(-inter // 128)),
+        **_scale_args(w13_scale, up_block_row=-(-inter // 128), rows=rows),
     )
     # down, weighted: act [pairs, I] -> per_pair [pairs, hidden]
     _fused_moe_kernel[(blocks * triton.cdiv(hidden, down_bn),)](
@@ -369,7 +383,7 @@ def fused_moe(
         BLOCK_N=down_bn,
         **common,
         **pdl_launch(act.device),
-        **_scale_args(w2_scale, up_block_row=0),
+        **_scale_args(w2_scale, up_block_row=0, rows=rows),
     )
     if not reduce:
         return per_pair.view(tokens, top_k, hidden)
@@ -391,7 +405,7 @@ def fused_moe(
     return out
 
 
-def _check_block_scales(
+def _check_scales(
     op: str,
     w13_scale: torch.Tensor | None,
     w2_scale: torch.Tensor | None,
@@ -399,25 +413,36 @@ def _check_block_scales(
     inter: int,
     hidden: int,
     device: torch.device,
+    rows: bool,
 ) -> None:
+    """fp8 experts' scales: per 128x128 block, or per weight row (`rows`)."""
     if w13_scale is None or w2_scale is None:
         raise ValueError(f"{op}: fp8 experts need both w13_scale and w2_scale")
     i_blocks, h_blocks = -(-inter // 128), -(-hidden // 128)
-    for name, t, shape, dims in (
-        ("w13_scale", w13_scale, (experts, 2 * i_blocks, h_blocks),
-         "[experts, 2 * ceil(I / 128), ceil(hidden / 128)]"),
-        ("w2_scale", w2_scale, (experts, h_blocks, i_blocks),
-         "[experts, ceil(hidden / 128), ceil(I / 128)]"),
-    ):  # fmt: skip
+    shapes = (
+        (((experts, 2 * inter), "[experts, 2 * I]"), ((experts, hidden), "[experts, hidden]"))
+        if rows
+        else (
+            ((experts, 2 * i_blocks, h_blocks), "[experts, 2 * ceil(I / 128), ceil(hidden / 128)]"),
+            ((experts, h_blocks, i_blocks), "[experts, ceil(hidden / 128), ceil(I / 128)]"),
+        )
+    )
+    scales = zip(("w13_scale", "w2_scale"), (w13_scale, w2_scale), shapes, strict=True)
+    for name, t, (shape, dims) in scales:
         check_tensor(op, name, t, shape=shape, dims=dims, dtypes=(torch.float32,), device=device)
-        if t.stride(2) != 1:
+        if t.stride(-1) != 1:
             raise ValueError(f"{op}: {name} must have contiguous rows, got strides {t.stride()}")
 
 
-def _scale_args(scale: torch.Tensor | None, up_block_row: int) -> dict[str, object]:
-    """A launch's block-scale arguments (none for 16-bit experts)."""
+def _scale_args(
+    scale: torch.Tensor | None, up_block_row: int, rows: bool = False
+) -> dict[str, object]:
+    """A launch's scale arguments: per 128x128 block, or per weight row (`rows`); none for
+    16-bit experts."""
     if scale is None:
         return {}
+    if rows:
+        return dict(s_ptr=scale, stride_se=scale.stride(0), ROW_SCALES=True)
     return dict(
         s_ptr=scale, stride_se=scale.stride(0), stride_sn=scale.stride(1),
         UP_BLOCK_ROW=up_block_row, BLOCK_SCALES=True,
@@ -426,9 +451,12 @@ def _scale_args(scale: torch.Tensor | None, up_block_row: int) -> dict[str, obje
 
 def dequantize_experts(w: torch.Tensor, scale: torch.Tensor, up_rows: int = 0) -> torch.Tensor:
     """fp8 experts [experts, rows, cols] with 128x128 block scales, in fp32. up_rows: w13's
-    I, whose up rows (from row I) have block rows of their own from ceil(I / 128)."""
+    I, whose up rows (from row I) have block rows of their own from ceil(I / 128). Scales
+    [experts, rows] are per row."""
     from kernels.fp8_weights import expand_blocks
 
+    if scale.dim() == 2:
+        return w.float() * scale.float()[:, :, None]
     rows, cols = w.shape[1:]
     if up_rows:
         first = -(-up_rows // 128)

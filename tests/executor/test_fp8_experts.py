@@ -96,24 +96,28 @@ def test_moe_checkpoint_matches_its_dequantized_weights(tmp_path: Path, arch: st
     assert (got_down - down).norm() < 0.035 * down.norm()
 
 
-def test_each_rank_reads_its_blocks_of_the_experts(tmp_path: Path) -> None:
+def dequantized_experts(e: FusedExperts) -> tuple[torch.Tensor, torch.Tensor]:
+    scales = e.scales()
+    assert scales is not None
+    return (dequantize_experts(e.w13_weight, scales[0], e.inter),
+            dequantize_experts(e.w2_weight, scales[1]))  # fmt: skip
+
+
+@pytest.mark.parametrize("scheme", ["block", "channel"])
+def test_each_rank_reads_its_slice_of_the_experts(tmp_path: Path, scheme: str) -> None:
     """tp 2 with 256 intermediate rows: each rank's 128 rows are one whole block of gate's,
-    of up's and of down's columns; its dequantized experts are the one-rank model's slices."""
+    of up's and of down's columns (or their rows' scales, down's whole); its dequantized
+    experts are the one-rank model's slices."""
     shape = {**SHAPE, **TP_HEADS, "moe_intermediate_size": 256}
     src = write_tiny_model(tmp_path, "qwen3_moe", seed=6, **shape)
-    path = write_fp8_checkpoint(src, tmp_path / "fp8", "block")
-    whole, _ = load_model(path, "cpu")
-    ref = experts_of(whole)[0]
-    w13 = dequantize_experts(ref.w13_weight, ref.w13_weight_scale, 256)
-    w2 = dequantize_experts(ref.w2_weight, ref.w2_weight_scale)
+    path = write_fp8_checkpoint(src, tmp_path / "fp8", scheme)
+    w13, w2 = dequantized_experts(experts_of(load_model(path, "cpu")[0])[0])
     for rank in (0, 1):
         model, _ = load_model(path, "cpu", tp=TPGroup(rank, 2))
-        e = experts_of(model)[0]
+        got13, got2 = dequantized_experts(experts_of(model)[0])
         rows = slice(128 * rank, 128 * (rank + 1))
-        got13 = dequantize_experts(e.w13_weight, e.w13_weight_scale, 128)
         want13 = torch.cat([w13[:, :256][:, rows], w13[:, 256:][:, rows]], 1)
         torch.testing.assert_close(got13, want13)
-        got2 = dequantize_experts(e.w2_weight, e.w2_weight_scale)
         torch.testing.assert_close(got2, w2[:, :, rows])
 
 
@@ -135,16 +139,56 @@ def test_dummy_fp8_experts_are_valid_blocks(tmp_path: Path) -> None:
 
 
 def test_other_quantized_experts_are_refused(tmp_path: Path) -> None:
-    """Per-channel fp8 (compressed-tensors) on an MoE model: refused at start, naming what
-    is supported, never a weight-name mismatch."""
+    """Per-tensor fp8 on an MoE model: refused at start, naming what is supported, never a
+    weight-name mismatch."""
     src = write_tiny_model(tmp_path, "qwen3_moe", seed=8, **SHAPE)
-    path = write_fp8_checkpoint(src, tmp_path / "c", "channel")
+    path = write_fp8_checkpoint(src, tmp_path / "t", "tensor")
     with pytest.raises(UnsupportedQuantizationError, match=r"routed experts \(MoE\).*128x128"):
         load_model(path, "cpu")
 
 
-@pytest.mark.parametrize("arch", ["deepseek_v2", "deepseek_v3"])
-def test_deepseek_checkpoint_matches_its_dequantized_weights(tmp_path: Path, arch: str) -> None:
+@pytest.mark.parametrize("how", ["channel", "online"])
+def test_per_channel_experts_match_their_dequantized_weights(tmp_path: Path, how: str) -> None:
+    """compressed-tensors' per-channel fp8 ([rows, 1] scales, gate's and up's rows apart),
+    and --quantization fp8 on the float checkpoint, each expert row quantized as it loads
+    (its largest |w| exactly representable: the scale is that over 448)."""
+    src = write_tiny_model(tmp_path, "qwen3_moe", seed=11, **SHAPE)
+    if how == "online":
+        model, config = load_model(src, "cpu", quantization="fp8")
+    else:
+        model, config = load_model(write_fp8_checkpoint(src, tmp_path / "c", "channel"), "cpu")
+    e = experts_of(model)[1]
+    assert e.fp8_scheme == "channel" and e.w13_weight.dtype == FP8
+    scales = e.scales()
+    assert scales is not None and scales[0].shape == (e.num_experts, 2 * e.inter)
+    from safetensors.torch import load_file
+
+    down = load_file(src / "model.safetensors")["model.layers.1.mlp.experts.3.down_proj.weight"]
+    torch.testing.assert_close(scales[1][3], down.float().abs().amax(dim=1) / 448)
+    twin = dequantized_twin(model, src)
+    for prompt in PROMPTS:
+        torch.testing.assert_close(
+            last_logits(model, prompt), last_logits(twin, prompt), atol=1e-5, rtol=1e-5
+        )
+    assert greedy_generate(model, config, PROMPTS, 8) == greedy_generate(twin, config, PROMPTS, 8)
+
+
+def test_dummy_per_channel_experts_are_valid(tmp_path: Path) -> None:
+    src = write_tiny_model(tmp_path, "qwen3_moe", seed=12, **SHAPE)
+    model, _ = load_model(src, "cpu", quantization="fp8", load_format="dummy")
+    e = experts_of(model)[0]
+    scales = e.scales()
+    assert scales is not None
+    w = dequantize_experts(e.w2_weight, scales[1])
+    assert torch.isfinite(w).all() and 0.01 < w.std().item() < 0.03
+
+
+@pytest.mark.parametrize(
+    ("arch", "how"), [("deepseek_v2", "block"), ("deepseek_v3", "block"), ("deepseek_v2", "online")]
+)
+def test_deepseek_checkpoint_matches_its_dequantized_weights(
+    tmp_path: Path, arch: str, how: str
+) -> None:
     """DeepSeek's FP8 release's layout: latent attention's projections, the dense layers'
     MLP, the shared and routed experts in e4m3 with block scales. kv_b_proj, whose halves
     are absorbed as matrices, is dequantized after loading; the others stay fp8."""
@@ -160,11 +204,15 @@ def test_deepseek_checkpoint_matches_its_dequantized_weights(tmp_path: Path, arc
     else:
         shape["topk_method"] = "group_limited_greedy"
     src = write_tiny_model(tmp_path, arch, seed=10, **shape)
-    model, config = load_model(write_fp8_checkpoint(src, tmp_path / "fp8", "block"), "cpu")
+    if how == "online":  # --quantization fp8 on the float checkpoint: per channel at load
+        model, config = load_model(src, "cpu", quantization="fp8")
+    else:
+        model, config = load_model(write_fp8_checkpoint(src, tmp_path / "fp8", "block"), "cpu")
     attn = model.get_submodule("model.layers.0.self_attn")
     assert isinstance(attn, MLAttention)
     assert attn.kv_b_proj.method is UNQUANTIZED and attn.kv_b_proj.weight.dtype == torch.float32
     assert not hasattr(attn.kv_b_proj, "weight_scale_inv")
+    assert not hasattr(attn.kv_b_proj, "weight_scale")
     assert attn.o_proj.weight.dtype == FP8 and attn.kv_a_proj_with_mqa.weight.dtype == FP8
     first, _ = attn._input_projections()
     assert first.weight.dtype == FP8 and attn.input_proj is None  # not fused with kv_a

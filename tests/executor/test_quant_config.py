@@ -92,10 +92,12 @@ def test_quantization_flag_against_the_checkpoint() -> None:
         resolve("int3", None)
 
 
-def test_moe_models_are_refused_before_loading(tmp_path: Path) -> None:
+def test_moe_models_in_other_formats_are_refused_before_loading(tmp_path: Path) -> None:
+    """fp8 with one scale per tensor (the experts take blocks or a scale per channel)."""
     src = write_tiny_model(tmp_path, "qwen2_moe", seed=2)
+    path = write_fp8_checkpoint(src, tmp_path / "t", "tensor")
     with pytest.raises(UnsupportedQuantizationError, match=r"routed experts \(MoE\)"):
-        load_model(src, "cpu", quantization="fp8")
+        load_model(path, "cpu")
 
 
 def test_a_fused_projection_quantized_in_part_is_refused(tiny: Path, tmp_path: Path) -> None:

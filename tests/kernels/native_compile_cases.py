@@ -377,12 +377,16 @@ def _moe_align(tokens: int) -> None:
     moe_align(_ints(tokens * 8).view(tokens, 8), 128, 16)
 
 
-def _fused_moe(dtype: torch.dtype, tokens: int, path: str, fp8: bool = False) -> None:
+def _fused_moe(
+    dtype: torch.dtype, tokens: int, path: str, fp8: bool = False, rows: bool = False
+) -> None:
     experts, top_k, hidden, inter = 128, 8, 2048, 768  # Qwen3-30B-A3B (its FP8 release: fp8)
     w_dtype = E4M3 if fp8 else dtype
     ib, hb = inter // 128, hidden // 128  # fp8: one fp32 scale per 128x128 block
     s13 = _t(experts, 2 * ib, hb, dtype=FP32) if fp8 else None
     s2 = _t(experts, hb, ib, dtype=FP32) if fp8 else None
+    if rows:  # one scale a weight row instead
+        s13, s2 = _t(experts, 2 * inter, dtype=FP32), _t(experts, hidden, dtype=FP32)
     fused_moe(
         _t(tokens, hidden, dtype=dtype),
         _t(experts, 2 * inter, hidden, dtype=w_dtype),
@@ -522,6 +526,7 @@ def _cases() -> list[Case]:
         ("fused_moe/fp16-prefill", partial(_fused_moe, FP16, 512, "grouped")),
         ("fused_moe/bf16-fp8-blocks-decode", partial(_fused_moe, BF16, 1, "grouped", True)),
         ("fused_moe/bf16-fp8-blocks-prefill", partial(_fused_moe, BF16, 512, "grouped", True)),
+        ("fused_moe/bf16-fp8-rows-decode", partial(_fused_moe, BF16, 1, "grouped", True, True)),
         ("moe_gemv/bf16", partial(_fused_moe, BF16, 1, "gemv")),
     ]
     return [Case(*entry) for entry in c]

@@ -474,6 +474,44 @@ def test_fp8_block_experts_match_their_dequantized_weights(
     assert not torch.allclose(moved, out, **MOE_TOL[dtype])
 
 
+def fp8_row_experts(
+    experts: int, hidden: int, inter: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random experts in e4m3 with one scale per row (compressed-tensors' per-channel fp8)."""
+    from kernels.fp8_weights import quantize_rows
+
+    w13, w2 = weights_for(experts, hidden, inter, torch.float32, gen)
+    q13, s13 = zip(*(quantize_rows(w13[e].cpu()) for e in range(experts)), strict=True)
+    q2, s2 = zip(*(quantize_rows(w2[e].cpu()) for e in range(experts)), strict=True)
+    return (torch.stack(q13).to(DEVICE), torch.stack(s13)[:, :, 0].to(DEVICE),
+            torch.stack(q2).to(DEVICE), torch.stack(s2)[:, :, 0].to(DEVICE))  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+@pytest.mark.parametrize(("tokens", "inter"), [(1, 48), (9, 40)], ids=["t1-i48", "t9-i40"])
+def test_fp8_row_scaled_experts_match_their_dequantized_weights(
+    tokens: int, inter: int, dtype: torch.dtype
+) -> None:
+    """Per-row scales multiply each row's finished sums (gate's and up's rows their own);
+    any tiles, rows and columns not multiples of them."""
+    gen = torch.Generator().manual_seed(tokens + inter)
+    x = randn(tokens, 96, dtype=dtype, gen=gen)
+    q13, s13, q2, s2 = fp8_row_experts(6, 96, inter, gen)
+    topk_weights, topk_ids = routing(tokens, 6, 2, gen)
+    tiles: dict[str, Any] = {"block_m": 16, "block_n": 16, "block_k": 32}
+    out = fused_moe(x, q13, q2, topk_weights, topk_ids, w13_scale=s13, w2_scale=s2, **tiles)
+    want = fused_moe_ref(x, q13, q2, topk_weights, topk_ids, w13_scale=s13, w2_scale=s2)
+    torch.testing.assert_close(out, want, **MOE_TOL[dtype])
+    up = s13.clone()
+    up[:, inter:] *= 2  # up's own rows: the answer moves
+    moved = fused_moe(x, q13, q2, topk_weights, topk_ids, w13_scale=up, w2_scale=s2, **tiles)
+    torch.testing.assert_close(
+        moved, fused_moe_ref(x, q13, q2, topk_weights, topk_ids, w13_scale=up, w2_scale=s2),
+        **MOE_TOL[dtype],
+    )  # fmt: skip
+    assert not torch.allclose(moved, out, **MOE_TOL[dtype])
+
+
 def test_fp8_experts_refuse_what_their_scales_cannot_take() -> None:
     gen = torch.Generator().manual_seed(3)
     q13, s13, q2, s2 = fp8_experts(4, 256, 128, gen)

@@ -12,7 +12,6 @@ MLP is split, and the routed and shared partial sums go through one all-reduce.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +29,6 @@ from services.executor.moe_config import MoEConfig
 # part of the checkpoint tensor this rank reads, and what writes it (None: copied as read)):
 # what the weight loader needs.
 CheckpointPart = tuple[str, torch.Tensor, int, int, Shard, Callable[..., None] | None]
-FP8_BLOCK = 128  # the rows and columns of an fp8 expert's scale blocks
 
 
 class Router(Linear):
@@ -60,13 +58,16 @@ class FusedExperts(nn.Module):
     [experts, 2 * I_local, hidden] (gate rows, then up rows), w2_weight [experts, hidden,
     I_local]. forward gives this rank's partial sum (before the all-reduce).
 
-    fp8 checkpoints with 128x128 block scales (`use_fp8_blocks`: DeepSeek's and Qwen's FP8
-    releases) keep the experts in e4m3 with w13_weight_scale [experts, 2 * ceil(I_local /
-    128), ceil(hidden / 128)] (gate's block rows, then up's: two checkpoint tensors) and
-    w2_weight_scale [experts, ceil(hidden / 128), ceil(I_local / 128)], fp32, read from the
-    checkpoint's `scale_name` tensors; the grouped expert launches widen and scale them."""
+    fp8 checkpoints (`use_fp8`: 128x128 block scales as DeepSeek's and Qwen's FP8 releases,
+    or a scale per row as compressed-tensors' and --quantization fp8) keep the experts in
+    e4m3 with fp32 w13_weight_scale and w2_weight_scale (models/fp8_experts.py); the grouped
+    expert launches widen and scale them."""
 
-    scale_name: str | None = None  # fp8 blocks: the checkpoint's name for the scales
+    w13_weight_scale: torch.Tensor  # fp8 only
+    w2_weight_scale: torch.Tensor
+    fp8_scheme: str | None = None  # "block" or "channel" for fp8 experts
+    scale_name = ""  # fp8: the checkpoint's name for the scales
+    fp8_online = False  # fp8: quantized per row as the float weights load
 
     def __init__(self, moe: MoEConfig, hidden_size: int, tp: TPGroup = SINGLE) -> None:
         super().__init__()
@@ -77,56 +78,31 @@ class FusedExperts(nn.Module):
         self.w13_weight = nn.Parameter(torch.empty(moe.num_experts, 2 * self.inter, hidden_size))
         self.w2_weight = nn.Parameter(torch.empty(moe.num_experts, hidden_size, self.inter))
 
-    def use_fp8_blocks(self, scale_name: str) -> None:
-        """Hold the experts as an fp8 checkpoint with 128x128 block scales gives them (before
-        the weights are allocated: on the meta device). Under tensor parallelism each rank's
-        slice of the intermediate dimension must be whole blocks."""
-        from services.executor.errors import UnsupportedQuantizationError
+    def use_fp8(self, scheme: str, scale_name: str, online: bool = False) -> None:
+        """Hold the experts in fp8 with `scheme`'s scales ("block" or "channel",
+        models/fp8_experts.py), read from the checkpoint's `scale_name` tensors, or with
+        `online` computed per row as the float weights load (--quantization fp8)."""
+        from services.executor.models import fp8_experts
 
-        if self.tp.size > 1 and self.inter % FP8_BLOCK:
-            raise UnsupportedQuantizationError(
-                f"fp8 experts: each rank's {self.inter} of the {self.full_inter} intermediate "
-                f"rows must be whole {FP8_BLOCK}-row scale blocks at tp {self.tp.size}"
-            )
-        e, i, h = self.num_experts, self.inter, self.hidden_size
-        ib, hb = -(-i // FP8_BLOCK), -(-h // FP8_BLOCK)
-        device = self.w13_weight.device
-
-        def param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
-            return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
-
-        self.w13_weight = param(e, 2 * i, h, dtype=torch.float8_e4m3fn)
-        self.w2_weight = param(e, h, i, dtype=torch.float8_e4m3fn)
-        self.w13_weight_scale = param(e, 2 * ib, hb, dtype=torch.float32)
-        self.w2_weight_scale = param(e, hb, ib, dtype=torch.float32)
-        self.scale_name = scale_name
+        fp8_experts.make_fp8(self, scheme)
+        self.fp8_scheme, self.scale_name, self.fp8_online = scheme, scale_name, online
 
     def scales(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(w13's, w2's) block scales of fp8 experts, else None."""
-        if self.scale_name is None:
+        """(w13's, w2's) scales of fp8 experts, else None."""
+        if self.fp8_scheme is None:
             return None
+        if self.fp8_scheme == "channel":  # [experts, rows, 1] as checkpoints hold them
+            return self.w13_weight_scale[..., 0], self.w2_weight_scale[..., 0]
         return self.w13_weight_scale, self.w2_weight_scale
 
     def init_dummy(self, gen: torch.Generator) -> set[int]:
-        """fp8 experts: N(0, 0.02) weights quantized in their blocks (the ids of the
+        """fp8 experts: N(0, 0.02) weights quantized in their scheme (the ids of the
         parameters filled); 16-bit ones are left to the caller's N(0, 0.02)."""
-        scales = self.scales()
-        if scales is None:
+        if self.fp8_scheme is None:
             return set()
-        from kernels.fp8_weights import quantize_blocks
+        from services.executor.models import fp8_experts
 
-        i = self.inter
-        for e in range(self.num_experts):
-            for w, s, parts in ((self.w13_weight, scales[0], ((0, i), (i, 2 * i))),
-                                (self.w2_weight, scales[1], ((0, self.hidden_size),))):  # fmt: skip
-                row = 0
-                for start, end in parts:
-                    dense = torch.empty(end - start, w.shape[2], device=w.device)
-                    q, blocks = quantize_blocks(dense.normal_(0.0, 0.02, generator=gen))
-                    w[e, start:end].copy_(q)
-                    s[e, row : row + blocks.shape[0]].copy_(blocks)
-                    row += blocks.shape[0]
-        return {id(p) for p in (self.w13_weight, self.w2_weight, *scales)}
+        return fp8_experts.init_dummy(self, gen)
 
     def forward(
         self,
@@ -155,44 +131,23 @@ class FusedExperts(nn.Module):
 
     def checkpoint_parts(self, kind: str) -> Iterator[CheckpointPart]:
         """The per-expert checkpoint tensors that fill parameter `kind`, HF's names."""
+        from services.executor.models import fp8_experts
+
         if kind.endswith("_scale"):
-            yield from self._scale_parts(kind)
+            yield from fp8_experts.scale_parts(self, kind, self.scale_name)
             return
         i, full, r = self.inter, self.full_inter, self.tp.rank
         cols = Shard(1, r * i, (r + 1) * i, full)
         rows = Shard(0, r * i, (r + 1) * i, full)
-        fill = None
-        if self.scale_name is not None:  # refuse a checkpoint tensor that is not e4m3
-            from services.executor.quant.fp8_linear import copy_fp8
-
-            fill = copy_fp8
         for e in range(self.num_experts):
+            f = None if self.fp8_scheme is None else fp8_experts.weight_fill(self, e, kind)
             if kind == "w13_weight":
                 w = self.w13_weight[e]
-                f = None if fill is None else partial(fill, w)
                 yield f"{e}.gate_proj.weight", w, 0, i, rows, f
                 yield f"{e}.up_proj.weight", w, i, 2 * i, rows, f
             else:
                 w = self.w2_weight[e]
-                f = None if fill is None else partial(fill, w)
                 yield f"{e}.down_proj.weight", w, 0, self.hidden_size, cols, f
-
-    def _scale_parts(self, kind: str) -> Iterator[CheckpointPart]:
-        """fp8 experts' block scales: gate's and up's fill w13's block rows one after the
-        other; this rank reads its slice's blocks."""
-        assert self.scale_name is not None, kind
-        ib, full_ib = -(-self.inter // FP8_BLOCK), -(-self.full_inter // FP8_BLOCK)
-        hb, r = -(-self.hidden_size // FP8_BLOCK), self.tp.rank
-        rows = Shard(0, r * ib, (r + 1) * ib, full_ib)
-        cols = Shard(1, r * ib, (r + 1) * ib, full_ib)
-        name = self.scale_name
-        for e in range(self.num_experts):
-            if kind == "w13_weight_scale":
-                s = self.w13_weight_scale[e]
-                yield f"{e}.gate_proj.{name}", s, 0, ib, rows, None
-                yield f"{e}.up_proj.{name}", s, ib, 2 * ib, rows, None
-            else:
-                yield f"{e}.down_proj.{name}", self.w2_weight_scale[e], 0, hb, cols, None
 
 
 class SparseMoE(nn.Module):

@@ -47,10 +47,12 @@ def quantize_model(model: LlamaForCausalLM, quant: QuantConfig) -> None:
 
 
 def _quantize_experts(model: LlamaForCausalLM, quant: QuantConfig) -> None:
-    """Routed experts in an fp8 checkpoint with 128x128 block scales take their fp8 form
-    (models/moe.py); those the format leaves out (an ignore list) stay in the model dtype."""
+    """Routed experts of an fp8 model take their fp8 form (models/fp8_experts.py): block
+    scales, or a scale per row from the checkpoint or computed as they load
+    (--quantization fp8); those the format leaves out (an ignore list) stay in the model
+    dtype."""
     from services.executor.models.moe import FusedExperts
-    from services.executor.quant.fp8_linear import Fp8BlockMethod
+    from services.executor.quant.fp8_linear import Fp8BlockMethod, Fp8ChannelMethod
 
     for name, module in model.named_modules():
         if not isinstance(module, FusedExperts):
@@ -58,11 +60,13 @@ def _quantize_experts(model: LlamaForCausalLM, quant: QuantConfig) -> None:
         names = [_checkpoint_name(model, f"{name}.0.{p}") for p in ("gate_proj", "down_proj")]
         method = quant.method_for(names)
         if isinstance(method, Fp8BlockMethod):
-            module.use_fp8_blocks(method.scale_name)
+            module.use_fp8("block", method.scale_name)
+        elif isinstance(method, Fp8ChannelMethod) and method.source in ("channel", "online"):
+            module.use_fp8("channel", "weight_scale", online=method.source == "online")
         elif method is not None:
             raise UnsupportedQuantizationError(
                 f"{quant.name} weights of routed experts (MoE) in {name}: not supported; "
-                "quantized experts: fp8 checkpoints with 128x128 block scales"
+                f"quantized experts: {EXPERT_FORMATS}"
             )
 
 
@@ -75,9 +79,9 @@ def _checkpoint_name(model: LlamaForCausalLM, name: str) -> str:
 def _check_model(model: LlamaForCausalLM, quant: QuantConfig) -> None:
     config = model.config
     what = ""
-    if config.mla is not None and not _fp8_blocks(quant):
+    if config.mla is not None and not _fp8_experts(quant):
         what = "latent attention (MLA), whose kv_b_proj is read as a matrix"
-    elif config.moe is not None and not _fp8_blocks(quant):
+    elif config.moe is not None and not _fp8_experts(quant):
         what = "routed experts (MoE)"
     elif model.checkpoint_splits() and not quant.online:
         what = "a checkpoint that stacks its projections (scales per stacked tensor)"
@@ -86,11 +90,20 @@ def _check_model(model: LlamaForCausalLM, quant: QuantConfig) -> None:
             f"{quant.name} weights for {config.architecture}: {what} are not supported; "
             "quantized weights run on dense models (Llama, Mistral, Qwen2, Qwen3, Gemma"
             + (", Phi-3 with --quantization fp8" if quant.online else "")
-            + "), and fp8 checkpoints with 128x128 block scales on mixture-of-experts and "
-            "latent-attention ones too (Qwen2-MoE, Qwen3-MoE, Mixtral, DeepSeek-V2/V3)"
+            + f"); on mixture-of-experts and latent-attention ones (Qwen2-MoE, Qwen3-MoE, "
+            f"Mixtral, DeepSeek-V2/V3): {EXPERT_FORMATS}"
         )
 
 
-def _fp8_blocks(quant: QuantConfig) -> bool:
-    """An fp8 checkpoint with 128x128 block scales (DeepSeek's and Qwen's FP8 releases)."""
-    return getattr(quant, "scheme", None) == "block" and not quant.online
+EXPERT_FORMATS = (
+    "fp8 with 128x128 block scales or a scale per channel (dynamic activations), and "
+    "--quantization fp8"
+)
+
+
+def _fp8_experts(quant: QuantConfig) -> bool:
+    """An fp8 format the experts and latent attention take: 128x128 block scales
+    (DeepSeek's and Qwen's FP8 releases), a scale per channel with dynamic activations
+    (compressed-tensors'), or --quantization fp8 (per channel, at load)."""
+    scheme = getattr(quant, "scheme", None)
+    return scheme in ("block", "channel") and not getattr(quant, "static_input", False)
