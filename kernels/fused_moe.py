@@ -481,6 +481,8 @@ def fused_moe_ref(
     tokens, each one's pairs gathered, computed and scattered back. Syncs the host (it asks
     which experts are used): not for CUDA graphs. fp8 experts with their block scales are
     dequantized first."""
+    if (w13_scale is None) != (w2_scale is None):
+        raise ValueError("fused_moe_ref: fp8 experts need both w13_scale and w2_scale")
     if w13_scale is not None and w2_scale is not None:
         w13 = dequantize_experts(w13, w13_scale, up_rows=w13.shape[1] // 2)
         w2 = dequantize_experts(w2, w2_scale)

@@ -223,3 +223,34 @@ def test_deepseek_checkpoint_matches_its_dequantized_weights(
             last_logits(model, prompt), last_logits(twin, prompt), atol=1e-5, rtol=1e-5
         )
     assert greedy_generate(model, config, PROMPTS, 8) == greedy_generate(twin, config, PROMPTS, 8)
+
+
+def test_an_ignore_list_in_the_checkpoints_own_expert_names_keeps_them_float(
+    tmp_path: Path,
+) -> None:
+    """Mixtral's experts are w1/w2/w3 in its checkpoints: an ignore list naming layer 0's by
+    those names leaves that layer's experts in the model dtype (loading its float tensors),
+    the other layer's fp8."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    src = write_tiny_model(tmp_path, "mixtral", seed=13, **SHAPE, intermediate_size=160)
+    path = write_fp8_checkpoint(src, tmp_path / "c", "channel")
+    floats = load_file(src / "model.safetensors")
+    layer0 = "model.layers.0.block_sparse_moe.experts."
+    state = {  # layer 0's experts back in float, without their scales
+        n: t for n, t in load_file(path / "model.safetensors").items() if not n.startswith(layer0)
+    }
+    state.update({n: t for n, t in floats.items() if n.startswith(layer0)})
+    save_file(state, path / "model.safetensors")
+    config = json.loads((path / "config.json").read_text())
+    config["quantization_config"]["ignore"] = [
+        "lm_head",
+        r"re:.*layers\.0\.block_sparse_moe\.experts\.\d+\.w[123]$",
+    ]
+    (path / "config.json").write_text(json.dumps(config))
+    model, _ = load_model(path, "cpu")
+    first, second = experts_of(model)
+    assert first.scales() is None and first.w13_weight.dtype == torch.float32
+    assert second.scales() is not None and second.w13_weight.dtype == FP8

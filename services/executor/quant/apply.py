@@ -57,7 +57,9 @@ def _quantize_experts(model: LlamaForCausalLM, quant: QuantConfig) -> None:
     for name, module in model.named_modules():
         if not isinstance(module, FusedExperts):
             continue
-        names = [_checkpoint_name(model, f"{name}.0.{p}") for p in ("gate_proj", "down_proj")]
+        # the checkpoint's names (renames match whole components: Mixtral's `.w1.`)
+        parts = ("gate_proj", "up_proj", "down_proj")
+        names = [_checkpoint_name(model, f"{name}.0.{p}.weight")[: -len(".weight")] for p in parts]
         method = quant.method_for(names)
         if isinstance(method, Fp8BlockMethod):
             module.use_fp8("block", method.scale_name)
