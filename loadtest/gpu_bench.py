@@ -20,7 +20,8 @@ experts) and qwen3moe (Qwen3-30B-A3B's shapes: batch-1 decode against its roofli
 500-prompt offline workload: gpu/moe.py) and dsv2lite (DeepSeek-V2-Lite's shapes, MLA and
 MoE: the same two figures, gpu/deepseek.py); qwen3moe_decode and dsv2lite_decode run the
 decode half alone, qwen3moe_batches and dsv2lite_batches decode at batch 1, 4 and 8,
-qwen3moe_fp8 the same for Qwen3-30B-A3B in bf16 and in its FP8 release's layout; scale
+qwen3moe_fp8 the same for Qwen3-30B-A3B in bf16 and in its FP8 release's layout,
+moe_fp8_tiles its expert launches alone, cold, at 1 and 4 tokens (gpu/moe_fp8.py); scale
 (decode at long contexts and big batches against its roofline, the 100,000-token prefill,
 host time per step at batch 256: gpu/scale.py), gguf_kernel (GGUF
 Q8_0/Q4_K/Q6_K blocks: the decode GEMV's bandwidth at Llama-3.1-8B's shapes, rows past it
@@ -112,6 +113,7 @@ TIME_LIMITS = {
     "dsv2lite_decode": 240,
     "qwen3moe_batches": 240,  # one engine, three batch sizes
     "qwen3moe_fp8": 480,  # bf16 and the FP8 release's layout, three batch sizes each
+    "moe_fp8_tiles": 360,  # the expert launches alone, cold, bf16 / fp8 blocks / fp8 rows
     "dsv2lite_batches": 240,
     # four 8B models, each loaded with dummy weights and graphed (GGUF's blocks drawn on the CPU)
     "quant_decode": 540,
@@ -244,6 +246,10 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
         from loadtest.gpu.moe import qwen3moe_fp8_section
 
         return qwen3moe_fp8_section()
+    if name == "moe_fp8_tiles":
+        from loadtest.gpu.moe_fp8 import moe_fp8_tiles_section
+
+        return moe_fp8_tiles_section()
     if name == "dsv2lite_batches":
         from loadtest.gpu.deepseek import dsv2lite_batches_section
 
@@ -300,7 +306,7 @@ def run_section(name: str, out_dir: Path) -> dict[str, Any]:
     extra = ["burst", "engine_ab", "protocols", "dp", "observability", "tools"]
     extra += ["tp", "tp70b", "tp_kill", "mla_kernel", "moe_kernel", "qwen3moe", "dsv2lite"]
     extra += ["qwen3moe_decode", "dsv2lite_decode", "scale", "gguf_kernel", "w4a16_kernel"]
-    extra += ["qwen3moe_batches", "dsv2lite_batches", "w4a16_mma", "qwen3moe_fp8"]
+    extra += ["qwen3moe_batches", "dsv2lite_batches", "w4a16_mma", "qwen3moe_fp8", "moe_fp8_tiles"]
     extra += [*QUANT_SECTION_NAMES, "offline_fp8w", "flashinfer_kernel"]
     extra += ["shared_prefix", "long_prefill", "shared_decode", "serve_fp8", "serve_int4"]
     extra += ["serve_gguf", "extend_rows", "extend_rows_prefix", "faults"]
@@ -466,6 +472,10 @@ def table(results: dict[str, Any]) -> str:
         from loadtest.gpu.moe import fp8_rows
 
         rows += fp8_rows(results["qwen3moe_fp8"])
+    if results.get("moe_fp8_tiles"):
+        from loadtest.gpu.moe_fp8 import table_rows as moe_fp8_rows
+
+        rows += moe_fp8_rows(results["moe_fp8_tiles"])
     if results.get("scale"):
         from loadtest.gpu.scale import table_rows
 
