@@ -116,20 +116,20 @@ def _fused_moe_kernel(
         )
         b_mask = k_mask[:, None] & n_mask[None, :]
         b = tl.load(b_base + offs_k[:, None], mask=b_mask, other=0.0)  # [BLOCK_K, BLOCK_N]
-        if ROW_SCALES:  # e4m3 widened exactly; the rows' scales once, after the loop
+        if BLOCK_SCALES or ROW_SCALES:  # e4m3, widened exactly
             b = b.to(a.dtype)
-        if BLOCK_SCALES:  # e4m3 widened exactly; the block's scale once for the step's product
+        if BLOCK_SCALES:  # the block's scale once for the step's product (rows': after the loop)
             s = tl.load(s_row + k0 // 128)
-            acc += tl.dot(a, b.to(a.dtype), input_precision=PRECISION) * s
+            acc += tl.dot(a, b, input_precision=PRECISION) * s
         else:
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
         if SILU_MUL:
             up = tl.load(b_base + N * stride_bn + offs_k[:, None], mask=b_mask, other=0.0)
-            if ROW_SCALES:
+            if BLOCK_SCALES or ROW_SCALES:
                 up = up.to(a.dtype)
             if BLOCK_SCALES:
                 s_up = tl.load(s_row_up + k0 // 128)
-                acc_up += tl.dot(a, up.to(a.dtype), input_precision=PRECISION) * s_up
+                acc_up += tl.dot(a, up, input_precision=PRECISION) * s_up
             else:
                 acc_up = tl.dot(a, up, acc_up, input_precision=PRECISION)
     if ROW_SCALES:  # a row's scale multiplies its finished sums
@@ -449,23 +449,48 @@ def _scale_args(
     )  # fmt: skip
 
 
+def quantize_experts(
+    w13: torch.Tensor, w2: torch.Tensor, rows: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Float experts w13 [experts, 2I, hidden] (gate's rows, then up's) and w2 [experts,
+    hidden, I] in e4m3 with the scales `fused_moe` reads: (q13, q2, s13, s2). Per 128x128
+    block, gate's and up's blocks apart as a checkpoint's two tensors hold them, or with
+    `rows` one per row, [experts, rows]."""
+    from kernels.fp8_weights import quantize_blocks, quantize_rows
+
+    if rows:
+        r13, r2 = [quantize_rows(w) for w in w13], [quantize_rows(w) for w in w2]
+        return (
+            torch.stack([q for q, _ in r13]),
+            torch.stack([q for q, _ in r2]),
+            torch.stack([s[:, 0] for _, s in r13]),
+            torch.stack([s[:, 0] for _, s in r2]),
+        )
+    inter = w13.shape[1] // 2
+    gate_up = [(quantize_blocks(w[:inter]), quantize_blocks(w[inter:])) for w in w13]
+    down = [quantize_blocks(w) for w in w2]
+    return (
+        torch.stack([torch.cat([g[0], u[0]]) for g, u in gate_up]),
+        torch.stack([q for q, _ in down]),
+        torch.stack([torch.cat([g[1], u[1]]) for g, u in gate_up]),
+        torch.stack([s for _, s in down]),
+    )
+
+
 def dequantize_experts(w: torch.Tensor, scale: torch.Tensor, up_rows: int = 0) -> torch.Tensor:
     """fp8 experts [experts, rows, cols] with 128x128 block scales, in fp32. up_rows: w13's
     I, whose up rows (from row I) have block rows of their own from ceil(I / 128). Scales
     [experts, rows] are per row."""
-    from kernels.fp8_weights import expand_blocks
+    from kernels.fp8_weights import BLOCK, dequantize
 
     if scale.dim() == 2:
-        return w.float() * scale.float()[:, :, None]
-    rows, cols = w.shape[1:]
+        return torch.stack([dequantize(q, s[:, None]) for q, s in zip(w, scale, strict=True)])
     if up_rows:
-        first = -(-up_rows // 128)
+        first = -(-up_rows // BLOCK)
         gate = dequantize_experts(w[:, :up_rows], scale[:, :first])
         up = dequantize_experts(w[:, up_rows:], scale[:, first:])
         return torch.cat([gate, up], dim=1)
-    return torch.stack(
-        [w[e].float() * expand_blocks(scale[e], rows, cols) for e in range(w.shape[0])]
-    )
+    return torch.stack([dequantize(q, s, BLOCK) for q, s in zip(w, scale, strict=True)])
 
 
 def fused_moe_ref(

@@ -38,31 +38,14 @@ def experts(
     fmt: str, gen: torch.Generator, cfg: dict[str, Any] = QWEN3_30B_A3B, device: str = "cuda"
 ) -> tuple[torch.Tensor, ...]:
     """One layer's experts in `fmt`: (w13, w2) or (w13, w2, w13_scale, w2_scale)."""
-    from kernels.fp8_weights import quantize_blocks, quantize_rows
+    from kernels.fused_moe import quantize_experts
 
     e, h, i = cfg["num_experts"], cfg["hidden_size"], cfg["moe_intermediate_size"]
     w13 = torch.randn(e, 2 * i, h, device=device, generator=gen).mul_(0.02)
     w2 = torch.randn(e, h, i, device=device, generator=gen).mul_(0.02)
     if fmt == "bf16":
         return w13.to(torch.bfloat16), w2.to(torch.bfloat16)
-    if fmt == "fp8_rows":
-        r13 = [quantize_rows(w) for w in w13]
-        r2 = [quantize_rows(w) for w in w2]
-        return (
-            torch.stack([q for q, _ in r13]),
-            torch.stack([q for q, _ in r2]),
-            torch.stack([s[:, 0] for _, s in r13]),
-            torch.stack([s[:, 0] for _, s in r2]),
-        )
-    gate = [quantize_blocks(w[:i]) for w in w13]
-    up = [quantize_blocks(w[i:]) for w in w13]
-    down = [quantize_blocks(w) for w in w2]
-    return (
-        torch.stack([torch.cat([g[0], u[0]]) for g, u in zip(gate, up, strict=True)]),
-        torch.stack([q for q, _ in down]),
-        torch.stack([torch.cat([g[1], u[1]]) for g, u in zip(gate, up, strict=True)]),
-        torch.stack([s for _, s in down]),
-    )
+    return quantize_experts(w13, w2, rows=fmt == "fp8_rows")
 
 
 def fits(fmt: str, tiles: tuple[int, ...]) -> bool:

@@ -58,8 +58,8 @@ def dequantized_twin(model: LlamaForCausalLM, float_dir: Path) -> LlamaForCausal
     return twin
 
 
-def last_logits(model: LlamaForCausalLM, prompt: list[int]) -> torch.Tensor:
-    driver = BatchDriver(model, model.config)
+def last_logits(model: LlamaForCausalLM, prompt: list[int], device: str = "cpu") -> torch.Tensor:
+    driver = BatchDriver(model, model.config, device=device)
     return driver.extend([driver.new_request()], [prompt])[0]
 
 

@@ -14,12 +14,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from services.executor.models.llama import LlamaForCausalLM
 from services.executor.models.moe import FusedExperts
 from services.executor.quant.fp8_checkpoint import write_fp8_checkpoint
 from services.executor.weights import load_model
-from tests.executor.helpers import BatchDriver, greedy_generate, write_tiny_model
+from tests.executor.helpers import greedy_generate, write_tiny_model
 from tests.executor.test_fp8_experts import PROMPTS, SHAPE, dequantized_twin
+from tests.executor.test_fp8_weights import last_logits
 
 pytestmark = pytest.mark.gpu
 
@@ -40,11 +40,6 @@ def experts_only(src: Path, dst: Path) -> Path:
     return path
 
 
-def last_logits(model: LlamaForCausalLM, prompt: list[int]) -> torch.Tensor:
-    driver = BatchDriver(model, model.config, device="cuda")
-    return driver.extend([driver.new_request()], [prompt])[0]
-
-
 def test_fp8_experts_on_the_gpu_answer_as_their_dequantized_weights(tmp_path: Path) -> None:
     src = write_tiny_model(tmp_path, "qwen3_moe", seed=9, **SHAPE)
     path = experts_only(src, tmp_path / "fp8")
@@ -54,7 +49,10 @@ def test_fp8_experts_on_the_gpu_answer_as_their_dequantized_weights(tmp_path: Pa
     twin.load_state_dict(dequantized_twin(load_model(path, "cpu")[0], src).state_dict())
     for prompt in PROMPTS:
         torch.testing.assert_close(
-            last_logits(model, prompt), last_logits(twin, prompt), atol=1e-4, rtol=1e-4
+            last_logits(model, prompt, "cuda"),
+            last_logits(twin, prompt, "cuda"),
+            atol=1e-4,
+            rtol=1e-4,
         )
     for prompts in (PROMPTS, PROMPTS[:1]):  # decode batches of two tokens, and of one (DIRECT)
         got = greedy_generate(model, config, prompts, 8, device="cuda")

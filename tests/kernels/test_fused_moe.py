@@ -9,7 +9,7 @@ import pytest
 import torch
 import triton
 
-from kernels.fused_moe import fused_moe, fused_moe_ref
+from kernels.fused_moe import fused_moe, fused_moe_ref, quantize_experts
 from kernels.moe_align import moe_align, moe_align_ref
 from kernels.moe_gemv import moe_gemv
 from kernels.moe_topk import moe_topk
@@ -424,20 +424,11 @@ def fp8_experts(
     experts: int, hidden: int, inter: int, gen: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Random experts quantized as an fp8 checkpoint holds them: e4m3 with a scale per
-    128x128 block, gate's and up's blocks apart (services/executor/quant/fp8_checkpoint.py)."""
-    from kernels.fp8_weights import quantize_blocks
-
+    128x128 block, gate's and up's blocks apart (services/executor/quant/fp8_checkpoint.py),
+    as (q13, s13, q2, s2)."""
     w13, w2 = weights_for(experts, hidden, inter, torch.float32, gen)
-    q13, s13, q2, s2 = [], [], [], []
-    for e in range(experts):
-        gq, gs = quantize_blocks(w13[e, :inter].cpu())
-        uq, us = quantize_blocks(w13[e, inter:].cpu())
-        q13.append(torch.cat([gq, uq]))
-        s13.append(torch.cat([gs, us]))
-        q, s = quantize_blocks(w2[e].cpu())
-        q2.append(q)
-        s2.append(s)
-    return tuple(torch.stack(t).to(DEVICE) for t in (q13, s13, q2, s2))  # type: ignore[return-value]
+    q13, q2, s13, s2 = quantize_experts(w13.cpu(), w2.cpu())
+    return q13.to(DEVICE), s13.to(DEVICE), q2.to(DEVICE), s2.to(DEVICE)
 
 
 # (tokens, experts, top_k, hidden, inter): gate/up's blocks apart where I is not a multiple of
@@ -477,14 +468,11 @@ def test_fp8_block_experts_match_their_dequantized_weights(
 def fp8_row_experts(
     experts: int, hidden: int, inter: int, gen: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Random experts in e4m3 with one scale per row (compressed-tensors' per-channel fp8)."""
-    from kernels.fp8_weights import quantize_rows
-
+    """Random experts in e4m3 with one scale per row (compressed-tensors' per-channel fp8), as
+    (q13, s13, q2, s2)."""
     w13, w2 = weights_for(experts, hidden, inter, torch.float32, gen)
-    q13, s13 = zip(*(quantize_rows(w13[e].cpu()) for e in range(experts)), strict=True)
-    q2, s2 = zip(*(quantize_rows(w2[e].cpu()) for e in range(experts)), strict=True)
-    return (torch.stack(q13).to(DEVICE), torch.stack(s13)[:, :, 0].to(DEVICE),
-            torch.stack(q2).to(DEVICE), torch.stack(s2)[:, :, 0].to(DEVICE))  # fmt: skip
+    q13, q2, s13, s2 = quantize_experts(w13.cpu(), w2.cpu(), rows=True)
+    return q13.to(DEVICE), s13.to(DEVICE), q2.to(DEVICE), s2.to(DEVICE)
 
 
 @pytest.mark.parametrize("dtype", DOT_DTYPES)

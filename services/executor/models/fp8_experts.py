@@ -65,22 +65,12 @@ def weight_fill(experts: FusedExperts, e: int, kind: str) -> partial[None]:
     """What writes expert e's checkpoint rows into `kind` (w13_weight or w2_weight): the e4m3
     rows as they are (any other dtype refused: a cast would drop the scales), or with
     `online` the float rows quantized per row, their scales beside them."""
+    from services.executor.quant.fp8_linear import copy_fp8, quantize_rows_into
+
     w = getattr(experts, kind)[e]
     if experts.fp8_online:
-        return partial(_quantize_rows_into, w, getattr(experts, f"{kind}_scale")[e])
-    from services.executor.quant.fp8_linear import copy_fp8
-
+        return partial(quantize_rows_into, w, getattr(experts, f"{kind}_scale")[e])
     return partial(copy_fp8, w)
-
-
-def _quantize_rows_into(
-    w: torch.Tensor, scale: torch.Tensor, start: int, end: int, part: torch.Tensor
-) -> None:
-    from kernels.fp8_weights import quantize_rows
-
-    q, s = quantize_rows(part.to(w.device))
-    w[start:end].copy_(q)
-    scale[start:end].copy_(s)
 
 
 def scale_parts(experts: FusedExperts, kind: str, name: str) -> Iterator[CheckpointPart]:
@@ -109,24 +99,19 @@ def scale_parts(experts: FusedExperts, kind: str, name: str) -> Iterator[Checkpo
 
 
 def init_dummy(experts: FusedExperts, gen: torch.Generator) -> set[int]:
-    """N(0, 0.02) weights quantized in the experts' scheme; the ids of the parameters filled."""
-    from kernels.fp8_weights import quantize_blocks, quantize_rows
+    """N(0, 0.02) weights quantized in the experts' scheme, an expert at a time (as
+    kernels/fused_moe.quantize_experts lays them out); the ids of the parameters filled."""
+    from kernels.fused_moe import quantize_experts
 
-    i, h = experts.inter, experts.hidden_size
+    w13, w2 = experts.w13_weight, experts.w2_weight
     s13, s2 = experts.w13_weight_scale, experts.w2_weight_scale
     for e in range(experts.num_experts):
-        for w, s, parts in ((experts.w13_weight, s13, ((0, i), (i, 2 * i))),
-                            (experts.w2_weight, s2, ((0, h),))):  # fmt: skip
-            row = 0
-            for start, end in parts:
-                dense = torch.empty(end - start, w.shape[2], device=w.device)
-                dense.normal_(0.0, 0.02, generator=gen)
-                if experts.fp8_scheme == "block":
-                    q, blocks = quantize_blocks(dense)
-                    s[e, row : row + blocks.shape[0]].copy_(blocks)
-                    row += blocks.shape[0]
-                else:
-                    q, rows = quantize_rows(dense)
-                    s[e, start:end].copy_(rows)
-                w[e, start:end].copy_(q)
-    return {id(p) for p in (experts.w13_weight, experts.w2_weight, s13, s2)}
+        d13, d2 = (torch.empty(1, *w.shape[1:], device=w.device) for w in (w13, w2))
+        d13.normal_(0.0, 0.02, generator=gen)
+        d2.normal_(0.0, 0.02, generator=gen)
+        q13, q2, scale13, scale2 = quantize_experts(d13, d2, rows=experts.fp8_scheme == "channel")
+        w13[e].copy_(q13[0])
+        w2[e].copy_(q2[0])
+        s13[e].copy_(scale13[0].view_as(s13[e]))  # per row: the parameters' [rows, 1]
+        s2[e].copy_(scale2[0].view_as(s2[e]))
+    return {id(p) for p in (w13, w2, s13, s2)}

@@ -42,12 +42,15 @@ def copy_fp8(param: torch.Tensor, start: int, end: int, part: torch.Tensor) -> N
     param[start:end].copy_(part)
 
 
-def _quantize_rows_into(layer: Linear, start: int, end: int, part: torch.Tensor) -> None:
-    """--quantization fp8: a float checkpoint's rows quantized as they are copied in (on the
-    model's device), so loading never holds more than the model and this one tensor."""
-    q, scale = quantize_rows(part.to(layer.weight.device))
-    layer.weight[start:end].copy_(q)
-    _tensor(layer, "weight_scale")[start:end].copy_(scale)
+def quantize_rows_into(
+    weight: torch.Tensor, scales: torch.Tensor, start: int, end: int, part: torch.Tensor
+) -> None:
+    """--quantization fp8: a float checkpoint's rows quantized as they are copied into the
+    fp8 `weight` (on its device), each row's scale into `scales` [rows, 1], so loading never
+    holds more than the model and this one tensor."""
+    q, scale = quantize_rows(part.to(weight.device))
+    weight[start:end].copy_(q)
+    scales[start:end].copy_(scale)
 
 
 def _tensor(layer: Linear, name: str) -> torch.Tensor:
@@ -125,7 +128,8 @@ class Fp8ChannelMethod(LinearMethod):
         start, end, shard = plan
         if kind == "weight":
             if self.source == "online":
-                return Slot(start, end, shard, fill=partial(_quantize_rows_into, layer))
+                fill = partial(quantize_rows_into, layer.weight, _tensor(layer, "weight_scale"))
+                return Slot(start, end, shard, fill=fill)
             return Slot(start, end, shard, fill=partial(copy_fp8, layer.weight))
         if kind == "weight_scale":
             if self.source == "online":
